@@ -1,0 +1,10 @@
+"""`egress-kvm run` (not built yet)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="(not built yet)")
+    p.set_defaults(func=lambda args: "egress-kvm run: not built yet")

@@ -1,0 +1,117 @@
+"""The provider interface the operator drives, and the typed errors it reacts to.
+
+The controller knows nothing of libvirt: it asks a provider to create, get, delete and list VMs by a
+deterministic name, and sorts failures into three kinds, because each calls for a different reaction:
+PermanentError stops retrying (phase Failed, the message names the offending value), QuotaError retries
+on a slow backoff, TransientError on the normal per-key exponential backoff.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+
+class ProviderError(Exception):
+    """Base of every error a provider raises on purpose."""
+
+
+class PermanentError(ProviderError):
+    """The request can never succeed as written (unknown zone, machineType or image, ...)."""
+
+
+class QuotaError(ProviderError):
+    """Out of capacity: pool space, host memory, a VM paused on an I/O error. Retried slowly."""
+
+
+class TransientError(ProviderError):
+    """Anything that may work on retry: host unreachable, connection dropped, libvirt busy."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    zone: str | None = None
+    machine_type: str | None = None
+    image: str | None = None
+    region: str | None = None  # ignored by kvm
+
+
+@dataclass(frozen=True)
+class ResolvedPlacement:
+    """Placement after defaults and validation: what the instance name hashes."""
+
+    zone: str
+    machine_type: str
+    image: str
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    name: str  # deterministic instance name, `proxy-<hash>`
+    owner_uid: str
+    placement: Placement
+    user_data: bytes = field(repr=False)  # secret: never logged or shown
+    owner_namespace: str = ""
+    owner_name: str = ""
+
+
+class PowerState(enum.StrEnum):
+    RUNNING = "Running"
+    STOPPED = "Stopped"  # shut off / shut down: needs a start
+    PAUSED = "Paused"
+    CRASHED = "Crashed"
+    PENDING = "Pending"  # anything else (no state, blocked, pmsuspended)
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    zone: str
+    power_state: PowerState
+    ip: str | None
+    owner_uid: str
+    created_at: datetime | None
+    owner_namespace: str = ""
+    owner_name: str = ""
+    message: str = ""  # e.g. why it is paused
+
+
+ProgressCallback = Callable[[str], Awaitable[None]]
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str
+
+    def zones(self) -> list[str]:
+        """Every zone (host) this provider manages."""
+        ...
+
+    def resolve(self, placement: Placement) -> ResolvedPlacement:
+        """Defaults and validation only, no I/O. Raises PermanentError naming the bad value."""
+        ...
+
+    async def create(self, request: CreateRequest, *, progress: ProgressCallback | None = None) -> Instance:
+        """Idempotent: returns the existing instance if it is there, starting it if it is not running."""
+        ...
+
+    async def get(self, name: str, zone: str) -> Instance | None:
+        """None only when the host answered that there is no such VM; unreachable -> TransientError."""
+        ...
+
+    async def start(self, name: str, zone: str) -> None:
+        """Start (or resume) an instance that exists but is not running."""
+        ...
+
+    async def delete(self, name: str, zone: str) -> None:
+        """Remove the VM and its per-instance volumes; already gone is success."""
+        ...
+
+    async def list_managed(self, zone: str | None = None) -> list[Instance]:
+        """This cluster's managed instances on one zone, or on all (TransientError if any host fails)."""
+        ...
+
+    async def close(self) -> None: ...
