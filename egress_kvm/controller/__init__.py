@@ -1,0 +1,1 @@
+"""Controller: reconcile queue, reconciler, health probes, orphan GC."""

@@ -1,0 +1,1 @@
+"""Kubernetes side: API access, list+watch, status, events, leader election."""
