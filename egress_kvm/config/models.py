@@ -1,0 +1,293 @@
+"""The providers file as pydantic models: every field, default and rule of the KVM config reference.
+
+Field names are the file's camelCase keys (aliases) so that pydantic's error locations are the paths a
+user sees in their YAML; `errors.format_validation_error` turns them into `providers[0].kvm.hosts[1].address`.
+Unknown keys are refused everywhere (`extra="forbid"`): a typo such as `diskSizeGB` must not silently
+fall back to a default.
+
+Names that end up in libvirt object names or in a shell command (image keys -> `base-<key>.qcow2`,
+bridge -> `ip -j neigh show dev <bridge>`) are restricted to safe characters here, once, so no later
+layer has to wonder whether they could escape.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEFAULT_SOCKET = "/var/run/libvirt/libvirt-sock"
+DEFAULT_POOL = "default"
+DEFAULT_DISK_SIZE_GB = 10
+
+# user-data overrides vendor-data keys of the same name, so the default uses keys users rarely set:
+# `packages` installs the agent (from the distro mirrors, in cloud-init's final stage) and `bootcmd`
+# (which runs early on every boot, before the install on the first one) leaves a short retry loop behind
+# that starts the agent as soon as it is installed. `runcmd` is avoided: users set it all the time.
+_START_AGENT_LOOP = ("nohup sh -c 'for i in $(seq 600); do systemctl start qemu-guest-agent && exit 0; "
+                     "sleep 2; done' >/dev/null 2>&1 &")
+DEFAULT_VENDOR_DATA = (
+    "#cloud-config\n"
+    "packages:\n"
+    "  - qemu-guest-agent\n"
+    "bootcmd:\n"
+    f'  - [sh, -c, "{_START_AGENT_LOOP}"]\n'
+)
+
+_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+_NAME_RULE = "must be 1-63 letters, digits, '.', '_' or '-', starting and ending alphanumeric"
+_IMAGE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_IFNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,14}$")  # Linux IFNAMSIZ - 1 = 15
+_POOL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+_CPU_FEATURE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` -> (host, port); ValueError explaining what is wrong otherwise."""
+    if value.startswith("["):
+        host, sep, port = value[1:].partition("]:")
+        if not sep:
+            raise ValueError("is not host:port (an IPv6 address needs [addr]:port)")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} in brackets is not an IPv6 address") from None
+    else:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host:
+            raise ValueError("is not host:port")
+        if ":" in host:
+            raise ValueError("is not host:port (write an IPv6 address as [addr]:port)")
+        if not re.fullmatch(r"[A-Za-z0-9.-]+", host):
+            raise ValueError(f"host {host!r} is not a DNS name or IPv4 address")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"port {port!r} is not a number in 1..65535")
+    return host, int(port)
+
+
+def check_http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("is not an http(s) URL")
+    if not parts.hostname:
+        raise ValueError("has no host")
+    if any(c.isspace() for c in value):
+        raise ValueError("contains whitespace")
+    try:
+        _ = parts.port
+    except ValueError:
+        raise ValueError("has an invalid port") from None
+    return value
+
+
+class ImageConfig(_Strict):
+    url: str
+    sha256: str | None = None
+    format: Literal["qcow2", "raw"] = "qcow2"
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return check_http_url(v)
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if not _SHA256.fullmatch(v):
+            raise ValueError("is not 64 hex characters")
+        return v.lower()
+
+
+class MachineType(_Strict):
+    vcpus: Annotated[int, Field(ge=1, le=1024)]
+    memory_mib: Annotated[int, Field(alias="memoryMiB", ge=64, le=16 * 1024 * 1024)]
+
+
+CpuMode = Literal["host-passthrough", "host-model", "maximum"]
+
+
+class CpuConfig(_Strict):
+    """The guest CPU. Needed because host-passthrough is refused under software emulation (lab.md quirk 1)."""
+
+    mode: CpuMode
+    disabled_features: list[str] = Field(default_factory=list, alias="disabledFeatures")
+
+    @field_validator("disabled_features")
+    @classmethod
+    def _features(cls, v: list[str]) -> list[str]:
+        for f in v:
+            if not _CPU_FEATURE.fullmatch(f):
+                raise ValueError(f"{f!r} is not a CPU feature name")
+        return v
+
+
+def default_cpu(domain_type: str) -> CpuConfig:
+    return CpuConfig(mode="host-passthrough" if domain_type == "kvm" else "maximum")
+
+
+class HostConfig(_Strict):
+    name: str
+    address: str
+    user: str
+    socket: str = DEFAULT_SOCKET
+    pool: str = DEFAULT_POOL
+    bridge: str
+    domain_type: Literal["kvm", "qemu"] = Field("kvm", alias="domainType")
+    cpu: CpuConfig | None = None
+    seed_bus: Literal["sata", "scsi"] = Field("sata", alias="seedBus")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.fullmatch(v):
+            raise ValueError(_NAME_RULE)
+        return v
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        parse_host_port(v)
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not _USER.fullmatch(v):
+            raise ValueError("is not a valid user name")
+        return v
+
+    @field_validator("socket")
+    @classmethod
+    def _socket(cls, v: str) -> str:
+        if not v.startswith("/") or any(c.isspace() or c == "\0" for c in v):
+            raise ValueError("must be an absolute path without whitespace")
+        return v
+
+    @field_validator("pool")
+    @classmethod
+    def _pool(cls, v: str) -> str:
+        if not _POOL.fullmatch(v):
+            raise ValueError("is not a valid pool name (letters, digits, '.', '_', '-')")
+        return v
+
+    @field_validator("bridge")
+    @classmethod
+    def _bridge(cls, v: str) -> str:
+        if not _IFNAME.fullmatch(v):
+            raise ValueError("is not a Linux interface name (1-15 letters, digits, '.', '_', '-')")
+        return v
+
+    @model_validator(mode="after")
+    def _cpu_default(self) -> HostConfig:
+        if self.cpu is None:
+            object.__setattr__(self, "cpu", default_cpu(self.domain_type))
+        elif self.domain_type == "qemu" and self.cpu.mode == "host-passthrough":
+            raise ValueError(
+                "cpu.mode 'host-passthrough' is rejected by libvirt under domainType 'qemu'; use 'maximum'")
+        return self
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        return parse_host_port(self.address)
+
+    @property
+    def cpu_config(self) -> CpuConfig:
+        assert self.cpu is not None  # filled by the validator
+        return self.cpu
+
+
+class KvmConfig(_Strict):
+    ssh_key_file: str = Field(alias="sshKeyFile", min_length=1)
+    known_hosts_file: str | None = Field(None, alias="knownHostsFile")
+    insecure_ignore_host_key: bool = Field(False, alias="insecureIgnoreHostKey")
+    disk_size_gb: Annotated[int, Field(alias="diskSizeGb", ge=1, le=65536)] = DEFAULT_DISK_SIZE_GB
+    vendor_data: str = Field(DEFAULT_VENDOR_DATA, alias="vendorData")
+    images: dict[str, ImageConfig] = Field(default_factory=dict)
+    machine_types: dict[str, MachineType] = Field(alias="machineTypes")
+    hosts: list[HostConfig]
+
+    @field_validator("images")
+    @classmethod
+    def _image_keys(cls, v: dict[str, ImageConfig]) -> dict[str, ImageConfig]:
+        for key in v:
+            if not _IMAGE_KEY.fullmatch(key):
+                raise ValueError(f"image key {key!r} must be letters, digits, '.', '_' or '-' (it names "
+                                 f"the volume base-<key>.qcow2)")
+        return v
+
+    @field_validator("machine_types")
+    @classmethod
+    def _machine_types(cls, v: dict[str, MachineType]) -> dict[str, MachineType]:
+        if not v:
+            raise ValueError("must name at least one machine type")
+        return v
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, v: list[HostConfig]) -> list[HostConfig]:
+        if not v:
+            raise ValueError("must list at least one host")
+        seen: dict[str, int] = {}
+        for i, h in enumerate(v):
+            if h.name in seen:
+                raise ValueError(f"hosts[{i}].name {h.name!r} duplicates hosts[{seen[h.name]}].name")
+            seen[h.name] = i
+        return v
+
+    @model_validator(mode="after")
+    def _known_hosts(self) -> KvmConfig:
+        if not self.insecure_ignore_host_key and not self.known_hosts_file:
+            raise ValueError("knownHostsFile is required unless insecureIgnoreHostKey is true")
+        return self
+
+    def host(self, name: str) -> HostConfig | None:
+        return next((h for h in self.hosts if h.name == name), None)
+
+
+class ProviderConfig(_Strict):
+    """One entry of the file. `type` selects the block; other types get their own block beside `kvm`."""
+
+    name: str
+    type: Literal["kvm"]
+    kvm: KvmConfig | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.fullmatch(v):
+            raise ValueError(_NAME_RULE)
+        return v
+
+    @model_validator(mode="after")
+    def _block(self) -> ProviderConfig:
+        if self.type == "kvm" and self.kvm is None:
+            raise ValueError("type 'kvm' needs a 'kvm' block")
+        return self
+
+
+class ProvidersConfig(_Strict):
+    providers: list[ProviderConfig] = Field(default_factory=list)
+
+    @field_validator("providers")
+    @classmethod
+    def _unique(cls, v: list[ProviderConfig]) -> list[ProviderConfig]:
+        seen: dict[str, int] = {}
+        for i, p in enumerate(v):
+            if p.name in seen:
+                raise ValueError(f"providers[{i}].name {p.name!r} duplicates providers[{seen[p.name]}].name")
+            seen[p.name] = i
+        return v
+
+    def get(self, name: str) -> ProviderConfig | None:
+        return next((p for p in self.providers if p.name == name), None)
