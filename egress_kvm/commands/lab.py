@@ -1,10 +1,100 @@
-"""`egress-kvm lab` (not built yet)."""
+"""`egress-kvm lab up|down|status`: a real hypervisor lab on this machine (see docs/lab.md)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+
+from egress_kvm.lab.layout import MAX_HOSTS, MAX_INDEX, default_state_dir
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    return Path(args.state_dir) if args.state_dir else default_state_dir(args.index)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from egress_kvm import lab
+
+    info = lab.up(state_dir=_state_dir(args), index=args.index, hosts=args.hosts, image=not args.no_image)
+    print(Path(info.state_dir) / "lab.json")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from egress_kvm import lab
+
+    lab.down(_state_dir(args), index=args.index)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from egress_kvm import lab
+
+    state = _state_dir(args)
+    found = lab.problems(state)
+    if found:
+        for p in found:
+            print(f"not up: {p}", file=sys.stderr)
+        return 1
+    info = lab.LabInfo.load(state)
+    print(json.dumps(info.to_dict(), indent=2))
+    return 0
+
+
+def _index(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--index: {value!r} is not an integer") from None
+    if not 0 <= n <= MAX_INDEX:
+        raise argparse.ArgumentTypeError(f"--index: {n} is not in 0..{MAX_INDEX}")
+    return n
+
+
+def _hosts(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--hosts: {value!r} is not an integer") from None
+    if not 1 <= n <= MAX_HOSTS:
+        raise argparse.ArgumentTypeError(f"--hosts: {n} is not in 1..{MAX_HOSTS}")
+    return n
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", help="lab state dir (default /var/tmp/egress-kvm-lab/lab<INDEX>)")
+    p.add_argument("--index", type=_index, default=0,
+                   help=f"lab number 0..{MAX_INDEX}: keeps labs apart (names, subnets derive from it)")
+
+
+def _run(func):  # type: ignore[no-untyped-def]
+    def wrapper(args: argparse.Namespace) -> int:
+        from egress_kvm.lab import LabError
+        from egress_kvm.log import configure
+
+        configure("info")
+        try:
+            return func(args)
+        except (LabError, ValueError) as e:
+            print(f"egress-kvm lab {args.lab_command}: {e}", file=sys.stderr)
+            return 1
+    return wrapper
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("lab", help="(not built yet)")
-    p.set_defaults(func=lambda args: "egress-kvm lab: not built yet")
+    p = sub.add_parser("lab", help="a real libvirt hypervisor lab on this machine (root)",
+                       description=__doc__)
+    cmds = p.add_subparsers(dest="lab_command", metavar="up|down|status", required=True)
+    up = cmds.add_parser("up", help="bring the lab up (reuses a healthy one; cleans a crashed one first)")
+    _common(up)
+    up.add_argument("--hosts", type=_hosts, default=1, help="number of hypervisor hosts (default 1)")
+    up.add_argument("--no-image", action="store_true", help="skip building and serving the test image")
+    up.set_defaults(func=_run(_up))
+    down = cmds.add_parser("down", help="remove everything the lab made")
+    _common(down)
+    down.set_defaults(func=_run(_down))
+    status = cmds.add_parser("status", help="print lab.json if the lab is up and healthy, else why not")
+    _common(status)
+    status.set_defaults(func=_run(_status))

@@ -1,0 +1,207 @@
+"""Where a lab's pieces live: names, addresses and paths, derived from the lab index alone.
+
+Several labs run on one machine at once (each developer, each test session picks an index), so every
+name that is global to the machine (network namespace, root-side veth, subnets, the per-lab
+authorized_keys file) derives from the index, and everything else lives under the lab's state dir.
+Pure data: nothing here touches the system, so the arithmetic is unit-tested on its own.
+
+Addresses, all inside 10.231.0.0/16 (the only range the lab ever creates or contacts):
+lab N, host i -> link net 10.231.{N*16+i*2}.0/24 (root side .1, host side .2), VM LAN
+10.231.{N*16+i*2+1}.0/24 (bridge br0 at .1, DHCP .100-.199).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_INDEX = 7
+MAX_HOSTS = 8  # 8 hosts x 2 subnets = the lab's /20
+STATE_ROOT = Path("/var/tmp/egress-kvm-lab")
+LAB_SUPERNET = ipaddress.IPv4Network("10.231.0.0/16")
+BRIDGE = "br0"
+POOL = "default"
+POOL_PATH = "/var/lib/libvirt/images"  # as the host (and libvirt) sees it, inside its mount namespace
+SOCKET = "/var/run/libvirt/libvirt-sock"
+SSH_USER = "virt"
+SSH_PORT = 22
+TARGET_PORT = 8080
+IMAGE_PORT = 8081
+PROXY_PORT = 3128
+
+
+def cache_root() -> Path:
+    """~/.cache/egress-kvm: survives `lab down` (the test image, libvirt's QEMU capabilities cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "egress-kvm"
+
+
+def default_state_dir(index: int) -> Path:
+    return STATE_ROOT / f"lab{index}"
+
+
+def check_index(index: int) -> int:
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index <= MAX_INDEX:
+        raise ValueError(f"lab index: {index!r} is not an integer in 0..{MAX_INDEX}")
+    return index
+
+
+def check_hosts(hosts: int) -> int:
+    if not isinstance(hosts, int) or isinstance(hosts, bool) or not 1 <= hosts <= MAX_HOSTS:
+        raise ValueError(f"lab hosts: {hosts!r} is not an integer in 1..{MAX_HOSTS}")
+    return hosts
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """One hypervisor host: a network namespace with its own bridge, dnsmasq, sshd and libvirtd."""
+
+    index: int  # the lab's index
+    number: int  # 0-based host number within the lab
+    dir: Path  # <state>/host<i>: pid files, logs, libvirt's private dirs
+
+    @property
+    def name(self) -> str:
+        return f"host{self.number}"
+
+    @property
+    def netns(self) -> str:
+        return f"ekvm{self.index}h{self.number}"
+
+    @property
+    def veth_root(self) -> str:
+        return f"ekvm{self.index}h{self.number}c"  # <= 15 chars (IFNAMSIZ)
+
+    @property
+    def veth_host(self) -> str:
+        return f"ekvm{self.index}h{self.number}h"
+
+    @property
+    def _link_octet(self) -> int:
+        return self.index * 16 + self.number * 2
+
+    @property
+    def link_cidr(self) -> str:
+        return f"10.231.{self._link_octet}.0/24"
+
+    @property
+    def root_ip(self) -> str:
+        return f"10.231.{self._link_octet}.1"
+
+    @property
+    def ip(self) -> str:
+        """The host's SSH address: the host side of the veth."""
+        return f"10.231.{self._link_octet}.2"
+
+    @property
+    def lan_cidr(self) -> str:
+        return f"10.231.{self._link_octet + 1}.0/24"
+
+    @property
+    def gateway(self) -> str:
+        """The bridge's address: the VMs' gateway, and where the host's HTTP servers listen."""
+        return f"10.231.{self._link_octet + 1}.1"
+
+    @property
+    def dhcp_range(self) -> tuple[str, str]:
+        return f"10.231.{self._link_octet + 1}.100", f"10.231.{self._link_octet + 1}.199"
+
+    # files under the host dir
+    def pidfile(self, daemon: str) -> Path:
+        return self.dir / f"{daemon}.pid"
+
+    @property
+    def leases(self) -> Path:
+        return self.dir / "dnsmasq.leases"
+
+    @property
+    def host_key(self) -> Path:
+        return self.dir / "ssh_host_ed25519_key"
+
+    @property
+    def sshd_config(self) -> Path:
+        return self.dir / "sshd_config"
+
+    @property
+    def etc_libvirt(self) -> Path:
+        return self.dir / "etc-libvirt"
+
+    @property
+    def var_lib_libvirt(self) -> Path:
+        return self.dir / "var-lib-libvirt"
+
+    @property
+    def var_log_libvirt(self) -> Path:
+        return self.dir / "var-log-libvirt"
+
+    @property
+    def pool_dir(self) -> Path:
+        """The pool's directory as the root namespace sees it (bind-mounted at POOL_PATH on the host)."""
+        return self.var_lib_libvirt / "images"
+
+    @property
+    def www(self) -> Path:
+        return self.dir / "www"
+
+
+@dataclass(frozen=True)
+class LabLayout:
+    index: int
+    hosts: int
+    state_dir: Path
+
+    @classmethod
+    def make(cls, *, index: int, hosts: int, state_dir: Path | str | None = None) -> LabLayout:
+        check_index(index)
+        check_hosts(hosts)
+        state = Path(state_dir) if state_dir is not None else default_state_dir(index)
+        return cls(index=index, hosts=hosts, state_dir=state.absolute())
+
+    def host(self, number: int) -> HostLayout:
+        return HostLayout(index=self.index, number=number, dir=self.state_dir / f"host{number}")
+
+    @property
+    def all_hosts(self) -> list[HostLayout]:
+        return [self.host(i) for i in range(self.hosts)]
+
+    @property
+    def every_possible_host(self) -> list[HostLayout]:
+        """All host slots of this index: a crashed lab may have had more hosts than the next one asks for."""
+        return [self.host(i) for i in range(MAX_HOSTS)]
+
+    @property
+    def ssh_key(self) -> Path:
+        return self.state_dir / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.state_dir / "known_hosts"
+
+    @property
+    def providers_file(self) -> Path:
+        return self.state_dir / "providers.yaml"
+
+    @property
+    def user_data_file(self) -> Path:
+        return self.state_dir / "user-data.yaml"
+
+    @property
+    def manifests_dir(self) -> Path:
+        return self.state_dir / "manifests"
+
+    @property
+    def lab_json(self) -> Path:
+        return self.state_dir / "lab.json"
+
+    @property
+    def layout_json(self) -> Path:
+        """Written before anything is created, so `down` after a crash knows what to look for."""
+        return self.state_dir / "layout.json"
+
+    @property
+    def authorized_keys_name(self) -> str:
+        """Per-lab file under the virt user's ~/.ssh: sshd's StrictModes rejects a key file below
+        /var/tmp (world-writable), and several labs share the one `virt` account."""
+        return f"authorized_keys.egress-kvm-lab{self.index}"

@@ -1,0 +1,205 @@
+"""`lab up`, `lab down`, `lab status`: the whole lab's life, and commands run on its hosts.
+
+`up` is idempotent: a healthy lab at the state dir is reused (and given the image if it lacked one);
+anything else with the same index (a crashed lab, a lab at another state dir) is cleaned away first,
+because the index alone names the machine-global pieces (netns, veth, subnets). `down` works from
+layout.json, written before anything is created, so it can clean up after a crash at any point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from egress_kvm.lab import host as host_mod
+from egress_kvm.lab import keys, manifests, web
+from egress_kvm.lab.info import HostInfo, ImageInfo, LabInfo
+from egress_kvm.lab.layout import (
+    BRIDGE,
+    POOL,
+    POOL_PATH,
+    SOCKET,
+    SSH_PORT,
+    SSH_USER,
+    LabLayout,
+    check_index,
+    default_state_dir,
+)
+from egress_kvm.lab.procs import LabError, netns_inode, read_pid, run
+from egress_kvm.log import get_logger
+
+log = get_logger("lab")
+
+# what `down` deletes from a state dir: only what `up` creates, never a user's other files
+_STATE_FILES = ("lab.json", "lab.tmp", "layout.json", "id_ed25519", "id_ed25519.pub", "known_hosts",
+                "providers.yaml", "user-data.yaml")
+_STATE_DIRS = ("manifests", "image")
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (network namespaces, sshd, libvirtd)")
+    if shutil.which("ip") is None:
+        raise LabError("`ip` (iproute2) is not installed (run scripts/setup)")
+
+
+def _layout_from_state(state_dir: Path) -> LabLayout | None:
+    for name in ("layout.json", "lab.json"):
+        try:
+            data = json.loads((state_dir / name).read_text())
+        except (OSError, ValueError):
+            continue
+        hosts = data.get("hosts", 1)
+        return LabLayout.make(index=data["index"], hosts=len(hosts) if isinstance(hosts, list) else hosts,
+                              state_dir=state_dir)
+    return None
+
+
+def problems(state_dir: Path | str) -> list[str]:
+    """Why the lab at state_dir is not up and healthy; empty when it is."""
+    state = Path(state_dir)
+    try:
+        info = LabInfo.load(state)
+    except (OSError, ValueError, KeyError, TypeError):
+        return [f"no lab at {state} (no readable lab.json)"]
+    lab = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=state)
+    found = []
+    for h in lab.all_hosts:
+        found += host_mod.host_problems(h)
+    if info.image is not None:
+        host0 = lab.host(0)
+        if not _alive_in(host0, "http-image"):
+            found.append("host0: image server not running")
+    return found
+
+
+def _alive_in(host: host_mod.HostLayout, name: str) -> bool:
+    from egress_kvm.lab.procs import alive, in_netns
+
+    inode = netns_inode(host.netns)
+    pid = read_pid(host.pidfile(name))
+    return inode is not None and alive(pid) and in_netns(pid, inode)  # type: ignore[arg-type]
+
+
+def _clean_index(lab: LabLayout) -> None:
+    """Leftovers of any lab with this index, wherever its state dir was (names derive from the index)."""
+    for h in lab.every_possible_host:
+        veth = Path(f"/sys/class/net/{h.veth_root}").exists()
+        if netns_inode(h.netns) is not None or veth:
+            log.info("cleaning leftovers", host=h.name, netns=h.netns)
+            host_mod.host_down(h)
+
+
+def down(state_dir: Path | str | None = None, *, index: int | None = None) -> None:
+    """Remove everything the lab at state_dir made: VMs, volumes, processes (by PID), veths, netns, files."""
+    _require_root()
+    state = Path(state_dir) if state_dir is not None else default_state_dir(index or 0)
+    state = state.absolute()
+    lab = _layout_from_state(state)
+    if lab is None and index is not None:
+        lab = LabLayout.make(index=index, hosts=1, state_dir=state)
+    if lab is not None:
+        for h in lab.every_possible_host:
+            if h.dir.exists() or netns_inode(h.netns) is not None:
+                host_mod.host_down(h)
+        host_mod.authorized_keys_path(lab).unlink(missing_ok=True)
+    if state.is_dir():
+        for child in state.iterdir():
+            if child.is_dir() and (child.name.startswith("host") or child.name in _STATE_DIRS):
+                shutil.rmtree(child)
+            elif child.name in _STATE_FILES:
+                child.unlink()
+        if not any(state.iterdir()):
+            state.rmdir()
+
+
+def up(state_dir: Path | str | None = None, index: int = 0, hosts: int = 1, image: bool = True) -> LabInfo:
+    """Bring the lab up (or reuse a healthy one) and return what lab.json says."""
+    _require_root()
+    lab = LabLayout.make(index=check_index(index), hosts=hosts, state_dir=state_dir)
+    if not problems(lab.state_dir):
+        info = LabInfo.load(lab.state_dir)
+        if info.index == index and len(info.hosts) == hosts:
+            if image and info.image is None:
+                log.info("adding the test image to a running lab", state_dir=str(lab.state_dir))
+                info = _finish(lab, image=True)
+            else:
+                log.info("lab already up, reusing it", state_dir=str(lab.state_dir))
+            return info
+    down(lab.state_dir)
+    _clean_index(lab)
+    lab.state_dir.mkdir(parents=True, exist_ok=True)
+    lab.layout_json.write_text(json.dumps({"index": lab.index, "hosts": lab.hosts}) + "\n")
+    try:
+        public_key = keys.ensure_client_key(lab)
+        host_mod.install_authorized_key(lab, public_key)
+        for h in lab.all_hosts:
+            log.info("bringing host up", host=h.name, netns=h.netns, ip=h.ip, lan=h.lan_cidr)
+            host_mod.host_up(lab, h)
+            web.serve_target(h, index=lab.index)
+        keys.write_known_hosts(lab)
+        return _finish(lab, image=image)
+    except BaseException:
+        log.info("lab up failed; removing what it made", state_dir=str(lab.state_dir))
+        down(lab.state_dir)
+        raise
+
+
+def _finish(lab: LabLayout, *, image: bool) -> LabInfo:
+    """Image (optional), providers file, manifests, lab.json: the parts that depend on the image."""
+    image_info: dict[str, Any] | None = None
+    if image:
+        from egress_kvm.lab import image as image_mod
+
+        image_info = image_mod.serve_image(lab)
+    targets = {h.name: web.target_url(h) for h in lab.all_hosts}
+    paths = manifests.write_all(lab, image=image_info, targets=targets)
+    host0 = lab.host(0)
+    info = LabInfo(
+        index=lab.index,
+        state_dir=str(lab.state_dir),
+        ssh_key=str(lab.ssh_key),
+        known_hosts=str(lab.known_hosts),
+        providers_file=str(lab.providers_file),
+        image=ImageInfo(**image_info) if image_info else None,
+        http_target=web.target_url(host0),
+        http_target_body=web.target_body(index=lab.index, host=host0.name),
+        hosts=[_host_info(h) for h in lab.all_hosts],
+        proxy_manifests=paths,
+        user_data_file=str(lab.user_data_file),
+    )
+    info.save(lab.lab_json)
+    return info
+
+
+def _host_info(h: host_mod.HostLayout) -> HostInfo:
+    return HostInfo(
+        name=h.name, ip=h.ip, port=SSH_PORT, address=f"{h.ip}:{SSH_PORT}", user=SSH_USER, netns=h.netns,
+        bridge=BRIDGE, pool=POOL, pool_path=POOL_PATH, lan_cidr=h.lan_cidr, gateway=h.gateway,
+        socket=SOCKET, domain_type=manifests.domain_type(),
+        libvirtd_pid=read_pid(h.pidfile("libvirtd")) or 0, sshd_pid=read_pid(h.pidfile("sshd")) or 0,
+        dnsmasq_leases=str(h.leases), pool_dir=str(h.pool_dir), http_target=web.target_url(h),
+    )
+
+
+def _host_layout(info: LabInfo, host_name: str) -> host_mod.HostLayout:
+    lab = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=info.state_dir)
+    for h in lab.all_hosts:
+        if h.name == host_name:
+            return h
+    raise LabError(f"lab {info.index} has no host {host_name!r} (hosts: {[h.name for h in info.hosts]})")
+
+
+def host_run(info: LabInfo, host_name: str, argv: list[str], check: bool = True,
+             ) -> subprocess.CompletedProcess[str]:
+    """Run argv "on the hypervisor host": inside its mount + network namespace."""
+    return run(host_mod.host_argv(_host_layout(info, host_name), list(argv)), check=check)
+
+
+def virsh(info: LabInfo, host_name: str, *args: str) -> str:
+    """`virsh -c qemu:///system ARGS` on the host; its stdout (raises LabError on failure)."""
+    return run(host_mod.virsh_argv(_host_layout(info, host_name), *args)).stdout
