@@ -5,7 +5,10 @@ everything it made; `host_run()` / `virsh()` run commands on one of its hosts. S
 """
 
 from egress_kvm.lab.info import HostInfo, ImageInfo, LabInfo
-from egress_kvm.lab.lifecycle import down, host_run, problems, up, virsh
+from egress_kvm.lab.lifecycle import down, host_run, problems, unavailable_reason, up, virsh
 from egress_kvm.lab.procs import LabError
 
-__all__ = ["HostInfo", "ImageInfo", "LabError", "LabInfo", "down", "host_run", "problems", "up", "virsh"]
+__all__ = [
+    "HostInfo", "ImageInfo", "LabError", "LabInfo",
+    "down", "host_run", "problems", "unavailable_reason", "up", "virsh",
+]

@@ -40,6 +40,18 @@ _STATE_FILES = ("lab.json", "lab.tmp", "layout.json", "id_ed25519", "id_ed25519.
 _STATE_DIRS = ("manifests", "image")
 
 
+def unavailable_reason() -> str | None:
+    """Why no lab can run on this machine (None when one can): tests skip with this reason."""
+    if os.geteuid() != 0:
+        return "the hypervisor lab needs root (network namespaces, sshd, libvirtd)"
+    if shutil.which("ip") is None or run(["ip", "netns", "list"], check=False).returncode != 0:
+        return "the hypervisor lab needs `ip netns` (iproute2)"
+    for tool in ("libvirtd", "virtlogd", "virsh", "sshd", "dnsmasq", "nsenter", "unshare", "ssh-keygen"):
+        if shutil.which(tool) is None and not Path("/usr/sbin", tool).exists():
+            return f"the hypervisor lab needs {tool} (run scripts/setup)"
+    return None
+
+
 def _require_root() -> None:
     if os.geteuid() != 0:
         raise LabError("the lab needs root (network namespaces, sshd, libvirtd)")

@@ -1,0 +1,72 @@
+"""Shared fixtures: the hypervisor lab (egress_kvm.lab), one per test session.
+
+`lab_host`: a lab's hosts (sshd + libvirtd + bridge), image or not, for RPC/provider tests.
+`lab`: the same lab with the test image built and served (for tests that boot VMs).
+Both honour EGRESS_LAB_DIR: when it points at a lab that is up, that lab is used and left running;
+otherwise a lab is brought up (index EGRESS_LAB_INDEX, default 0; EGRESS_LAB_HOSTS hosts, default 2)
+and torn down when the session ends. They skip, saying why, only where a lab cannot exist (not root,
+no `ip netns`); CI runs as root, so there they always run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+class _SessionLab:
+    """Brings the session's lab up at most once (adding the image on demand) and knows whether it owns it."""
+
+    def __init__(self) -> None:
+        self.owned_dir: Path | None = None
+
+    def get(self, *, image: bool):  # type: ignore[no-untyped-def]
+        from egress_kvm import lab
+        from egress_kvm.lab.layout import default_state_dir
+
+        reason = lab.unavailable_reason()
+        if reason:
+            pytest.skip(reason)
+        env_dir = os.environ.get("EGRESS_LAB_DIR")
+        if env_dir and not lab.problems(env_dir):
+            info = lab.LabInfo.load(env_dir)
+            if image and info.image is None:  # add the image to that running lab; it stays running
+                info = lab.up(state_dir=env_dir, index=info.index, hosts=len(info.hosts), image=True)
+            return info
+        index = int(os.environ.get("EGRESS_LAB_INDEX", "0"))
+        hosts = int(os.environ.get("EGRESS_LAB_HOSTS", "2"))
+        state = Path(env_dir) if env_dir else default_state_dir(index)
+        if self.owned_dir is not None and not image and not lab.problems(self.owned_dir):
+            return lab.LabInfo.load(self.owned_dir)  # hosts-only users take the lab as it is, image or not
+        info = lab.up(state_dir=state, index=index, hosts=hosts, image=image)
+        self.owned_dir = state
+        return info
+
+    def close(self) -> None:
+        if self.owned_dir is not None:
+            from egress_kvm import lab
+
+            lab.down(self.owned_dir)
+            self.owned_dir = None
+
+
+@pytest.fixture(scope="session")
+def _session_lab() -> Iterator[_SessionLab]:
+    holder = _SessionLab()
+    yield holder
+    holder.close()
+
+
+@pytest.fixture(scope="session")
+def lab_host(_session_lab: _SessionLab):  # type: ignore[no-untyped-def]
+    """A running lab (LabInfo) whose hosts are up; the test image may or may not be there."""
+    return _session_lab.get(image=False)
+
+
+@pytest.fixture(scope="session")
+def lab(_session_lab: _SessionLab):  # type: ignore[no-untyped-def]
+    """A running lab (LabInfo) with the test image built and served (info.image is set)."""
+    return _session_lab.get(image=True)

@@ -1,0 +1,155 @@
+"""The lab's own proof for its hosts: real netns, sshd, libvirtd, dnsmasq; reachable over real SSH with
+the host key checked; idempotent `up`; a crashed lab cleaned and rebuilt; `down` leaves nothing behind.
+
+Uses its own lab index (EGRESS_LAB_SELFTEST_INDEX, default 5) and state dir, apart from the shared
+session lab that other tests use.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from egress_kvm import lab
+from egress_kvm.lab import procs
+from egress_kvm.lab.host import authorized_keys_path
+from egress_kvm.lab.layout import LabLayout
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+INDEX = int(os.environ.get("EGRESS_LAB_SELFTEST_INDEX", "5"))
+
+
+@pytest.fixture(scope="module")
+def own_lab(tmp_path_factory):
+    reason = lab.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    state = tmp_path_factory.mktemp("lab-selftest")
+    info = lab.up(state_dir=state, index=INDEX, hosts=2, image=False)
+    yield info
+    lab.down(state)
+
+
+def ssh(info: lab.LabInfo, host: lab.HostInfo, command: str, *, known_hosts: str | None = None,
+        ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ssh", "-i", info.ssh_key, "-o", f"UserKnownHostsFile={known_hosts or info.known_hosts}",
+         "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+         "-p", str(host.port), f"{host.user}@{host.ip}", command],
+        capture_output=True, text=True, timeout=60)
+
+
+def test_lab_json_describes_the_hosts(own_lab):
+    info = lab.LabInfo.load(own_lab.state_dir)
+    assert info == own_lab
+    assert info.index == INDEX and info.image is None
+    assert [h.name for h in info.hosts] == ["host0", "host1"]
+    h0 = info.hosts[0]
+    assert h0.address == f"{h0.ip}:22"
+    assert h0.ip == f"10.231.{INDEX * 16}.2"
+    assert h0.gateway == f"10.231.{INDEX * 16 + 1}.1"
+    assert procs.alive(h0.libvirtd_pid) and procs.alive(h0.sshd_pid)
+    files = (info.ssh_key, info.known_hosts, info.providers_file, info.user_data_file, *info.proxy_manifests)
+    for path in files:
+        assert Path(path).is_file(), path
+    assert lab.problems(info.state_dir) == []
+
+
+@pytest.mark.parametrize("host_index", [0, 1])
+def test_virt_user_drives_libvirt_over_ssh_with_the_host_key_checked(own_lab, host_index):
+    host = own_lab.hosts[host_index]
+    out = ssh(own_lab, host, "virsh -c qemu:///system list --all && virsh -c qemu:///system pool-info default"
+                             " && ip -br link show br0 && id -nG")
+    assert out.returncode == 0, out.stderr
+    assert "State:          running" in out.stdout
+    assert out.stdout.splitlines()[-2].startswith("br0")  # `ip` is on the session PATH
+    assert "libvirt" in out.stdout.splitlines()[-1].split()
+
+
+def test_a_wrong_host_key_is_refused(own_lab, tmp_path):
+    # host1's key presented as host0's: OpenSSH must refuse, so the lab's known_hosts really is checked
+    lines = Path(own_lab.known_hosts).read_text().splitlines()
+    forged = tmp_path / "known_hosts"
+    forged.write_text(f"{own_lab.hosts[0].ip} {lines[1].split(' ', 1)[1]}\n")
+    out = ssh(own_lab, own_lab.hosts[0], "true", known_hosts=str(forged))
+    assert out.returncode != 0
+    assert "Host key verification failed" in out.stderr or "HOST IDENTIFICATION HAS CHANGED" in out.stderr
+
+
+def test_virsh_and_host_run_act_on_the_host(own_lab):
+    addr = lab.host_run(own_lab, "host0", ["ip", "-br", "addr", "show", "br0"]).stdout
+    assert own_lab.hosts[0].gateway in addr
+    assert "default" in lab.virsh(own_lab, "host1", "pool-list", "--name")
+    # each host has its own libvirtd: a volume made on host0 is not on host1
+    lab.virsh(own_lab, "host0", "vol-create-as", "default", "only-on-host0.qcow2", "1M", "--format", "qcow2")
+    assert "only-on-host0.qcow2" in lab.virsh(own_lab, "host0", "vol-list", "default")
+    assert "only-on-host0.qcow2" not in lab.virsh(own_lab, "host1", "vol-list", "default")
+    assert (Path(own_lab.hosts[0].pool_dir) / "only-on-host0.qcow2").is_file()
+    with pytest.raises(lab.LabError, match="no host 'host9'"):
+        lab.virsh(own_lab, "host9", "list")
+
+
+def test_http_target_reachable_from_the_root_namespace(own_lab):
+    for host in own_lab.hosts:
+        with urllib.request.urlopen(host.http_target, timeout=10) as resp:
+            assert resp.read().decode() == f"hello-through-proxy from egress-kvm lab{INDEX} {host.name}\n"
+    assert own_lab.http_target == own_lab.hosts[0].http_target
+
+
+def test_up_again_reuses_a_healthy_lab(own_lab):
+    again = lab.up(state_dir=own_lab.state_dir, index=INDEX, hosts=2, image=False)
+    assert [h.libvirtd_pid for h in again.hosts] == [h.libvirtd_pid for h in own_lab.hosts]
+
+
+def test_up_after_a_crash_cleans_and_rebuilds(tmp_path):
+    """A lab whose daemons died (SIGKILL, as in a crash) is detected, cleaned and brought up fresh."""
+    if lab.unavailable_reason():
+        pytest.skip(lab.unavailable_reason())
+    index = (INDEX + 1) % 8
+    first = lab.up(state_dir=tmp_path, index=index, hosts=1, image=False)
+    try:
+        old = first.hosts[0]
+        os.kill(old.libvirtd_pid, signal.SIGKILL)
+        os.kill(old.sshd_pid, signal.SIGKILL)
+        procs.wait_gone([old.libvirtd_pid, old.sshd_pid], timeout=10)
+        assert any("libvirtd not running" in p for p in lab.problems(tmp_path))
+        second = lab.up(state_dir=tmp_path, index=index, hosts=1, image=False)
+        assert second.hosts[0].libvirtd_pid != old.libvirtd_pid
+        assert lab.problems(tmp_path) == []
+        out = ssh(second, second.hosts[0], "virsh -c qemu:///system pool-list --name")
+        assert out.returncode == 0 and "default" in out.stdout, out.stderr
+    finally:
+        lab.down(tmp_path)
+    assert_nothing_left(LabLayout.make(index=index, hosts=1, state_dir=tmp_path), [first.hosts[0]])
+
+
+def test_down_leaves_nothing(tmp_path):
+    if lab.unavailable_reason():
+        pytest.skip(lab.unavailable_reason())
+    index = (INDEX + 2) % 8
+    info = lab.up(state_dir=tmp_path / "state", index=index, hosts=2, image=False)
+    pids = [p for h in info.hosts for p in (h.libvirtd_pid, h.sshd_pid)]
+    lab.down(tmp_path / "state")
+    assert_nothing_left(LabLayout.make(index=index, hosts=2, state_dir=tmp_path / "state"), info.hosts, pids)
+    lab.down(tmp_path / "state")  # safe to run twice
+
+
+def assert_nothing_left(layout: LabLayout, hosts, pids=()) -> None:  # type: ignore[no-untyped-def]
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
+    for h in layout.all_hosts:
+        assert h.netns not in netns
+        assert h.veth_root not in links
+        assert h.lan_cidr not in routes
+    for h in hosts:
+        assert h.ip not in routes
+    assert not [p for p in pids if procs.alive(p)]
+    assert not layout.state_dir.exists()
+    assert not authorized_keys_path(layout).exists()
