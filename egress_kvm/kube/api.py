@@ -1,0 +1,228 @@
+"""KubeApi over kubernetes-asyncio: Proxies (with the status subresource), Secrets and Events.
+
+Writes are full-object PUTs carrying the resourceVersion we read, so a stale write is refused with 409
+instead of silently undoing someone else's change; on 409 we re-read and re-apply our part (the status
+is computed by us alone; the finalizer list is edited, not replaced). Events follow client-go's recorder
+closely enough for `kubectl describe`: core/v1 Events with involvedObject, reason, type, source, and a
+repeat of the same (object, type, reason, message) bumps `count` and `lastTimestamp` on the existing
+Event instead of creating a new one.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import socket
+import time
+from collections import OrderedDict
+from datetime import UTC, datetime
+
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from ..log import Logger, get_logger
+from .interfaces import FINALIZER, GROUP, PLURAL, VERSION, Obj
+from .rest import MERGE_PATCH, KubeApiError, from_api_exception, request_json
+
+COMPONENT = "egress-kvm"
+CONFLICT_RETRIES = 8
+EVENT_CACHE_SIZE = 4096
+EVENT_MESSAGE_MAX = 1024
+REQUEST_TIMEOUT = 30.0
+
+
+def rfc3339(ts: float | None = None) -> str:
+    """metav1.Time: seconds precision, UTC, `Z`."""
+    return datetime.fromtimestamp(time.time() if ts is None else ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def micro_time(ts: float | None = None) -> str:
+    """metav1.MicroTime: always six fraction digits (the server's parser insists)."""
+    return datetime.fromtimestamp(time.time() if ts is None else ts, UTC).strftime(
+        "%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class KubeApiClient:
+    """The controller's window on the API server. Construct with an ApiClient from kube.client."""
+
+    def __init__(self, api_client: ApiClient, *, component: str = COMPONENT,
+                 logger: Logger | None = None) -> None:
+        self._api_client = api_client
+        self._custom = CustomObjectsApi(api_client)
+        self._core = CoreV1Api(api_client)
+        self._component = component
+        self._instance = socket.gethostname()
+        self._log = logger or get_logger("kube")
+        # (uid, type, reason, message) -> (namespace, event name, count): dedupe like client-go's
+        # EventCorrelator, bounded so a long-lived process does not grow without end.
+        self._events: OrderedDict[tuple[str, str, str, str], tuple[str, str, int]] = OrderedDict()
+
+    # --- Proxies -------------------------------------------------------------------------------------
+
+    async def get_proxy(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return await self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as exc:
+            err = from_api_exception(exc)
+            if err.not_found:
+                return None
+            raise err from None
+
+    async def list_proxies(self, namespace: str | None) -> list[Obj]:
+        try:
+            if namespace:
+                result = await self._custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, _request_timeout=REQUEST_TIMEOUT)
+            else:
+                result = await self._custom.list_cluster_custom_object(
+                    GROUP, VERSION, PLURAL, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as exc:
+            raise from_api_exception(exc) from None
+        return list(result.get("items") or [])
+
+    async def update_proxy_status(self, obj: Obj, status: Obj) -> Obj:
+        current = obj
+        for _attempt in range(CONFLICT_RETRIES):
+            body = {**current, "status": copy.deepcopy(status)}
+            namespace, name = _ns_name(current)
+            try:
+                return await self._custom.replace_namespaced_custom_object_status(
+                    GROUP, VERSION, namespace, PLURAL, name, body, _request_timeout=REQUEST_TIMEOUT)
+            except ApiException as exc:
+                err = from_api_exception(exc)
+                if err.not_found:
+                    raise LookupError(f"Proxy {namespace}/{name} no longer exists") from None
+                if not err.conflict:
+                    raise err from None
+            self._log.v(1).info("status update conflicted, re-reading", namespace=namespace, name=name)
+            fresh = await self.get_proxy(namespace, name)
+            if fresh is None:
+                raise LookupError(f"Proxy {namespace}/{name} no longer exists")
+            current = fresh
+        raise KubeApiError(409, "Conflict", f"status of Proxy {_key_text(obj)} still conflicting after "
+                                            f"{CONFLICT_RETRIES} attempts")
+
+    async def set_finalizer(self, obj: Obj, *, present: bool) -> Obj:
+        current = obj
+        for _attempt in range(CONFLICT_RETRIES):
+            finalizers = list(current.get("metadata", {}).get("finalizers") or [])
+            if (FINALIZER in finalizers) == present:
+                return current
+            if present:
+                finalizers.append(FINALIZER)
+            else:
+                finalizers = [f for f in finalizers if f != FINALIZER]
+            body = copy.deepcopy(current)
+            body["metadata"]["finalizers"] = finalizers
+            namespace, name = _ns_name(current)
+            try:
+                return await self._custom.replace_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, name, body, _request_timeout=REQUEST_TIMEOUT)
+            except ApiException as exc:
+                err = from_api_exception(exc)
+                if err.not_found:
+                    if present:
+                        raise LookupError(f"Proxy {namespace}/{name} no longer exists") from None
+                    return current
+                if not err.conflict:
+                    raise err from None
+            fresh = await self.get_proxy(namespace, name)
+            if fresh is None:
+                if present:
+                    raise LookupError(f"Proxy {namespace}/{name} no longer exists")
+                return current
+            current = fresh
+        raise KubeApiError(409, "Conflict", f"finalizer of Proxy {_key_text(obj)} still conflicting after "
+                                            f"{CONFLICT_RETRIES} attempts")
+
+    # --- Secrets -------------------------------------------------------------------------------------
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        try:
+            secret = await self._core.read_namespaced_secret(name, namespace,
+                                                             _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as exc:
+            err = from_api_exception(exc)
+            if err.not_found:
+                return None
+            raise err from None
+        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+
+    # --- Events --------------------------------------------------------------------------------------
+
+    async def record_event(self, obj: Obj, *, type_: str, reason: str, message: str) -> None:
+        try:
+            await self._record_event(obj, type_=type_, reason=reason, message=message)
+        except Exception as exc:  # best effort by contract: an Event must never fail a reconcile
+            self._log.error(exc, "recording event failed", namespace=_ns_name(obj)[0],
+                            name=_ns_name(obj)[1], reason=reason)
+
+    async def _record_event(self, obj: Obj, *, type_: str, reason: str, message: str) -> None:
+        meta = obj.get("metadata", {})
+        namespace = meta.get("namespace") or "default"
+        message = message if len(message) <= EVENT_MESSAGE_MAX else message[:EVENT_MESSAGE_MAX - 3] + "..."
+        cache_key = (meta.get("uid", "") or f"{namespace}/{meta.get('name')}", type_, reason, message)
+        now = time.time()
+        seen = self._events.get(cache_key)
+        if seen is not None:
+            ev_ns, ev_name, count = seen
+            try:
+                await request_json(
+                    self._api_client, "PATCH", f"/api/v1/namespaces/{ev_ns}/events/{ev_name}",
+                    body={"count": count + 1, "lastTimestamp": rfc3339(now)}, content_type=MERGE_PATCH)
+            except KubeApiError as err:
+                if not err.not_found:
+                    raise
+                # The Event expired (the server's event TTL) or was deleted: start a new series.
+                self._events.pop(cache_key, None)
+            else:
+                self._events[cache_key] = (ev_ns, ev_name, count + 1)
+                self._events.move_to_end(cache_key)
+                return
+        name = f"{meta.get('name', 'unknown')}.{time.time_ns():x}"
+        body: Obj = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", f"{GROUP}/{VERSION}"),
+                "kind": obj.get("kind", "Proxy"),
+                "namespace": namespace,
+                "name": meta.get("name", ""),
+                "uid": meta.get("uid", ""),
+                "resourceVersion": meta.get("resourceVersion", ""),
+            },
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "count": 1,
+            "firstTimestamp": rfc3339(now),
+            "lastTimestamp": rfc3339(now),
+            "source": {"component": self._component, "host": self._instance},
+            "reportingComponent": self._component,
+            "reportingInstance": self._instance,
+        }
+        await request_json(self._api_client, "POST", f"/api/v1/namespaces/{namespace}/events", body=body)
+        self._events[cache_key] = (namespace, name, 1)
+        while len(self._events) > EVENT_CACHE_SIZE:
+            self._events.popitem(last=False)
+
+
+async def namespace_uid(api_client: ApiClient, name: str = "kube-system") -> str:
+    """The uid of a Namespace: `kube-system`'s is the conventional stable cluster identity."""
+    ns = await request_json(api_client, "GET", f"/api/v1/namespaces/{name}")
+    uid = ns.get("metadata", {}).get("uid")
+    if not uid:
+        raise KubeApiError(0, "NoUID", f"Namespace {name} has no metadata.uid")
+    return str(uid)
+
+
+def _ns_name(obj: Obj) -> tuple[str, str]:
+    meta = obj.get("metadata", {})
+    return meta.get("namespace", ""), meta.get("name", "")
+
+
+def _key_text(obj: Obj) -> str:
+    ns, name = _ns_name(obj)
+    return f"{ns}/{name}"
