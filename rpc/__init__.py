@@ -1,0 +1,101 @@
+"""A pure-Python asyncio client for libvirt's remote RPC protocol (no libvirt C library).
+
+    async with await rpc.connect_ssh("host", username="virt", client_keys=["key"],
+                                     known_hosts="known_hosts") as client:
+        dom = await client.domain_lookup_by_name("vm1")
+
+Layers: framing/xdr/procedures/messages are the sans-IO core (bytes in, events out); connection is the
+asyncio shell (reader task, serials, deadlines, keepalive, streams, events); client adds one method per
+procedure; transport opens unix-socket and SSH-forwarded links. Nothing here knows about Kubernetes.
+"""
+
+from .client import Client
+from .connection import Download, LifecycleSubscription
+from .constants import (
+    AuthType,
+    DomainEventID,
+    DomainEventType,
+    DomainState,
+    ErrorCode,
+    InterfaceAddressesSource,
+    IPAddrType,
+    StoragePoolState,
+    StorageVolType,
+    error_code_name,
+)
+from .errors import (
+    ConnectFailed,
+    ConnectionLost,
+    DeadlineExceeded,
+    EventsLost,
+    HostKeyRejected,
+    LibvirtError,
+    NotFoundError,
+    ProtocolError,
+    RpcError,
+)
+from .observe import CallRecord, Observer
+from .transport import DEFAULT_SOCKET, DEFAULT_URI, connect_over, connect_ssh, connect_unix, open_ssh
+from .types import (
+    ConnectListAllDomainsRet,
+    ConnectListAllStoragePoolsRet,
+    Domain,
+    DomainGetStateRet,
+    DomainInterface,
+    DomainIPAddr,
+    LifecycleEvent,
+    NodeGetInfoRet,
+    RemoteError,
+    StoragePool,
+    StoragePoolGetInfoRet,
+    StoragePoolListAllVolumesRet,
+    StorageVol,
+    StorageVolGetInfoRet,
+)
+
+__all__ = [
+    "DEFAULT_SOCKET",
+    "DEFAULT_URI",
+    "AuthType",
+    "CallRecord",
+    "Client",
+    "ConnectFailed",
+    "ConnectListAllDomainsRet",
+    "ConnectListAllStoragePoolsRet",
+    "ConnectionLost",
+    "DeadlineExceeded",
+    "Domain",
+    "DomainEventID",
+    "DomainEventType",
+    "DomainGetStateRet",
+    "DomainIPAddr",
+    "DomainInterface",
+    "DomainState",
+    "Download",
+    "ErrorCode",
+    "EventsLost",
+    "HostKeyRejected",
+    "IPAddrType",
+    "InterfaceAddressesSource",
+    "LibvirtError",
+    "LifecycleEvent",
+    "LifecycleSubscription",
+    "NodeGetInfoRet",
+    "NotFoundError",
+    "Observer",
+    "ProtocolError",
+    "RemoteError",
+    "RpcError",
+    "StoragePool",
+    "StoragePoolGetInfoRet",
+    "StoragePoolListAllVolumesRet",
+    "StoragePoolState",
+    "StorageVol",
+    "StorageVolGetInfoRet",
+    "StorageVolType",
+    "connect_over",
+    "connect_ssh",
+    "connect_unix",
+    "error_code_name",
+    "open_ssh",
+]

@@ -1,0 +1,706 @@
+"""The asyncio connection: one reader task, many calls in flight matched by serial, streams, events.
+
+Why it is shaped this way:
+- One reader task owns the socket's read side; it decodes every packet and completes the matching future,
+  feeds the matching stream, or queues the event for its subscription. Callers never read.
+- Every packet is written with synchronous `write()` calls and no `await` between a packet's parts, so
+  packets from concurrent calls can never interleave; only stream uploads wait for the buffer to drain.
+- Every call has a deadline, enforced with a timer on the call's future (no task per call). A call that
+  times out or is cancelled leaves the serial map at once, so its late reply is recognised and dropped.
+- Events go to a bounded per-subscription queue that the reader never waits on: a slow consumer loses
+  events (and is told so with EventsLost), it never stalls replies.
+- A download whose consumer falls behind pauses the reader (bounded memory beats unbounded buffering);
+  the keepalive check does not count that pause as peer silence.
+- When the link dies (EOF, error, keepalive timeout, malformed input) every waiter fails at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import AsyncIterable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .constants import STREAM_CHUNK
+from .errors import (
+    ConnectionLost,
+    DeadlineExceeded,
+    EventsLost,
+    ProtocolError,
+    RpcError,
+    error_from_remote,
+)
+from .framing import PacketDecoder
+from .link import WRITE_HIGH_WATER, Link
+from .messages import (
+    PING,
+    PONG,
+    ErrorReply,
+    EventMessage,
+    Ping,
+    Reply,
+    StreamData,
+    StreamFailed,
+    StreamFinished,
+    classify,
+    encode_call,
+    encode_stream_abort,
+    encode_stream_finish,
+    stream_data_header,
+)
+from .observe import CallRecord, Observer
+from .procedures import BY_NUMBER, LIFECYCLE_MSG, PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE, Procedure
+from .types import Domain, LifecycleEvent
+from .xdr import Reader
+
+READ_SIZE = 256 * 1024
+DEFAULT_CALL_TIMEOUT = 60.0
+DEFAULT_KEEPALIVE_INTERVAL = 5.0
+DEFAULT_KEEPALIVE_COUNT = 5
+DEFAULT_EVENT_QUEUE = 10000
+#: A download buffers at most this much before the reader waits for its consumer.
+DOWNLOAD_HIGH_WATER = 8 * 1024 * 1024
+
+PROC_REGISTER_ANY = 316
+PROC_DEREGISTER_ANY = 317
+PROC_CONNECT_CLOSE = 2
+
+
+@dataclass(slots=True)
+class _Pending:
+    proc: Procedure
+    fut: asyncio.Future[Any]
+    on_reply: Callable[[Any], None] | None
+
+
+class _Stream:
+    """State of one data stream (upload or download), fed by the reader task."""
+
+    def __init__(self, *, proc: Procedure, serial: int) -> None:
+        self.proc = proc
+        self.serial = serial
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self.eof = False  # download: the zero-length CONTINUE arrived
+        self.finished = False  # server sent STREAM/OK
+        self.error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def new_waiter(self) -> asyncio.Future[None]:
+        self._waiter = asyncio.get_running_loop().create_future()
+        return self._waiter
+
+    def on_event(self, ev: StreamData | StreamFinished | StreamFailed) -> None:
+        if type(ev) is StreamData:
+            if ev.data:
+                self.chunks.append(ev.data)
+                self.buffered += len(ev.data)
+            else:
+                self.eof = True
+        elif type(ev) is StreamFinished:
+            self.finished = True
+        else:
+            self.error = error_from_remote(ev.error)
+        self.wake()
+
+    def fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        self.wake()
+
+
+class Connection:
+    """A libvirt RPC connection over one Link. Use the Client subclass; this is its generic machinery."""
+
+    def __init__(
+        self,
+        link: Link,
+        *,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
+        observer: Observer | None = None,
+        event_queue_max: int = DEFAULT_EVENT_QUEUE,
+        download_high_water: int = DOWNLOAD_HIGH_WATER,
+    ) -> None:
+        if call_timeout is None or call_timeout <= 0:
+            raise ValueError(f"call_timeout must be a positive number of seconds, got {call_timeout!r}")
+        self._loop = asyncio.get_running_loop()
+        self._link = link
+        self.call_timeout = float(call_timeout)
+        self.observer = observer
+        self._event_queue_max = event_queue_max
+        self._download_high_water = download_high_water
+        self._decoder = PacketDecoder()
+        self._pending: dict[int, _Pending] = {}
+        self._streams: dict[int, _Stream] = {}
+        self._subs: dict[int, LifecycleSubscription] = {}
+        self._serial = 0
+        self._lost: BaseException | None = None
+        self._closing = False
+        self._last_rx = self._loop.time()
+        self._throttle: asyncio.Future[None] | None = None
+        self._keepalive_task: asyncio.Task[None] | None = None
+        self.keepalive_interval: float | None = None
+        self.keepalive_count = 0
+        #: Replies that arrived for calls no longer waiting (timed out or cancelled): dropped.
+        self.late_replies = 0
+        self.pings_received = 0
+        self.pongs_received = 0
+        self._reader_task = self._loop.create_task(
+            self._read_loop(), name=f"libvirt-reader {link.description}"
+        )
+
+    # -- state ------------------------------------------------------------------------------------
+
+    @property
+    def is_connected(self) -> bool:
+        return self._lost is None
+
+    @property
+    def description(self) -> str:
+        return self._link.description
+
+    def _check_open(self) -> None:
+        if self._lost is not None:
+            raise ConnectionLost(f"connection to {self._link.description} is closed: {self._lost}")
+
+    def _next_serial(self) -> int:
+        self._serial = (self._serial + 1) & 0xFFFFFFFF or 1
+        return self._serial
+
+    # -- the generic call path -------------------------------------------------------------------
+
+    async def call(
+        self,
+        proc: Procedure | int,
+        args: Sequence[Any] = (),
+        *,
+        timeout: float | None = None,
+        on_reply: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """Send one call and return its decoded result (see Procedure.decode_ret)."""
+        procedure = proc if isinstance(proc, Procedure) else BY_NUMBER[proc]
+        if procedure.stream:
+            raise TypeError(f"{procedure.method} opens a stream: use the client's method for it")
+        started = time.perf_counter()
+        try:
+            result = await self._roundtrip(procedure, args, timeout=timeout, on_reply=on_reply)
+        except BaseException as e:
+            if self.observer is not None and not isinstance(e, TypeError | ValueError):
+                self._observe(procedure, args, None, e, started)
+            raise
+        if self.observer is not None:
+            self._observe(procedure, args, result, None, started)
+        return result
+
+    async def _roundtrip(
+        self,
+        procedure: Procedure,
+        args: Sequence[Any],
+        *,
+        timeout: float | None,
+        on_reply: Callable[[Any], None] | None = None,
+        stream: _Stream | None = None,
+    ) -> Any:
+        self._check_open()
+        payload = procedure.encode_args(args)
+        deadline = self.call_timeout if timeout is None else timeout
+        if deadline <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        serial = self._next_serial()
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._pending[serial] = _Pending(procedure, fut, on_reply)
+        if stream is not None:
+            stream.serial = serial
+            self._streams[serial] = stream
+        timer = self._loop.call_later(deadline, self._expire, serial, deadline)
+        try:
+            self._link.write(encode_call(proc=procedure.number, serial=serial, payload=payload))
+            return await fut
+        finally:
+            timer.cancel()
+            self._pending.pop(serial, None)
+
+    def _expire(self, serial: int, deadline: float) -> None:
+        p = self._pending.pop(serial, None)
+        if p is not None and not p.fut.done():
+            p.fut.set_exception(
+                DeadlineExceeded(
+                    f"{p.proc.method}: no reply from {self._link.description} within {deadline:g} s"
+                )
+            )
+
+    def _observe(
+        self,
+        procedure: Procedure,
+        args: Sequence[Any],
+        result: Any,
+        error: BaseException | None,
+        started: float,
+    ) -> None:
+        names = [n for n, _ in procedure.args.fields] if procedure.args else []
+        record = CallRecord(
+            procedure=procedure.name,
+            method=procedure.method,
+            args=dict(zip(names, args, strict=False)),
+            result=result,
+            error=error,
+            duration=time.perf_counter() - started,
+        )
+        # An observer's bug must not break the call it observes.
+        with contextlib.suppress(Exception):
+            self.observer(record)  # type: ignore[misc]
+
+    # -- the reader task -------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        link = self._link
+        decoder = self._decoder
+        dispatch = self._dispatch
+        loop = self._loop
+        try:
+            while True:
+                data = await link.read(READ_SIZE)
+                if not data:
+                    if self._closing:
+                        raise ConnectionLost(f"connection to {link.description} closed by the client")
+                    where = "" if decoder.at_boundary() else " in the middle of a packet"
+                    raise ConnectionLost(f"connection closed by {link.description}{where}")
+                self._last_rx = loop.time()
+                for packet in decoder.feed(data):
+                    dispatch(classify(packet))
+                while self._throttle is not None:
+                    await self._throttle
+                    self._last_rx = loop.time()
+        except asyncio.CancelledError:
+            self._fail(ConnectionLost(f"connection to {link.description} closed by the client"))
+            raise
+        except (ProtocolError, ConnectionLost) as e:
+            self._fail(e)
+        except Exception as e:
+            self._fail(ConnectionLost(f"connection to {link.description} lost: {e or type(e).__name__}"))
+
+    def _dispatch(self, ev: Any) -> None:
+        kind = type(ev)
+        if kind is Reply or kind is ErrorReply:
+            p = self._pending.pop(ev.serial, None)
+            if p is None or p.fut.done():
+                self.late_replies += 1
+                return
+            if ev.proc != p.proc.number:
+                p.fut.set_exception(
+                    ProtocolError(
+                        f"reply to serial {ev.serial} names procedure {ev.proc}, not {p.proc.number}"
+                    )
+                )
+                return
+            if kind is ErrorReply:
+                p.fut.set_exception(error_from_remote(ev.error))
+                stream = self._streams.pop(ev.serial, None)
+                if stream is not None:
+                    stream.fail(error_from_remote(ev.error))
+                return
+            try:
+                value = p.proc.decode_ret(ev.payload)
+                if p.on_reply is not None:
+                    p.on_reply(value)
+            except ProtocolError as e:
+                p.fut.set_exception(e)
+                return
+            p.fut.set_result(value)
+        elif kind is StreamData or kind is StreamFinished or kind is StreamFailed:
+            stream = self._streams.get(ev.serial)
+            if stream is None or stream.proc.number != ev.proc:
+                return  # an aborted stream's tail
+            stream.on_event(ev)
+            if stream.buffered > self._download_high_water and self._throttle is None:
+                self._throttle = self._loop.create_future()
+        elif kind is EventMessage:
+            if ev.proc == PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE:
+                r = Reader(ev.payload, what="lifecycle event")
+                event: LifecycleEvent = LIFECYCLE_MSG.unpack(r)
+                r.finish()
+                sub = self._subs.get(event.callback_id)
+                if sub is not None:
+                    sub._push(event)
+        elif kind is Ping:
+            self.pings_received += 1
+            if self._lost is None:
+                self._link.write(PONG)
+        else:  # Pong: liveness is already recorded
+            self.pongs_received += 1
+
+    def _release_throttle(self) -> None:
+        t = self._throttle
+        if t is None:
+            return
+        if any(s.buffered > self._download_high_water // 2 for s in self._streams.values()):
+            return
+        self._throttle = None
+        if not t.done():
+            t.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        """The link is gone: fail every waiter at once, each with its own exception instance."""
+        if self._lost is not None:
+            return
+        self._lost = exc
+        cls = type(exc) if isinstance(exc, ProtocolError | ConnectionLost) else ConnectionLost
+        msg = str(exc)
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            if not p.fut.done():
+                p.fut.set_exception(cls(msg))
+        streams, self._streams = self._streams, {}
+        for s in streams.values():
+            s.fail(cls(msg))
+        subs, self._subs = self._subs, {}
+        for sub in subs.values():
+            sub._fail(cls(msg))
+        if self._throttle is not None and not self._throttle.done():
+            self._throttle.set_result(None)
+        self._throttle = None
+        if self._keepalive_task is not None and self._keepalive_task is not asyncio.current_task():
+            self._keepalive_task.cancel()
+        self._link.abort()
+
+    # -- keepalive -------------------------------------------------------------------------------
+
+    def _start_keepalive(self, *, interval: float, count: int) -> None:
+        """PING after `interval` s of silence; declare the peer dead after interval x (count + 1) s."""
+        if interval <= 0 or count < 0:
+            raise ValueError(f"keepalive interval must be > 0 and count >= 0, got {interval!r}, {count!r}")
+        self.keepalive_interval = float(interval)
+        self.keepalive_count = int(count)
+        self._keepalive_task = self._loop.create_task(self._keepalive_loop(), name="libvirt-keepalive")
+
+    async def _keepalive_loop(self) -> None:
+        interval = self.keepalive_interval or 0.0
+        dead_after = interval * (self.keepalive_count + 1)
+        last_ping = 0.0
+        while self._lost is None:
+            now = self._loop.time()
+            if self._throttle is not None:
+                self._last_rx = now  # we stopped reading on purpose: not the peer's silence
+            idle = now - self._last_rx
+            if idle >= dead_after:
+                self._fail(
+                    ConnectionLost(
+                        f"no data from {self._link.description} for {idle:.1f} s "
+                        f"(keepalive: interval {interval:g} s x {self.keepalive_count + 1})"
+                    )
+                )
+                return
+            if idle >= interval and now - last_ping >= interval:
+                last_ping = now
+                self._link.write(PING)
+            wake_in = min(
+                interval - (now - last_ping) if idle >= interval else interval - idle, dead_after - idle
+            )
+            await asyncio.sleep(max(wake_in, 0.01))
+
+    # -- streams ---------------------------------------------------------------------------------
+
+    async def _open_stream(
+        self, procedure: Procedure, args: Sequence[Any], *, timeout: float | None
+    ) -> _Stream:
+        stream = _Stream(proc=procedure, serial=0)
+        try:
+            await self._roundtrip(procedure, args, timeout=timeout, stream=stream)
+        except BaseException:
+            self._streams.pop(stream.serial, None)
+            raise
+        return stream
+
+    def _close_stream(self, stream: _Stream, *, abort: bool) -> None:
+        if self._streams.pop(stream.serial, None) is not None and abort and self._lost is None:
+            self._link.write(encode_stream_abort(proc=stream.proc.number, serial=stream.serial))
+        stream.chunks.clear()
+        stream.buffered = 0
+        self._release_throttle()
+
+    async def _wait_stream(self, stream: _Stream, timeout: float, *, what: str) -> None:
+        waiter = stream.new_waiter()
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"{stream.proc.method}: {what}: nothing from {self._link.description} within {timeout:g} s"
+            ) from None
+
+    async def _drain_for(self, stream: _Stream, timeout: float) -> None:
+        """Wait for the write buffer to drain, but return at once if the server fails the stream."""
+        if self._link.write_buffer_size() < WRITE_HIGH_WATER:
+            return
+        drain = self._loop.create_task(self._link.drain())
+        waiter = stream.new_waiter()
+        try:
+            done, _ = await asyncio.wait(
+                {drain, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if not drain.done():
+                drain.cancel()
+                with contextlib.suppress(BaseException):
+                    await drain
+        if stream.error is not None:
+            raise stream.error
+        if drain in done:
+            exc = drain.exception()
+            if exc is not None:
+                raise ConnectionLost(f"connection to {self._link.description} lost: {exc}") from exc
+        elif not done:
+            raise DeadlineExceeded(
+                f"{stream.proc.method}: {self._link.description} accepted no data for {timeout:g} s"
+            )
+
+    async def _upload(
+        self,
+        procedure: Procedure,
+        args: Sequence[Any],
+        data: bytes | bytearray | memoryview | AsyncIterable[bytes],
+        *,
+        timeout: float | None,
+    ) -> int:
+        """Run an upload stream; return the bytes sent. `timeout` bounds each wait for progress."""
+        wait = self.call_timeout if timeout is None else timeout
+        started = time.perf_counter()
+        sent = 0
+        try:
+            stream = await self._open_stream(procedure, args, timeout=timeout)
+            try:
+                async for chunk in _chunks(data):
+                    if stream.error is not None:
+                        raise stream.error
+                    self._check_open()
+                    self._link.write(
+                        stream_data_header(proc=procedure.number, serial=stream.serial, length=len(chunk))
+                    )
+                    self._link.write(chunk)
+                    sent += len(chunk)
+                    await self._drain_for(stream, wait)
+                if stream.error is not None:
+                    raise stream.error
+                self._check_open()
+                self._link.write(encode_stream_finish(proc=procedure.number, serial=stream.serial))
+                while not stream.finished:
+                    if stream.error is not None:
+                        raise stream.error
+                    await self._wait_stream(stream, wait, what="waiting for the upload to be confirmed")
+            except BaseException:
+                self._close_stream(stream, abort=not stream.finished and stream.error is None)
+                raise
+            self._close_stream(stream, abort=False)
+        except BaseException as e:
+            if self.observer is not None and not isinstance(e, TypeError | ValueError):
+                self._observe(procedure, args, sent, e, started)
+            raise
+        if self.observer is not None:
+            self._observe(procedure, args, sent, None, started)
+        return sent
+
+
+async def _chunks(data: bytes | bytearray | memoryview | AsyncIterable[bytes]) -> Any:
+    """Yield the data in pieces of at most STREAM_CHUNK bytes; small iterable pieces are coalesced."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        view = memoryview(data).cast("B")
+        for i in range(0, len(view), STREAM_CHUNK):
+            yield bytes(view[i : i + STREAM_CHUNK])
+        return
+    if not hasattr(data, "__aiter__"):
+        raise TypeError(f"data must be bytes or an async iterable of bytes, got {type(data).__name__}")
+    buf = bytearray()
+    async for piece in data:
+        if not isinstance(piece, bytes | bytearray | memoryview):
+            raise TypeError(f"data iterable yielded {type(piece).__name__}, expected bytes")
+        if not buf and len(piece) == STREAM_CHUNK:
+            yield bytes(piece)
+            continue
+        buf += piece
+        while len(buf) >= STREAM_CHUNK:
+            yield bytes(buf[:STREAM_CHUNK])
+            del buf[:STREAM_CHUNK]
+    if buf:
+        yield bytes(buf)
+
+
+class Download:
+    """An async iterator of a download's bytes. Use `async with` (or aclose()) when you may stop early."""
+
+    def __init__(self, conn: Connection, procedure: Procedure, args: Sequence[Any], *, timeout: float | None):
+        self._conn = conn
+        self._proc = procedure
+        self._args = tuple(args)
+        self._timeout = timeout
+        self._stream: _Stream | None = None
+        self._done = False
+        self._received = 0
+        self._started = 0.0
+
+    async def __aenter__(self) -> Download:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> Download:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._done:
+            raise StopAsyncIteration
+        conn = self._conn
+        wait = conn.call_timeout if self._timeout is None else self._timeout
+        try:
+            if self._stream is None:
+                self._started = time.perf_counter()
+                self._stream = await conn._open_stream(self._proc, self._args, timeout=self._timeout)
+            s = self._stream
+            while True:
+                if s.chunks:
+                    chunk = s.chunks.popleft()
+                    s.buffered -= len(chunk)
+                    self._received += len(chunk)
+                    if conn._throttle is not None:
+                        conn._release_throttle()
+                    return chunk
+                if s.error is not None:
+                    raise s.error
+                if s.eof:
+                    conn._check_open()
+                    if not s.finished:
+                        conn._link.write(encode_stream_finish(proc=self._proc.number, serial=s.serial))
+                    while not s.finished:
+                        if s.error is not None:
+                            raise s.error
+                        await conn._wait_stream(s, wait, what="waiting for the end of the download")
+                    self._finish(None)
+                    raise StopAsyncIteration
+                await conn._wait_stream(s, wait, what="waiting for data")
+        except StopAsyncIteration:
+            raise
+        except BaseException as e:
+            self._finish(e)
+            raise
+
+    def _finish(self, error: BaseException | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self._stream is not None:
+            self._conn._close_stream(self._stream, abort=error is not None and self._stream.error is None)
+        if self._conn.observer is not None and not isinstance(error, TypeError | ValueError):
+            self._conn._observe(
+                self._proc, self._args, self._received if error is None else None, error, self._started
+            )
+
+    async def aclose(self) -> None:
+        """Stop early: abort the stream on the server (if it was opened) and free its buffers."""
+        if not self._done:
+            if self._stream is None:
+                self._done = True
+                return
+            self._finish(RpcError("download closed before its end"))
+
+    async def read_all(self) -> bytes:
+        """The whole download in memory (convenience for small volumes)."""
+        parts = [chunk async for chunk in self]
+        return b"".join(parts)
+
+
+class LifecycleSubscription:
+    """Lifecycle events of one domain (or all): `async with client.lifecycle_events() as events:`.
+
+    Registration (CONNECT_DOMAIN_EVENT_CALLBACK_REGISTER_ANY) happens on entry, deregistration on exit.
+    Events wait in this subscription's own bounded queue; if the consumer falls behind and it fills,
+    newer events are dropped and the iterator raises EventsLost once after the ones it kept.
+    """
+
+    def __init__(
+        self, conn: Connection, dom: Domain | None, *, timeout: float | None, max_queue: int
+    ) -> None:
+        self._conn = conn
+        self.dom = dom
+        self._timeout = timeout
+        self._max = max_queue
+        self._queue: collections.deque[LifecycleEvent] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+        self.callback_id: int | None = None
+        self.dropped = 0
+        self._unreported_drops = 0
+        self._active = False
+        self._closed = False
+
+    async def __aenter__(self) -> LifecycleSubscription:
+        if self._active:
+            raise RuntimeError("this subscription is already registered")
+
+        def install(callback_id: int) -> None:
+            # Runs in the reader before any later packet is dispatched, so no event can slip past.
+            self.callback_id = callback_id
+            self._conn._subs[callback_id] = self
+
+        await self._conn.call(PROC_REGISTER_ANY, (0, self.dom), timeout=self._timeout, on_reply=install)
+        self._active = True
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if not self._active:
+            return
+        self._active = False
+        cb = self.callback_id
+        if cb is not None and self._conn._subs.pop(cb, None) is not None and self._conn.is_connected:
+            with contextlib.suppress(RpcError):
+                await self._conn.call(PROC_DEREGISTER_ANY, (cb,), timeout=self._timeout)
+        self._closed = True
+        self._wake()
+
+    def __aiter__(self) -> LifecycleSubscription:
+        return self
+
+    async def __anext__(self) -> LifecycleEvent:
+        while True:
+            if self._queue:
+                return self._queue.popleft()
+            if self._unreported_drops:
+                n, self._unreported_drops = self._unreported_drops, 0
+                raise EventsLost(f"{n} lifecycle events dropped: the consumer fell {self._max} events behind")
+            if self._closed:
+                raise StopAsyncIteration
+            if self._error is not None:
+                raise type(self._error)(str(self._error))
+            if not self._active:
+                raise RuntimeError("use the subscription inside `async with` (it registers on entry)")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _push(self, event: LifecycleEvent) -> None:
+        if len(self._queue) >= self._max:
+            self.dropped += 1
+            self._unreported_drops += 1
+        else:
+            self._queue.append(event)
+        self._wake()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        self._wake()

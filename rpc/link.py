@@ -1,0 +1,78 @@
+"""The byte pipe under a connection: an asyncio or asyncssh stream pair behind one small interface.
+
+The connection needs four things from its transport: read some bytes, write a whole packet without
+yielding (so packets from concurrent calls never interleave), wait for the write buffer to drain (stream
+uploads only), and close. asyncio's StreamReader/StreamWriter and asyncssh's SSHReader/SSHWriter both
+offer them; this adapter hides their few differences (how to wait for the close, what else to close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+#: Write buffer limits: big enough to keep an upload's pipe full between drains, small enough to bound memory.
+WRITE_HIGH_WATER = 2 * 1024 * 1024
+WRITE_LOW_WATER = 512 * 1024
+
+
+class Link:
+    """One reader/writer pair; `on_close` runs after it is closed (e.g. to close an owned SSH connection)."""
+
+    def __init__(
+        self,
+        reader: Any,
+        writer: Any,
+        *,
+        description: str,
+        on_close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self.description = description
+        self._on_close = on_close
+        self._closed = False
+        transport = getattr(writer, "transport", None) or getattr(writer, "channel", None)
+        self._transport = transport
+        if transport is not None and hasattr(transport, "set_write_buffer_limits"):
+            with contextlib.suppress(Exception):
+                transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
+
+    async def read(self, n: int) -> bytes:
+        return await self._reader.read(n)
+
+    def write(self, data: bytes) -> None:
+        self._writer.write(data)
+
+    def write_buffer_size(self) -> int:
+        if self._transport is not None and hasattr(self._transport, "get_write_buffer_size"):
+            return int(self._transport.get_write_buffer_size())
+        return WRITE_HIGH_WATER  # unknown: assume full, so the caller drains
+
+    async def drain(self) -> None:
+        await self._writer.drain()
+
+    def abort(self) -> None:
+        """Close now, without waiting (used when the link is already known dead or hostile)."""
+        if self._closed:
+            return
+        with contextlib.suppress(Exception):
+            self._writer.close()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        wait = getattr(self._writer, "wait_closed", None)
+        if wait is None and hasattr(self._writer, "channel"):
+            wait = self._writer.channel.wait_closed
+        if wait is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(wait(), 5.0)
+        if self._on_close is not None:
+            with contextlib.suppress(Exception):
+                await self._on_close()

@@ -1,0 +1,241 @@
+"""Ways to reach libvirtd: its unix socket directly, or that socket forwarded over SSH.
+
+Over SSH the socket is reached with a direct-streamlocal channel (asyncssh's open_unix_connection), the
+same thing `ssh -L` or libvirt's `qemu+ssh` nc helper achieve, without a remote process. One SSH
+connection can carry many such channels: `connect_over` opens a libvirt client on an SSH connection the
+caller owns, `connect_ssh` opens (and owns) its own. Host keys are checked by asyncssh against the
+known_hosts file given; there is no default, so skipping the check is always an explicit `None`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import asyncssh
+
+from .client import Client
+from .connection import (
+    DEFAULT_CALL_TIMEOUT,
+    DEFAULT_EVENT_QUEUE,
+    DEFAULT_KEEPALIVE_COUNT,
+    DEFAULT_KEEPALIVE_INTERVAL,
+)
+from .errors import ConnectFailed, HostKeyRejected, LibvirtError, RpcError
+from .link import Link
+from .observe import Observer
+
+DEFAULT_URI = "qemu:///system"
+DEFAULT_SOCKET = "/var/run/libvirt/libvirt-sock"
+DEFAULT_CONNECT_TIMEOUT = 30.0
+
+
+async def _open_client(
+    link: Link,
+    *,
+    uri: str | None,
+    timeout: float,
+    call_timeout: float,
+    observer: Observer | None,
+    keepalive_interval: float | None,
+    keepalive_count: int,
+    readonly: bool,
+    event_queue_max: int,
+) -> Client:
+    client = Client(link, call_timeout=call_timeout, observer=observer, event_queue_max=event_queue_max)
+    try:
+        await client._handshake(
+            uri=uri,
+            readonly=readonly,
+            keepalive_interval=keepalive_interval,
+            keepalive_count=keepalive_count,
+            timeout=timeout,
+        )
+    except BaseException as e:
+        await client._finish_close()
+        if isinstance(e, ConnectFailed | LibvirtError) or not isinstance(e, RpcError):
+            raise
+        raise ConnectFailed(f"{link.description}: handshake failed: {e}") from e
+    return client
+
+
+def _check_timeout(name: str, value: float | None) -> float:
+    if value is None or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+async def connect_unix(
+    path: str,
+    uri: str | None = DEFAULT_URI,
+    *,
+    timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    observer: Observer | None = None,
+    keepalive_interval: float | None = DEFAULT_KEEPALIVE_INTERVAL,
+    keepalive_count: int = DEFAULT_KEEPALIVE_COUNT,
+    readonly: bool = False,
+    event_queue_max: int = DEFAULT_EVENT_QUEUE,
+) -> Client:
+    """A client on libvirtd's unix socket at `path`, handshake done (auth, keepalive, CONNECT_OPEN uri)."""
+    timeout = _check_timeout("timeout", timeout)
+    _check_timeout("call_timeout", call_timeout)
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout)
+    except TimeoutError:
+        raise ConnectFailed(f"unix:{path}: no connection within {timeout:g} s") from None
+    except OSError as e:
+        raise ConnectFailed(f"unix:{path}: {e.strerror or e}") from e
+    link = Link(reader, writer, description=f"unix:{path}")
+    return await _open_client(
+        link,
+        uri=uri,
+        timeout=timeout,
+        call_timeout=call_timeout,
+        observer=observer,
+        keepalive_interval=keepalive_interval,
+        keepalive_count=keepalive_count,
+        readonly=readonly,
+        event_queue_max=event_queue_max,
+    )
+
+
+async def connect_over(
+    ssh_conn: asyncssh.SSHClientConnection,
+    *,
+    socket_path: str = DEFAULT_SOCKET,
+    uri: str | None = DEFAULT_URI,
+    timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    observer: Observer | None = None,
+    keepalive_interval: float | None = DEFAULT_KEEPALIVE_INTERVAL,
+    keepalive_count: int = DEFAULT_KEEPALIVE_COUNT,
+    readonly: bool = False,
+    event_queue_max: int = DEFAULT_EVENT_QUEUE,
+    _owns_ssh: bool = False,
+) -> Client:
+    """A client on an SSH connection the caller already has; its close() closes only its own channel."""
+    timeout = _check_timeout("timeout", timeout)
+    _check_timeout("call_timeout", call_timeout)
+    host = ssh_conn.get_extra_info("peername") or ("?", 0)
+    description = f"ssh://{host[0]}:{host[1]}{socket_path}"
+    try:
+        reader, writer = await asyncio.wait_for(ssh_conn.open_unix_connection(socket_path), timeout)
+    except TimeoutError:
+        raise ConnectFailed(f"{description}: the SSH server opened no channel within {timeout:g} s") from None
+    except asyncssh.ChannelOpenError as e:
+        raise ConnectFailed(
+            f"{description}: the SSH server refused to forward the libvirt socket: {e.reason} "
+            "(is libvirtd running there, and may the SSH user open its socket?)"
+        ) from e
+    except (asyncssh.Error, OSError) as e:
+        raise ConnectFailed(f"{description}: {e}") from e
+
+    async def close_ssh() -> None:
+        ssh_conn.close()
+        await ssh_conn.wait_closed()
+
+    link = Link(reader, writer, description=description, on_close=close_ssh if _owns_ssh else None)
+    return await _open_client(
+        link,
+        uri=uri,
+        timeout=timeout,
+        call_timeout=call_timeout,
+        observer=observer,
+        keepalive_interval=keepalive_interval,
+        keepalive_count=keepalive_count,
+        readonly=readonly,
+        event_queue_max=event_queue_max,
+    )
+
+
+async def open_ssh(
+    host: str,
+    port: int = 22,
+    *,
+    username: str | None = None,
+    client_keys: Sequence[Any] | None = None,
+    known_hosts: str | os.PathLike[str] | None,
+    timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    **ssh_options: Any,
+) -> asyncssh.SSHClientConnection:
+    """An SSH connection with the same checks connect_ssh makes, for callers who share one per host."""
+    timeout = _check_timeout("timeout", timeout)
+    where = f"ssh://{username + '@' if username else ''}{host}:{port}"
+    kh: Any = None
+    if known_hosts is not None:
+        kh = os.fspath(known_hosts)
+        if not os.path.isfile(kh):  # noqa: ASYNC240 - one stat before connecting, on purpose
+            raise ConnectFailed(f"{where}: known_hosts file {kh!r} does not exist")
+    options: dict[str, Any] = {"known_hosts": kh}
+    if username is not None:
+        options["username"] = username
+    if client_keys is not None:
+        options["client_keys"] = list(client_keys)
+    options.update(ssh_options)
+    try:
+        return await asyncio.wait_for(asyncssh.connect(host, port, **options), timeout)
+    except TimeoutError:
+        raise ConnectFailed(f"{where}: no SSH connection within {timeout:g} s") from None
+    except asyncssh.HostKeyNotVerifiable as e:
+        raise HostKeyRejected(
+            f"{where}: host key not accepted: it is not in known_hosts {kh!r} (unknown host, or the key "
+            f"changed): {e.reason}"
+        ) from e
+    except asyncssh.PermissionDenied as e:
+        raise ConnectFailed(f"{where}: SSH authentication failed for user {username!r}: {e.reason}") from e
+    except asyncssh.Error as e:
+        raise ConnectFailed(f"{where}: SSH error: {e.reason}") from e
+    except OSError as e:
+        raise ConnectFailed(f"{where}: {e.strerror or e}") from e
+
+
+async def connect_ssh(
+    host: str,
+    port: int = 22,
+    *,
+    username: str | None = None,
+    client_keys: Sequence[Any] | None = None,
+    known_hosts: str | os.PathLike[str] | None,
+    socket_path: str = DEFAULT_SOCKET,
+    uri: str | None = DEFAULT_URI,
+    timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    observer: Observer | None = None,
+    keepalive_interval: float | None = DEFAULT_KEEPALIVE_INTERVAL,
+    keepalive_count: int = DEFAULT_KEEPALIVE_COUNT,
+    readonly: bool = False,
+    event_queue_max: int = DEFAULT_EVENT_QUEUE,
+    **ssh_options: Any,
+) -> Client:
+    """A client through its own SSH connection (closed with the client). `known_hosts` is required:
+    a path, or None to skip host-key checking explicitly. Extra keywords go to asyncssh.connect."""
+    ssh_conn = await open_ssh(
+        host,
+        port,
+        username=username,
+        client_keys=client_keys,
+        known_hosts=known_hosts,
+        timeout=timeout,
+        **ssh_options,
+    )
+    try:
+        return await connect_over(
+            ssh_conn,
+            socket_path=socket_path,
+            uri=uri,
+            timeout=timeout,
+            call_timeout=call_timeout,
+            observer=observer,
+            keepalive_interval=keepalive_interval,
+            keepalive_count=keepalive_count,
+            readonly=readonly,
+            event_queue_max=event_queue_max,
+            _owns_ssh=True,
+        )
+    except BaseException:
+        ssh_conn.close()
+        await ssh_conn.wait_closed()
+        raise
