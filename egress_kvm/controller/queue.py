@@ -1,0 +1,184 @@
+"""The reconcile queue: client-go's workqueue guarantees, for one asyncio loop.
+
+- A key is queued at most once however often it is added (dedupe), so a burst of watch events for one
+  Proxy costs one reconcile.
+- A key being processed is never handed to a second worker; if it is added meanwhile it is marked dirty
+  and queued again when the worker calls `done`, so the change that arrived mid-reconcile is not lost.
+- Retries are per key: `add_rate_limited` waits base * 2^(n-1) (capped) after the n-th consecutive
+  failure; quota failures use their own slower schedule, since capacity rarely frees up in seconds.
+  `forget` resets a key after a success.
+- `add_after` schedules a delayed add (polling for an IP, waiting for a Secret); a pending timer is only
+  ever moved earlier, so a short requeue cannot be postponed by a long one.
+- After `shutdown` no key is handed out again; `get` raises `QueueShutDown` so workers exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from egress_kvm import metrics
+
+
+class QueueShutDown(Exception):
+    """The queue was shut down: the worker that gets this should exit."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential per-key delay: base * 2^(failures-1), at most `cap` seconds."""
+
+    base: float
+    cap: float
+
+    def delay(self, failures: int) -> float:
+        if failures <= 0:
+            return 0.0
+        # Bound the exponent so a key failing for days does not overflow a float.
+        return min(self.cap, self.base * (2 ** min(failures - 1, 62)))
+
+
+TRANSIENT_BACKOFF = Backoff(base=1.0, cap=300.0)
+QUOTA_BACKOFF = Backoff(base=60.0, cap=900.0)
+
+
+class WorkQueue:
+    def __init__(self, *, name: str = "proxy", transient: Backoff = TRANSIENT_BACKOFF,
+                 quota: Backoff = QUOTA_BACKOFF) -> None:
+        self.name = name
+        self._transient = transient
+        self._quota = quota
+        self._queue: deque[Hashable] = deque()
+        self._dirty: set[Hashable] = set()  # wanted: queued, or to be queued once processing ends
+        self._processing: set[Hashable] = set()
+        self._failures: dict[Hashable, int] = {}
+        self._quota_failures: dict[Hashable, int] = {}
+        self._timers: dict[Hashable, tuple[float, asyncio.TimerHandle]] = {}
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._shutting_down = False
+
+    # --- adding ---------------------------------------------------------------------------------------
+
+    def add(self, key: Hashable) -> None:
+        if self._shutting_down or key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key in self._processing:
+            return  # `done` queues it again
+        self._queue.append(key)
+        self._changed()
+        self._wake_one()
+
+    def add_after(self, key: Hashable, delay: float) -> None:
+        if self._shutting_down:
+            return
+        if delay <= 0:
+            self.add(key)
+            return
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        pending = self._timers.get(key)
+        if pending is not None:
+            if pending[0] <= due:
+                return  # an earlier add is already scheduled
+            pending[1].cancel()
+        self._timers[key] = (due, loop.call_at(due, self._fire, key))
+
+    def add_rate_limited(self, key: Hashable, *, quota: bool = False) -> float:
+        """Re-add after this key's backoff; returns the delay chosen."""
+        counts, backoff = (self._quota_failures, self._quota) if quota else (self._failures, self._transient)
+        counts[key] = counts.get(key, 0) + 1
+        delay = backoff.delay(counts[key])
+        metrics.QUEUE_RETRIES.labels(self.name).inc()
+        self.add_after(key, delay)
+        return delay
+
+    def forget(self, key: Hashable) -> None:
+        """Reset the key's backoff (after a successful reconcile)."""
+        self._failures.pop(key, None)
+        self._quota_failures.pop(key, None)
+
+    def failures(self, key: Hashable) -> int:
+        return self._failures.get(key, 0) + self._quota_failures.get(key, 0)
+
+    def drop(self, key: Hashable) -> None:
+        """Forget everything about a key (its object is gone): backoff, pending delayed add."""
+        self.forget(key)
+        pending = self._timers.pop(key, None)
+        if pending is not None:
+            pending[1].cancel()
+
+    # --- taking -----------------------------------------------------------------------------------------
+
+    async def get(self) -> Hashable:
+        """The next key, marked as processing until `done(key)`."""
+        while True:
+            if self._shutting_down:
+                raise QueueShutDown
+            if self._queue:
+                key = self._queue.popleft()
+                self._dirty.discard(key)
+                self._processing.add(key)
+                self._changed()
+                return key
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # we consumed a wake-up meant for a key: pass it on
+                elif waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                raise
+
+    def done(self, key: Hashable) -> None:
+        self._processing.discard(key)
+        if key in self._dirty and not self._shutting_down:
+            self._queue.append(key)
+            self._changed()
+            self._wake_one()
+
+    # --- state ------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def processing(self) -> frozenset[Hashable]:
+        return frozenset(self._processing)
+
+    def pending_delayed(self) -> frozenset[Hashable]:
+        return frozenset(self._timers)
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutting_down
+
+    def shutdown(self) -> None:
+        """Hand out no more keys; wake every waiting worker so it sees QueueShutDown."""
+        self._shutting_down = True
+        for _, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+
+    # --- internals --------------------------------------------------------------------------------------
+
+    def _fire(self, key: Hashable) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                return
+
+    def _changed(self) -> None:
+        metrics.QUEUE_DEPTH.labels(self.name).set(len(self._queue))

@@ -1,0 +1,146 @@
+"""The reconcile queue's guarantees: dedupe, one worker per key, dirty re-run, per-key backoff, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from egress_kvm.controller.queue import Backoff, QueueShutDown, WorkQueue
+
+from .conftest import eventually
+
+
+async def test_adds_of_a_queued_key_are_deduplicated() -> None:
+    q = WorkQueue()
+    for _ in range(5):
+        q.add(("ns", "a"))
+    q.add(("ns", "b"))
+    assert len(q) == 2
+    assert await q.get() == ("ns", "a")
+    assert await q.get() == ("ns", "b")
+    assert len(q) == 0
+
+
+async def test_a_key_being_processed_is_not_handed_out_again_but_rerun_after_done() -> None:
+    q = WorkQueue()
+    q.add("k")
+    key = await q.get()
+    q.add("k")  # changed while being processed
+    q.add("k")
+    assert len(q) == 0  # not available to a second worker
+    second = asyncio.create_task(q.get())
+    await asyncio.sleep(0.01)
+    assert not second.done()
+    q.done(key)
+    assert await asyncio.wait_for(second, 1) == "k"  # re-run once, after
+    q.done("k")
+    assert len(q) == 0
+
+
+async def test_never_two_workers_on_one_key_under_load() -> None:
+    q = WorkQueue()
+    active: set[str] = set()
+    overlaps = 0
+    runs: dict[str, int] = {}
+
+    async def worker() -> None:
+        nonlocal overlaps
+        while True:
+            try:
+                key = await q.get()
+            except QueueShutDown:
+                return
+            if key in active:
+                overlaps += 1
+            active.add(key)
+            runs[key] = runs.get(key, 0) + 1
+            await asyncio.sleep(0.001)
+            active.discard(key)
+            q.done(key)
+
+    workers = [asyncio.create_task(worker()) for _ in range(8)]
+    for i in range(300):
+        q.add(f"k{i % 5}")
+        if i % 7 == 0:
+            await asyncio.sleep(0)
+    await eventually(lambda: len(q) == 0 and not q.processing())
+    q.shutdown()
+    await asyncio.gather(*workers)
+    assert overlaps == 0
+    assert set(runs) == {f"k{i}" for i in range(5)}
+    assert sum(runs.values()) < 300  # deduplicated
+
+
+async def test_transient_backoff_grows_per_key_and_forget_resets() -> None:
+    q = WorkQueue(transient=Backoff(base=1.0, cap=8.0), quota=Backoff(base=30.0, cap=600.0))
+    delays = [q.add_rate_limited("a") for _ in range(6)]
+    assert delays == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    assert q.add_rate_limited("b") == 1.0  # per key
+    q.forget("a")
+    assert q.add_rate_limited("a") == 1.0
+    q.shutdown()
+
+
+async def test_quota_backoff_is_slower_and_separate() -> None:
+    q = WorkQueue(transient=Backoff(base=1.0, cap=300.0), quota=Backoff(base=30.0, cap=600.0))
+    assert q.add_rate_limited("a", quota=True) == 30.0
+    assert q.add_rate_limited("a", quota=True) == 60.0
+    assert q.add_rate_limited("a") == 1.0
+    assert q.failures("a") == 3
+    q.shutdown()
+
+
+async def test_rate_limited_key_comes_back_after_its_delay() -> None:
+    q = WorkQueue(transient=Backoff(base=0.02, cap=1.0))
+    q.add_rate_limited("a")
+    assert len(q) == 0
+    assert await asyncio.wait_for(q.get(), 2) == "a"
+
+
+async def test_add_after_keeps_the_earliest_schedule() -> None:
+    q = WorkQueue()
+    q.add_after("a", 30.0)
+    q.add_after("a", 0.02)  # moved earlier
+    q.add_after("a", 60.0)  # cannot postpone it
+    assert await asyncio.wait_for(q.get(), 2) == "a"
+    q.done("a")
+    assert "a" not in q.pending_delayed()
+
+
+async def test_drop_cancels_a_delayed_add() -> None:
+    q = WorkQueue()
+    q.add_after("a", 0.02)
+    q.drop("a")
+    await asyncio.sleep(0.05)
+    assert len(q) == 0
+
+
+async def test_shutdown_wakes_waiting_workers_and_refuses_new_keys() -> None:
+    q = WorkQueue()
+    waiting = [asyncio.create_task(q.get()) for _ in range(3)]
+    await asyncio.sleep(0)
+    q.add_after("later", 0.01)
+    q.shutdown()
+    for t in waiting:
+        with pytest.raises(QueueShutDown):
+            await asyncio.wait_for(t, 1)
+    q.add("x")
+    assert len(q) == 0
+    with pytest.raises(QueueShutDown):
+        await q.get()
+
+
+async def test_a_cancelled_getter_passes_its_wakeup_on() -> None:
+    q = WorkQueue()
+    first = asyncio.create_task(q.get())
+    second = asyncio.create_task(q.get())
+    await asyncio.sleep(0)
+    q.add("k")  # wakes `first`...
+    first.cancel()  # ...which is cancelled before it runs
+    assert await asyncio.wait_for(second, 1) == "k"
+
+
+def test_backoff_never_overflows() -> None:
+    assert Backoff(base=1.0, cap=300.0).delay(10_000) == 300.0
+    assert Backoff(base=1.0, cap=300.0).delay(0) == 0.0
