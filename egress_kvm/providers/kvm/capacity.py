@@ -1,0 +1,50 @@
+"""Quota and capacity: the conditions that mean "out of room" rather than "try again soon".
+
+The spec lists no capacity detection as a known gap; this closes it. Each case raises QuotaError naming
+the host, the pool and the figures, so the reconciler backs off slowly and the message tells the user
+what to free: pool space below what the overlay and seed need (the overlay counted at its full
+`diskSizeGb`, since a thin disk may grow to it), host free memory below the machine type's memory,
+"No space left on device" from libvirt, and a domain paused with reason I/O error.
+"""
+
+from __future__ import annotations
+
+from egress_kvm.providers.base import QuotaError
+from rpc.errors import LibvirtError
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+def fmt_bytes(n: int) -> str:
+    if n >= GIB:
+        return f"{n / GIB:.1f} GiB"
+    return f"{n / MIB:.1f} MiB"
+
+
+def is_no_space(err: BaseException) -> bool:
+    return isinstance(err, LibvirtError) and "no space left on device" in (err.message or "").lower()
+
+
+def no_space(err: LibvirtError, *, host: str, pool: str, available: int | None, action: str) -> QuotaError:
+    figures = f"; pool available {fmt_bytes(available)}" if available is not None else ""
+    return QuotaError(f"host {host!r} pool {pool!r} is out of space while {action}: {err.message}{figures}")
+
+
+def check_pool_space(*, host: str, pool: str, available: int, needed: int, what: str) -> None:
+    if available < needed:
+        raise QuotaError(f"host {host!r} pool {pool!r} has {fmt_bytes(available)} available, "
+                         f"{what} needs {fmt_bytes(needed)}")
+
+
+def check_free_memory(*, host: str, free_bytes: int, memory_mib: int, machine_type: str) -> None:
+    needed = memory_mib * MIB
+    if free_bytes < needed:
+        raise QuotaError(f"host {host!r} has {fmt_bytes(free_bytes)} free memory, machineType "
+                         f"{machine_type!r} needs {memory_mib} MiB")
+
+
+def paused_on_io_error(*, host: str, pool: str, name: str, available: int | None) -> QuotaError:
+    figures = f" (pool available {fmt_bytes(available)})" if available is not None else ""
+    return QuotaError(f"VM {name!r} on host {host!r} is paused on an I/O error, usually a full pool "
+                      f"{pool!r}{figures}; free space, then resume it")

@@ -1,0 +1,164 @@
+"""One hypervisor host: its session, opened on first use, shared by every reconcile, re-dialled with backoff.
+
+Every libvirt call goes through `Host.call`, which (a) opens the session if there is none, (b) turns a
+lost link into a TransientError after logging `libvirt connection dropped` with the reason and forgetting
+the session, so the next call re-dials, and (c) refuses to dial again before the backoff has passed, so
+a dead host costs one failed dial per backoff period instead of one per reconcile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from egress_kvm.config.models import HostConfig
+from egress_kvm.log import Logger
+from egress_kvm.providers.base import TransientError
+from rpc.errors import ConnectFailed, ConnectionLost, DeadlineExceeded, LibvirtError, ProtocolError
+
+from .session import Dialer, DialOptions, ExecNotAllowed, ExecResult, Session
+
+BACKOFF_INITIAL = 0.5
+BACKOFF_MAX = 30.0
+
+# What "the link is gone" looks like from below: the rpc client's errors, asyncssh's, and the OS's.
+LINK_ERRORS: tuple[type[BaseException], ...] = (
+    ConnectionLost, ConnectFailed, DeadlineExceeded, ProtocolError, OSError, TimeoutError)
+
+
+class Host:
+    def __init__(self, *, config: HostConfig, dial: Dialer, options: DialOptions, log: Logger,
+                 clock: Any = time.monotonic) -> None:
+        self.config = config
+        self.name = config.name
+        self._dial = dial
+        self._options = options
+        self._log = log.with_values(host=config.name)
+        self._clock = clock
+        self._session: Session | None = None
+        self._lock = asyncio.Lock()
+        self._backoff = 0.0
+        self._retry_at = 0.0
+        self._last_error = ""
+        # Per-host single-flight locks (e.g. one download per base image), created on demand.
+        self.locks: dict[str, asyncio.Lock] = {}
+
+    @property
+    def log(self) -> Logger:
+        return self._log
+
+    @property
+    def connected(self) -> bool:
+        return self._session is not None and self._session.closed_reason is None
+
+    async def session(self) -> Session:
+        current = self._session
+        if current is not None and current.closed_reason is None:
+            return current
+        async with self._lock:
+            current = self._session
+            if current is not None:
+                reason = current.closed_reason
+                if reason is None:
+                    return current
+                self._forget(reason)
+            now = self._clock()
+            if now < self._retry_at:
+                raise TransientError(f"host {self.name!r} unreachable ({self._last_error}); "
+                                     f"next dial in {self._retry_at - now:.1f}s")
+            address = self.config.address
+            try:
+                session = await self._dial(self.config, self._options)
+            except Exception as exc:
+                self._backoff = min(BACKOFF_MAX, self._backoff * 2) if self._backoff else BACKOFF_INITIAL
+                self._retry_at = self._clock() + self._backoff
+                self._last_error = _describe(exc)
+                self._log.v(1).info("libvirt host dial failed", address=address, error=self._last_error,
+                                    retryIn=round(self._backoff, 2))
+                raise TransientError(
+                    f"host {self.name!r} ({address}) unreachable: {self._last_error}") from None
+            self._backoff = 0.0
+            self._retry_at = 0.0
+            self._session = session
+            self._log.v(1).info("libvirt host connected", address=address, user=self.config.user,
+                                socket=self.config.socket)
+            return session
+
+    def _forget(self, reason: str) -> None:
+        if self._session is not None:
+            self._log.v(1).info("libvirt connection dropped", reason=reason)
+            self._session = None
+
+    def lock(self, key: str) -> asyncio.Lock:
+        lock = self.locks.get(key)
+        if lock is None:
+            lock = self.locks[key] = asyncio.Lock()
+        return lock
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call one libvirt procedure by its client method name; link failures become TransientError."""
+        session = await self.session()
+        try:
+            return await getattr(session.libvirt, method)(*args, **kwargs)
+        except LibvirtError:
+            raise
+        except LINK_ERRORS as exc:
+            reason = session.closed_reason or _describe(exc)
+            if isinstance(exc, DeadlineExceeded):
+                raise TransientError(f"host {self.name!r}: {method} timed out: {_describe(exc)}") from None
+            if self._session is session:
+                await self._drop(session, reason)
+            raise TransientError(
+                f"host {self.name!r}: libvirt connection lost during {method}: {reason}") from None
+
+    async def upload(self, vol: Any, data: Any, *, length: int = 0) -> None:
+        await self.call("storage_vol_upload", vol, 0, length, 0, data)
+
+    async def download(self, vol: Any, *, limit: int) -> bytes:
+        """Read a small volume (a marker) whole; refuses more than `limit` bytes."""
+        session = await self.session()
+        out = bytearray()
+        try:
+            async with session.libvirt.storage_vol_download(vol, 0, 0, 0) as chunks:
+                async for chunk in chunks:
+                    out += chunk
+                    if len(out) > limit:
+                        raise TransientError(
+                            f"host {self.name!r}: volume {vol.name!r} is larger than {limit} bytes")
+        except LibvirtError:
+            raise
+        except LINK_ERRORS as exc:
+            reason = session.closed_reason or _describe(exc)
+            if self._session is session:
+                await self._drop(session, reason)
+            raise TransientError(
+                f"host {self.name!r}: connection lost reading {vol.name!r}: {reason}") from None
+        return bytes(out)
+
+    async def exec(self, argv: Sequence[str], *, time_limit: float = 10.0) -> ExecResult:
+        """Run a command on the host over the same SSH connection (raises ExecNotAllowed if it cannot)."""
+        session = await self.session()
+        return await session.exec(argv, time_limit=time_limit)
+
+    async def _drop(self, session: Session, reason: str) -> None:
+        self._forget(reason)
+        with contextlib.suppress(Exception):  # the link is already gone
+            await session.close()
+
+    async def close(self) -> None:
+        async with self._lock:
+            session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+            self._log.v(1).info("libvirt host disconnected")
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) < 300 else text[:297] + "..."
+
+
+__all__ = ["ExecNotAllowed", "ExecResult", "Host"]

@@ -1,0 +1,201 @@
+"""The base image cache: each image downloaded once per host, by the operator, through libvirt.
+
+Bytes stream from the URL through this process into the pool (aiohttp -> storage_vol_upload) with a
+running sha256; nothing is buffered beyond one chunk, and the image's first bytes are checked before any
+volume exists (a qcow2 naming a backing or external data file is refused: qemu would open that host
+path). The marker volume `<base>.sha256` is written last and holds the digest, so a crash mid-download
+leaves a base without a marker, which the next attempt deletes and redoes. A re-download happens when
+the marker is missing or `sha256` is configured and differs from it; otherwise the cached copy is used
+for as long as it exists (a `latest` URL is pinned at its first fetch, per host).
+
+Two Proxies needing the same missing image on the same host share one download: the host's per-image
+lock makes the second wait and then find the marker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from egress_kvm.metrics import IMAGE_BYTES_FETCHED
+from egress_kvm.providers.base import PermanentError, ProgressCallback, TransientError
+from rpc.errors import LibvirtError, NotFoundError
+
+from . import capacity, qcow2
+from .domain_xml import volume_xml
+from .hosts import Host
+from .placement import ImageSource
+
+CHUNK = 1024 * 1024
+MARKER_MAX = 128
+PROGRESS_EVERY = 5.0
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    volume: Any  # rpc StorageVol
+    path: str
+    format: str
+    downloaded: bool
+
+
+HttpFactory = Callable[[], Awaitable[aiohttp.ClientSession]]
+
+
+async def lookup_volume(host: Host, pool: Any, name: str) -> Any | None:
+    try:
+        return await host.call("storage_vol_lookup_by_name", pool, name)
+    except NotFoundError:
+        return None
+
+
+async def delete_volume(host: Host, vol: Any) -> None:
+    with contextlib.suppress(NotFoundError):
+        await host.call("storage_vol_delete", vol, 0)
+
+
+class ImageCache:
+    def __init__(self, *, http: HttpFactory, chunk_size: int = CHUNK, progress_every: float = PROGRESS_EVERY,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._http = http
+        self._chunk = chunk_size
+        self._progress_every = progress_every
+        self._clock = clock
+
+    async def ensure(self, host: Host, pool: Any, image: ImageSource, *,
+                     progress: ProgressCallback | None = None) -> BaseImage:
+        async with host.lock(f"image:{pool.name}/{image.base_volume}"):
+            base = await lookup_volume(host, pool, image.base_volume)
+            marker = await lookup_volume(host, pool, image.marker_volume)
+            reason = "not cached"
+            if base is not None and marker is not None:
+                if image.sha256 is None:
+                    return await self._cached(host, base, image)
+                cached = (await host.download(marker, limit=MARKER_MAX)).decode(errors="replace").strip()
+                if cached == image.sha256:
+                    return await self._cached(host, base, image)
+                reason = f"configured sha256 {image.sha256} differs from cached {cached}"
+            elif base is not None:
+                reason = "base volume without marker (an interrupted download)"
+            elif marker is not None:
+                reason = "marker without base volume"
+            # Marker first: if we crash between the two deletes, what is left is "base without marker".
+            if marker is not None:
+                await delete_volume(host, marker)
+            if base is not None:
+                await delete_volume(host, base)
+            return await self._fetch(host, pool, image, reason=reason, progress=progress)
+
+    async def _cached(self, host: Host, base: Any, image: ImageSource) -> BaseImage:
+        path = await host.call("storage_vol_get_path", base)
+        return BaseImage(volume=base, path=path, format=image.format, downloaded=False)
+
+    async def _fetch(self, host: Host, pool: Any, image: ImageSource, *, reason: str,
+                     progress: ProgressCallback | None) -> BaseImage:
+        log = host.log.with_values(image=image.label, pool=pool.name, volume=image.base_volume)
+        log.info("fetching base image into host pool", url=image.url, reason=reason)
+        started = self._clock()
+        http = await self._http()
+        try:
+            async with http.get(image.url) as resp:
+                if resp.status != 200:
+                    raise TransientError(
+                        f"image {image.label!r}: GET {image.url} answered HTTP {resp.status}")
+                length = resp.content_length
+                chunks = resp.content.iter_chunked(self._chunk)
+                head = await _read_head(chunks)
+                try:
+                    qcow2.check_header(head, fmt=image.format)
+                except qcow2.UnsafeImageError as exc:
+                    raise PermanentError(f"image {image.label!r} ({image.url}) {exc}") from None
+                if length:
+                    info = await host.call("storage_pool_get_info", pool)
+                    capacity.check_pool_space(host=host.name, pool=pool.name, available=info.available,
+                                              needed=length, what=f"image {image.label!r}")
+                vol = await host.call("storage_vol_create_xml", pool,
+                                      volume_xml(name=image.base_volume, capacity=length or 0, fmt="raw"), 0)
+                hasher = hashlib.sha256()
+                moved = 0
+                last_report = started
+
+                async def stream() -> AsyncIterator[bytes]:
+                    nonlocal moved, last_report
+                    pending = [head] if head else []
+                    async for chunk in _chain(pending, chunks):
+                        hasher.update(chunk)
+                        moved += len(chunk)
+                        now = self._clock()
+                        if progress is not None and now - last_report >= self._progress_every:
+                            last_report = now
+                            await progress(_progress_text(image.label, host.name, moved, length))
+                        yield chunk
+
+                try:
+                    await host.upload(vol, stream())
+                except BaseException as exc:
+                    await _discard(host, vol)
+                    if isinstance(exc, LibvirtError) and capacity.is_no_space(exc):
+                        raise capacity.no_space(exc, host=host.name, pool=pool.name, available=None,
+                                                action=f"downloading image {image.label!r}") from None
+                    raise
+        except aiohttp.ClientError as exc:
+            raise TransientError(f"image {image.label!r}: downloading {image.url} failed: {exc}") from None
+        except TimeoutError:
+            raise TransientError(f"image {image.label!r}: downloading {image.url} timed out") from None
+        IMAGE_BYTES_FETCHED.labels(host.name, image.label).inc(moved)
+        digest = hasher.hexdigest()
+        if image.sha256 is not None and digest != image.sha256:
+            await _discard(host, vol)
+            raise PermanentError(f"image {image.label!r} ({image.url}): sha256 mismatch: configured "
+                                 f"{image.sha256}, downloaded {digest}; the volume was deleted")
+        # libvirt re-probes the file: the pool now reports the base's real format and virtual size.
+        await host.call("storage_pool_refresh", pool, 0)
+        vol = await host.call("storage_vol_lookup_by_name", pool, image.base_volume)
+        marker = await host.call("storage_vol_create_xml", pool,
+                                 volume_xml(name=image.marker_volume, capacity=len(digest), fmt="raw"), 0)
+        try:
+            await host.upload(marker, digest.encode())
+        except BaseException:
+            await _discard(host, marker)
+            raise
+        path = await host.call("storage_vol_get_path", vol)
+        duration = self._clock() - started
+        log.info("base image cached", size=moved, duration=round(duration, 3), sha256=digest,
+                 rateMBps=round(moved / 1e6 / duration, 1) if duration > 0 else None)
+        return BaseImage(volume=vol, path=path, format=image.format, downloaded=True)
+
+
+async def _discard(host: Host, vol: Any) -> None:
+    """Best effort: a volume we could not finish must not look finished (it has no marker either way)."""
+    with contextlib.suppress(Exception):
+        await delete_volume(host, vol)
+
+
+async def _read_head(chunks: AsyncIterator[bytes]) -> bytes:
+    head = b""
+    while len(head) < qcow2.HEADER_NEEDED:
+        try:
+            head += await anext(chunks)
+        except StopAsyncIteration:
+            break
+    return head
+
+
+async def _chain(first: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    for chunk in first:
+        yield chunk
+    async for chunk in rest:
+        yield chunk
+
+
+def _progress_text(label: str, host: str, moved: int, length: int | None) -> str:
+    if length:
+        return (f"downloading image {label} to host {host}: {moved / 1e6:.0f} of {length / 1e6:.0f} MB "
+                f"({100 * moved / length:.0f}%)")
+    return f"downloading image {label} to host {host}: {moved / 1e6:.0f} MB"

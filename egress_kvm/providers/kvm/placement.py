@@ -1,0 +1,82 @@
+"""Placement rules (the spec's table): zone -> host, machineType -> size, image -> key or URL.
+
+Pure functions, no I/O: a bad value is a PermanentError naming it, because no retry can fix a spec that
+points at a host, size or image the config does not have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from egress_kvm.config.models import HostConfig, KvmConfig, MachineType, check_http_url
+from egress_kvm.providers.base import PermanentError, Placement, ResolvedPlacement
+
+from . import naming
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """Where a base image comes from and what it is called on the host."""
+
+    label: str  # the image key, or the URL when used directly (for logs and messages)
+    url: str
+    sha256: str | None
+    format: str
+    base_volume: str
+
+    @property
+    def marker_volume(self) -> str:
+        return naming.marker_volume(self.base_volume)
+
+
+def _pick(kind: str, value: str | None, known: list[str], provider: str) -> str:
+    if value:
+        if value not in known:
+            raise PermanentError(f"unknown placement.{kind} {value!r} for provider {provider!r} "
+                                 f"(known: {', '.join(known) or 'none'})")
+        return value
+    if len(known) == 1:
+        return known[0]
+    raise PermanentError(
+        f"placement.{kind} is required: provider {provider!r} has {len(known)} "
+        f"({', '.join(known) or 'none'})")
+
+
+def resolve(placement: Placement, kvm: KvmConfig, *, provider: str) -> ResolvedPlacement:
+    zone = _pick("zone", placement.zone, [h.name for h in kvm.hosts], provider)
+    machine_type = _pick("machineType", placement.machine_type, list(kvm.machine_types), provider)
+    image = placement.image
+    if image and image.startswith(("http://", "https://")):
+        try:
+            check_http_url(image)
+        except ValueError as exc:
+            raise PermanentError(f"placement.image {image!r} {exc}") from None
+    elif image and image not in kvm.images:
+        raise PermanentError(
+            f"unknown placement.image {image!r} for provider {provider!r}: not a key of images "
+            f"({', '.join(kvm.images) or 'none'}) nor an http(s):// URL")
+    else:
+        image = _pick("image", image, list(kvm.images), provider)
+    return ResolvedPlacement(zone=zone, machine_type=machine_type, image=image)
+
+
+def host_for(kvm: KvmConfig, zone: str, *, provider: str) -> HostConfig:
+    host = kvm.host(zone)
+    if host is None:
+        known = ", ".join(h.name for h in kvm.hosts)
+        raise PermanentError(f"unknown zone {zone!r} for provider {provider!r} (known: {known})")
+    return host
+
+
+def machine_type(kvm: KvmConfig, key: str) -> MachineType:
+    return kvm.machine_types[key]
+
+
+def image_source(kvm: KvmConfig, image: str) -> ImageSource:
+    """A resolved image (key or URL). URLs used directly are qcow2 (the format default) and unpinned."""
+    entry = kvm.images.get(image)
+    if entry is not None:
+        return ImageSource(label=image, url=entry.url, sha256=entry.sha256, format=entry.format,
+                           base_volume=naming.base_volume(key=image))
+    return ImageSource(label=image, url=image, sha256=None, format="qcow2",
+                       base_volume=naming.base_volume(url=image))

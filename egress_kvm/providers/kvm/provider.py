@@ -1,0 +1,390 @@
+"""KvmProvider: the Provider interface over libvirt on the user's own hypervisors.
+
+Create (for a name with no domain yet): image cache -> pool space -> overlay -> seed ISO -> free memory
+-> define (with the metadata element) -> start. About a dozen RPCs with a cached base; see
+docs/kvm-provider.md for the measured counts. Get is four: lookup, state, metadata, agent addresses
+(plus the ARP / neighbour-table fallbacks while the agent is not up yet).
+
+Every public method sorts failures into the base module's three kinds: PermanentError (placement names
+something the config lacks, or a domain of that name belongs to someone else), QuotaError (capacity, see
+capacity.py) and TransientError (host unreachable, link dropped, any other libvirt error).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from egress_kvm.config.models import KvmConfig
+from egress_kvm.log import Logger, get_logger
+from egress_kvm.providers.base import (
+    CreateRequest,
+    Instance,
+    PermanentError,
+    Placement,
+    PowerState,
+    ProgressCallback,
+    ProviderError,
+    QuotaError,
+    ResolvedPlacement,
+    TransientError,
+)
+from rpc.constants import (
+    CONNECT_LIST_DOMAINS_PERSISTENT,
+    DOMAIN_METADATA_ELEMENT,
+    DOMAIN_PAUSED_IOERROR,
+    DOMAIN_UNDEFINE_MANAGED_SAVE,
+    DOMAIN_UNDEFINE_NVRAM,
+    DomainState,
+    ErrorCode,
+)
+from rpc.errors import LibvirtError, NotFoundError
+
+from . import capacity, metadata, naming, placement, seed
+from .addresses import discover
+from .calllog import current_instance, make_observer
+from .domain_xml import DomainSpec, domain_xml, volume_xml
+from .hosts import Host
+from .images import ImageCache, delete_volume, lookup_volume
+from .session import Dialer, DialOptions, ssh_dial
+
+GIB = 1024**3
+Meta = metadata.InstanceMetadata
+
+_POWER = {
+    DomainState.RUNNING: PowerState.RUNNING,
+    DomainState.BLOCKED: PowerState.RUNNING,
+    DomainState.PAUSED: PowerState.PAUSED,
+    DomainState.SHUTDOWN: PowerState.STOPPED,
+    DomainState.SHUTOFF: PowerState.STOPPED,
+    DomainState.CRASHED: PowerState.CRASHED,
+}
+
+
+def power_state(state: int) -> PowerState:
+    try:
+        return _POWER.get(DomainState(state), PowerState.PENDING)
+    except ValueError:
+        return PowerState.PENDING
+
+
+class KvmProvider:
+    """One `type: kvm` entry of the providers file: its hosts, image cache and HTTP client."""
+
+    def __init__(self, *, name: str, config: KvmConfig, cluster_id: str, dial: Dialer = ssh_dial,
+                 log: Logger | None = None, now: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 http_timeout: aiohttp.ClientTimeout | None = None) -> None:
+        if not cluster_id:
+            raise ValueError("cluster_id must not be empty: it keeps clusters sharing a host apart")
+        self.name = name
+        self.config = config
+        self.cluster_id = cluster_id
+        self._now = now
+        self._log = (log or get_logger("kvm")).with_values(provider=name)
+        known_hosts = None if config.insecure_ignore_host_key else config.known_hosts_file
+        self._hosts: dict[str, Host] = {}
+        for h in config.hosts:
+            options = DialOptions(ssh_key_file=config.ssh_key_file, known_hosts_file=known_hosts,
+                                  observer=make_observer(self._log, host=h.name))
+            self._hosts[h.name] = Host(config=h, dial=dial, options=options, log=self._log)
+        self._http: aiohttp.ClientSession | None = None
+        self._http_timeout = http_timeout or aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
+        self._images = ImageCache(http=self._http_session)
+
+    # -- Provider interface ---------------------------------------------------------------------
+
+    def zones(self) -> list[str]:
+        return list(self._hosts)
+
+    def resolve(self, placement_: Placement) -> ResolvedPlacement:
+        return placement.resolve(placement_, self.config, provider=self.name)
+
+    def host(self, zone: str) -> Host:
+        host = self._hosts.get(zone)
+        if host is None:
+            raise PermanentError(f"unknown zone {zone!r} for provider {self.name!r} "
+                                 f"(known: {', '.join(self._hosts)})")
+        return host
+
+    async def create(self, request: CreateRequest, *, progress: ProgressCallback | None = None) -> Instance:
+        name = _checked_name(request.name)
+        resolved = self.resolve(request.placement)
+        host = self.host(resolved.zone)
+        async with self._operation(host, name, "create"):
+            dom = await self._lookup_domain(host, name)
+            if dom is not None:
+                meta = await self._metadata(host, dom)
+                self._check_ours(host, name, meta, action="reuse")
+                await self._ensure_running(host, dom, name, machine_type=resolved.machine_type)
+                return await self._instance(host, dom, name, meta)
+            return await self._create_new(host, request, resolved, progress=progress)
+
+    async def get(self, name: str, zone: str) -> Instance | None:
+        host = self.host(zone)
+        async with self._operation(host, name, "get"):
+            dom = await self._lookup_domain(host, name)
+            if dom is None:
+                return None
+            meta = await self._metadata(host, dom)
+            return await self._instance(host, dom, name, meta)
+
+    async def start(self, name: str, zone: str) -> None:
+        host = self.host(zone)
+        async with self._operation(host, name, "start"):
+            dom = await self._lookup_domain(host, name)
+            if dom is None:
+                raise TransientError(f"VM {name!r} does not exist on host {zone!r}")
+            meta = await self._metadata(host, dom)
+            self._check_ours(host, name, meta, action="start")
+            await self._ensure_running(host, dom, name, machine_type=meta.machine_type if meta else "")
+
+    async def delete(self, name: str, zone: str) -> None:
+        host = self.host(zone)
+        async with self._operation(host, name, "delete"):
+            log = host.log.with_values(name=name)
+            dom = await self._lookup_domain(host, name)
+            if dom is not None:
+                meta = await self._metadata(host, dom)
+                self._check_ours(host, name, meta, action="delete")
+                try:
+                    await host.call("domain_destroy_flags", dom, 0)
+                    log.v(1).info("domain destroyed")
+                except LibvirtError as exc:
+                    if exc.code not in (ErrorCode.OPERATION_INVALID, ErrorCode.NO_DOMAIN):
+                        raise  # 55: not running, which is what we want
+                with contextlib.suppress(NotFoundError):
+                    await host.call("domain_undefine_flags", dom,
+                                    DOMAIN_UNDEFINE_NVRAM | DOMAIN_UNDEFINE_MANAGED_SAVE)
+                    log.v(1).info("domain undefined")
+            pool = await self._pool(host, required=False)
+            if pool is not None:
+                for vol_name in (naming.overlay_volume(name), naming.seed_volume(name)):
+                    vol = await lookup_volume(host, pool, vol_name)
+                    if vol is not None:
+                        await delete_volume(host, vol)
+                        log.v(1).info("volume deleted", pool=pool.name, volume=vol_name)
+            log.info("KVM instance deleted")
+
+    async def list_managed(self, zone: str | None = None) -> list[Instance]:
+        hosts = [self.host(zone)] if zone is not None else list(self._hosts.values())
+        out: list[Instance] = []
+        for host in hosts:
+            async with self._operation(host, "", "list"):
+                listing = await host.call("connect_list_all_domains", 1, CONNECT_LIST_DOMAINS_PERSISTENT)
+                for dom in listing.domains:
+                    meta = await self._metadata(host, dom)
+                    if meta is None or not meta.managed or meta.cluster_id != self.cluster_id:
+                        continue
+                    out.append(Instance(
+                        name=dom.name, zone=host.name,
+                        power_state=PowerState.RUNNING if dom.id != -1 else PowerState.STOPPED,
+                        ip=None, owner_uid=meta.owner_uid, created_at=meta.created_at,
+                        owner_namespace=meta.owner_namespace, owner_name=meta.owner_name))
+        return out
+
+    async def close(self) -> None:
+        for host in self._hosts.values():
+            with contextlib.suppress(Exception):
+                await host.close()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    # -- create ----------------------------------------------------------------------------------
+
+    async def _create_new(self, host: Host, request: CreateRequest, resolved: ResolvedPlacement, *,
+                          progress: ProgressCallback | None) -> Instance:
+        name = request.name
+        log = host.log.with_values(name=name)
+        cfg = host.config
+        mtype = placement.machine_type(self.config, resolved.machine_type)
+        source = placement.image_source(self.config, resolved.image)
+        pool = await self._pool(host, required=True)
+        base = await self._images.ensure(host, pool, source, progress=progress)
+
+        iso = seed.build_seed_iso(name=name, user_data=request.user_data, vendor_data=self.config.vendor_data)
+        disk_bytes = self.config.disk_size_gb * GIB
+        info = await host.call("storage_pool_get_info", pool)
+        capacity.check_pool_space(host=host.name, pool=pool.name, available=info.available,
+                                  needed=disk_bytes + len(iso), what=f"VM {name!r} (overlay + seed)")
+
+        overlay_xml = volume_xml(name=naming.overlay_volume(name), capacity=disk_bytes, fmt="qcow2",
+                                 backing_path=base.path, backing_format=base.format)
+        await self._create_volume(host, pool, overlay_xml, naming.overlay_volume(name),
+                                  available=info.available)
+        log.v(1).info("overlay created", pool=pool.name, volume=naming.overlay_volume(name),
+                      backing=base.path, capacity=disk_bytes)
+        seed_vol = await self._create_volume(
+            host, pool, volume_xml(name=naming.seed_volume(name), capacity=len(iso), fmt="raw"),
+            naming.seed_volume(name), available=info.available)
+        try:
+            await host.upload(seed_vol, iso, length=len(iso))
+        except LibvirtError as exc:
+            if capacity.is_no_space(exc):
+                raise capacity.no_space(exc, host=host.name, pool=pool.name, available=info.available,
+                                        action="uploading the seed ISO") from None
+            raise
+        log.v(1).info("seed ISO uploaded", pool=pool.name, volume=naming.seed_volume(name), length=len(iso))
+
+        free = await host.call("node_get_free_memory")
+        capacity.check_free_memory(host=host.name, free_bytes=free, memory_mib=mtype.memory_mib,
+                                   machine_type=resolved.machine_type)
+        meta = metadata.InstanceMetadata(
+            cluster_id=self.cluster_id, owner_uid=request.owner_uid, created_at=self._now(),
+            owner_namespace=request.owner_namespace, owner_name=request.owner_name, zone=resolved.zone,
+            machine_type=resolved.machine_type, image=resolved.image)
+        spec = DomainSpec(
+            name=name, domain_type=cfg.domain_type, vcpus=mtype.vcpus, memory_mib=mtype.memory_mib,
+            cpu=cfg.cpu_config, pool=pool.name, overlay_volume=naming.overlay_volume(name),
+            seed_volume=naming.seed_volume(name), seed_bus=cfg.seed_bus, bridge=cfg.bridge,
+            mac=naming.mac_address(name), meta=meta)
+        try:
+            dom = await host.call("domain_define_xml", domain_xml(spec))
+        except LibvirtError as exc:
+            if exc.code not in (ErrorCode.OPERATION_FAILED, ErrorCode.DOM_EXIST):
+                raise
+            # Another reconcile defined it between our lookup and now: use theirs.
+            dom = await host.call("domain_lookup_by_name", name)
+        log.v(1).info("domain defined", mac=spec.mac, memoryMiB=mtype.memory_mib, vcpus=mtype.vcpus)
+        dom = await self._start(host, dom, name)
+        return Instance(name=name, zone=host.name, power_state=PowerState.RUNNING, ip=None,
+                        owner_uid=meta.owner_uid, created_at=meta.created_at,
+                        owner_namespace=meta.owner_namespace, owner_name=meta.owner_name)
+
+    async def _create_volume(self, host: Host, pool: Any, xml: str, vol_name: str, *, available: int) -> Any:
+        """Create a per-instance volume; one left by an interrupted earlier attempt is replaced."""
+        for attempt in (1, 2):
+            try:
+                return await host.call("storage_vol_create_xml", pool, xml, 0)
+            except LibvirtError as exc:
+                if capacity.is_no_space(exc):
+                    raise capacity.no_space(exc, host=host.name, pool=pool.name, available=available,
+                                            action=f"creating {vol_name}") from None
+                if exc.code != ErrorCode.STORAGE_VOL_EXIST or attempt == 2:
+                    raise
+                stale = await lookup_volume(host, pool, vol_name)
+                if stale is not None:
+                    await delete_volume(host, stale)
+        raise AssertionError("unreachable")
+
+    # -- shared steps ----------------------------------------------------------------------------
+
+    async def _pool(self, host: Host, *, required: bool) -> Any | None:
+        try:
+            pool = await host.call("storage_pool_lookup_by_name", host.config.pool)
+        except NotFoundError:
+            if not required:
+                return None
+            raise TransientError(f"host {host.name!r} has no storage pool {host.config.pool!r}") from None
+        return pool
+
+    async def _lookup_domain(self, host: Host, name: str) -> Any | None:
+        try:
+            return await host.call("domain_lookup_by_name", name)
+        except NotFoundError:
+            return None
+
+    async def _metadata(self, host: Host, dom: Any) -> metadata.InstanceMetadata | None:
+        try:
+            xml = await host.call("domain_get_metadata", dom, DOMAIN_METADATA_ELEMENT, metadata.NAMESPACE, 0)
+        except LibvirtError as exc:
+            if exc.code in (ErrorCode.NO_DOMAIN_METADATA, ErrorCode.NO_DOMAIN):
+                return None
+            raise
+        try:
+            return metadata.parse(xml)
+        except metadata.MetadataError as exc:
+            host.log.v(1).info("unreadable metadata element", name=dom.name, error=str(exc))
+            return None
+
+    def _check_ours(self, host: Host, name: str, meta: Meta | None, *, action: str) -> None:
+        if meta is None or not meta.managed:
+            raise PermanentError(f"a domain named {name!r} exists on host {host.name!r} but was not made by "
+                                 f"this operator (no {metadata.NAMESPACE} metadata); refusing to {action} it")
+        if meta.cluster_id != self.cluster_id:
+            raise PermanentError(f"domain {name!r} on host {host.name!r} belongs to cluster "
+                                 f"{meta.cluster_id!r}, not {self.cluster_id!r}; refusing to {action} it")
+
+    async def _ensure_running(self, host: Host, dom: Any, name: str, *, machine_type: str) -> None:
+        st = await host.call("domain_get_state", dom, 0)
+        if st.state == DomainState.PAUSED and st.reason == DOMAIN_PAUSED_IOERROR:
+            raise await self._io_error(host, name)
+        if power_state(st.state) in (PowerState.RUNNING, PowerState.PAUSED):
+            return
+        mtype = self.config.machine_types.get(machine_type)
+        if mtype is not None:
+            free = await host.call("node_get_free_memory")
+            capacity.check_free_memory(host=host.name, free_bytes=free, memory_mib=mtype.memory_mib,
+                                       machine_type=machine_type)
+        await self._start(host, dom, name)
+
+    async def _start(self, host: Host, dom: Any, name: str) -> Any:
+        try:
+            dom = await host.call("domain_create_with_flags", dom, 0)
+        except LibvirtError as exc:
+            if exc.code != ErrorCode.OPERATION_INVALID:  # 55: already running
+                raise
+        host.log.with_values(name=name).v(1).info("KVM domain ensured running")
+        return dom
+
+    async def _io_error(self, host: Host, name: str) -> QuotaError:
+        available = None
+        with contextlib.suppress(ProviderError, LibvirtError):
+            pool = await self._pool(host, required=False)
+            if pool is not None:
+                available = (await host.call("storage_pool_get_info", pool)).available
+        return capacity.paused_on_io_error(host=host.name, pool=host.config.pool, name=name,
+                                           available=available)
+
+    async def _instance(self, host: Host, dom: Any, name: str, meta: Meta | None) -> Instance:
+        st = await host.call("domain_get_state", dom, 0)
+        if st.state == DomainState.PAUSED and st.reason == DOMAIN_PAUSED_IOERROR:
+            raise await self._io_error(host, name)
+        state = power_state(st.state)
+        ip = None
+        if state == PowerState.RUNNING:
+            ip = await discover(host, dom, mac=naming.mac_address(name), bridge=host.config.bridge, name=name)
+        message = ""
+        if state == PowerState.PAUSED:
+            message = f"paused (reason {st.reason})"
+        return Instance(
+            name=name, zone=host.name, power_state=state, ip=ip,
+            owner_uid=meta.owner_uid if meta else "", created_at=meta.created_at if meta else None,
+            owner_namespace=meta.owner_namespace if meta else "", owner_name=meta.owner_name if meta else "",
+            message=message)
+
+    @contextlib.asynccontextmanager
+    async def _operation(self, host: Host, name: str, action: str) -> AsyncIterator[None]:
+        """Label RPC log lines with the instance and sort every failure into the three error kinds."""
+        token = current_instance.set(name)
+        try:
+            yield
+        except ProviderError:
+            raise
+        except LibvirtError as exc:
+            if capacity.is_no_space(exc):
+                raise capacity.no_space(exc, host=host.name, pool=host.config.pool, available=None,
+                                        action=f"{action} {name}") from None
+            if "cannot allocate memory" in (exc.message or "").lower():
+                raise QuotaError(
+                    f"host {host.name!r} is out of memory: {action} {name!r}: {exc.message}") from None
+            raise TransientError(f"host {host.name!r}: {action} {name!r} failed: {exc.message} "
+                                 f"(libvirt {exc.code_name})") from None
+        finally:
+            current_instance.reset(token)
+
+    async def _http_session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=self._http_timeout, trust_env=False)
+        return self._http
+
+
+def _checked_name(name: str) -> str:
+    try:
+        return naming.check_instance_name(name)
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
