@@ -1,0 +1,68 @@
+"""What instance a Managed Proxy should have right now: provider, resolved placement, user-data, name.
+
+Shared by the reconciler (which creates it) and orphan GC (which must spare it even before the status
+names it), so both always agree on the name. Sorting failures here fixes the phase they lead to:
+`SpecError` -> Failed (never works as written), `Waiting` -> Pending (something outside is missing and
+may appear, e.g. the cloud-init Secret), anything raised by the Kubernetes client -> retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from egress_kvm.kube.interfaces import KubeApi, Obj
+from egress_kvm.providers.base import PermanentError, Placement, Provider, ResolvedPlacement
+
+from .naming import instance_name, user_data_digest
+from .proxyspec import ProxySpec, SpecError
+
+
+class Waiting(Exception):
+    """Waiting on something outside the Proxy (phase Pending); the message says what."""
+
+
+@dataclass(frozen=True)
+class Desired:
+    provider: Provider
+    placement: Placement
+    resolved: ResolvedPlacement
+    name: str
+    user_data: bytes = field(repr=False)
+
+
+def provider_for(spec: ProxySpec, providers: Mapping[str, Provider]) -> Provider:
+    provider = providers.get(spec.provider)
+    if provider is None:
+        known = ", ".join(sorted(providers)) or "none"
+        raise SpecError(f"spec.provider: {spec.provider!r} is not in the providers file "
+                        f"(configured: {known})")
+    return provider
+
+
+async def load_user_data(*, kube: KubeApi, namespace: str, spec: ProxySpec) -> bytes:
+    if spec.user_data_ref is None:
+        return (spec.user_data or "").encode()
+    ref = spec.user_data_ref
+    data = await kube.read_secret(namespace, ref.name)
+    if data is None:
+        raise Waiting(f"waiting for Secret {namespace}/{ref.name} (spec.cloudInit.secretRef)")
+    if ref.key not in data:
+        raise Waiting(f"waiting for key {ref.key!r} in Secret {namespace}/{ref.name} "
+                      "(spec.cloudInit.secretRef.key)")
+    return data[ref.key]
+
+
+async def desired_instance(*, proxy: Obj, spec: ProxySpec, providers: Mapping[str, Provider],
+                           kube: KubeApi) -> Desired:
+    provider = provider_for(spec, providers)
+    try:
+        resolved = provider.resolve(spec.placement)
+    except PermanentError as e:
+        raise SpecError(f"spec.placement: {e}") from None
+    meta = proxy["metadata"]
+    user_data = await load_user_data(kube=kube, namespace=meta.get("namespace", ""), spec=spec)
+    name = instance_name(uid=meta.get("uid", ""), provider=spec.provider, placement=resolved,
+                         user_data_sha256=user_data_digest(user_data))
+    return Desired(provider=provider, placement=spec.placement, resolved=resolved, name=name,
+                   user_data=user_data)

@@ -1,0 +1,224 @@
+"""Health probes: one asyncio task per Proxy, on the Proxy's own schedule, never holding a worker.
+
+A probe is an HTTP GET of `healthCheck.url` through the proxy at the endpoint (with Proxy-Authorization
+from the auth Secret when the Proxy names one), or, without a URL, a TCP connect to the endpoint. A proxy
+becomes healthy after `successThreshold` consecutive successes and unhealthy after `failureThreshold`
+consecutive failures: one good probe proves little while cloud-init is still restarting the proxy
+(lab.md quirk 5), and one lost probe should not page anyone.
+
+The prober owns no status: it keeps the latest `Health` per key and enqueues the key when the verdict
+changes (and every `refresh` seconds, so `status.lastProbeTime` stays roughly current without a status
+write per probe). The reconciler reads the verdict and decides the phase.
+
+Credentials are passed to aiohttp as `proxy_auth`, never put in a URL, so no error message can carry them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import aiohttp
+
+from egress_kvm import metrics
+from egress_kvm.kube.interfaces import KubeApi
+from egress_kvm.log import Logger, get_logger
+
+from .proxyspec import HealthCheck
+
+AUTH_CACHE_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    host: str
+    port: int
+    check: HealthCheck
+    namespace: str = ""
+    auth_secret: str | None = None
+
+    @property
+    def endpoint(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Health:
+    healthy: bool | None = None  # None until a threshold has been reached
+    message: str = "not probed yet"
+    last_probe: datetime | None = None
+    successes: int = 0  # consecutive
+    failures: int = 0  # consecutive
+
+
+class _ProbeFailed(Exception):
+    pass
+
+
+def next_health(h: Health, *, ok: bool, message: str, at: datetime, check: HealthCheck) -> Health:
+    """Fold one probe result into the verdict (pure, so the thresholds are testable alone)."""
+    if ok:
+        successes, failures = h.successes + 1, 0
+        healthy = True if successes >= check.success_threshold else h.healthy
+    else:
+        successes, failures = 0, h.failures + 1
+        healthy = False if failures >= check.failure_threshold else h.healthy
+    return Health(healthy=healthy, message=message, last_probe=at, successes=successes, failures=failures)
+
+
+class Prober:
+    def __init__(self, *, kube: KubeApi, on_change: Callable[[Hashable], None], time_scale: float = 1.0,
+                 refresh: float = 60.0, logger: Logger | None = None) -> None:
+        self._kube = kube
+        self._on_change = on_change
+        self._scale = time_scale
+        self._refresh = refresh
+        self._log = logger or get_logger("controller.health")
+        self._targets: dict[Hashable, ProbeTarget] = {}
+        self._tasks: dict[Hashable, asyncio.Task[None]] = {}
+        self._health: dict[Hashable, Health] = {}
+        self._auth_cache: dict[tuple[str, str], tuple[float, aiohttp.BasicAuth | None]] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._died: BaseException | None = None
+        self._closed = False
+
+    # --- what the reconciler calls -------------------------------------------------------------------
+
+    def watch(self, key: Hashable, target: ProbeTarget) -> None:
+        """Probe `target` for `key`; a new target (IP, port or check changed) starts over from unknown."""
+        if self._closed:
+            return
+        task = self._tasks.get(key)
+        if self._targets.get(key) == target and task is not None and not task.done():
+            return
+        self.unwatch(key)
+        self._targets[key] = target
+        self._health[key] = Health()
+        self._tasks[key] = asyncio.get_running_loop().create_task(self._loop(key, target),
+                                                                 name=f"probe {key}")
+        self._tasks[key].add_done_callback(self._task_done)
+
+    def unwatch(self, key: Hashable) -> None:
+        task = self._tasks.pop(key, None)
+        if task is not None:
+            task.cancel()
+        self._targets.pop(key, None)
+        self._health.pop(key, None)
+
+    def health(self, key: Hashable) -> Health | None:
+        return self._health.get(key)
+
+    def target(self, key: Hashable) -> ProbeTarget | None:
+        return self._targets.get(key)
+
+    def keys(self) -> list[Hashable]:
+        return list(self._targets)
+
+    def healthy(self) -> bool:
+        return self._died is None
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = list(self._tasks.values())
+        for key in list(self._tasks):
+            self.unwatch(key)
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # --- the probe loop ------------------------------------------------------------------------------
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._died = task.exception()
+            self._log.error(task.exception(), "health probe loop died")
+
+    async def _loop(self, key: Hashable, target: ProbeTarget) -> None:
+        log = self._log.with_values(proxy=f"{key[0]}/{key[1]}" if isinstance(key, tuple) else str(key),
+                                    endpoint=target.endpoint)
+        last_notify = time.monotonic()
+        while True:
+            ok, message = await self.probe(target)
+            metrics.PROBES_TOTAL.labels("success" if ok else "failure").inc()
+            before = self._health.get(key, Health())
+            after = next_health(before, ok=ok, message=message, at=datetime.now(UTC), check=target.check)
+            if self._targets.get(key) != target:
+                return  # retargeted or unwatched while probing
+            self._health[key] = after
+            log.v(1).info("health probe", ok=ok, message=message, successes=after.successes,
+                          failures=after.failures)
+            now = time.monotonic()
+            if after.healthy != before.healthy or now - last_notify >= self._refresh * self._scale:
+                if after.healthy != before.healthy:
+                    log.info("health changed", healthy=after.healthy, message=message)
+                last_notify = now
+                self._on_change(key)
+            await asyncio.sleep(target.check.interval_seconds * self._scale)
+
+    async def probe(self, target: ProbeTarget) -> tuple[bool, str]:
+        """One probe: (ok, a message that says what was tried and what happened)."""
+        check = target.check
+        try:
+            if check.url is None:
+                await self._tcp(target)
+                return True, f"TCP connect to {target.host}:{target.port} succeeded"
+            status = await self._http(target)
+            if status >= 400:
+                return False, f"GET {check.url} through {target.endpoint}: HTTP {status}"
+            return True, f"GET {check.url} through {target.endpoint}: HTTP {status}"
+        except _ProbeFailed as e:
+            return False, str(e)
+        except TimeoutError:
+            what = f"GET {check.url} through {target.endpoint}" if check.url else \
+                f"TCP connect to {target.host}:{target.port}"
+            return False, f"{what}: timed out after {check.timeout_seconds}s"
+        except Exception as e:  # any failure is a failed probe, never a dead loop
+            what = f"GET {check.url} through {target.endpoint}" if check.url else \
+                f"TCP connect to {target.host}:{target.port}"
+            return False, f"{what}: {type(e).__name__}: {e}"
+
+    async def _tcp(self, target: ProbeTarget) -> None:
+        async with asyncio.timeout(target.check.timeout_seconds):
+            _, writer = await asyncio.open_connection(target.host, target.port)
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+    async def _http(self, target: ProbeTarget) -> int:
+        auth = await self._auth(target)
+        if self._session is None:
+            # A fresh connection per probe (force_close): a kept-alive socket could hide a dead listener.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
+                                                  trust_env=False)
+        timeout = aiohttp.ClientTimeout(total=target.check.timeout_seconds)
+        async with self._session.get(target.check.url or "", proxy=target.endpoint, proxy_auth=auth,
+                                     timeout=timeout, allow_redirects=False) as resp:
+            await resp.read()
+            return resp.status
+
+    async def _auth(self, target: ProbeTarget) -> aiohttp.BasicAuth | None:
+        if not target.auth_secret:
+            return None
+        cache_key = (target.namespace, target.auth_secret)
+        cached = self._auth_cache.get(cache_key)
+        if cached is not None and time.monotonic() - cached[0] < AUTH_CACHE_SECONDS * self._scale:
+            auth = cached[1]
+        else:
+            data = await self._kube.read_secret(target.namespace, target.auth_secret)
+            auth = None
+            if data is not None and "username" in data and "password" in data:
+                auth = aiohttp.BasicAuth(data["username"].decode(), data["password"].decode())
+            self._auth_cache[cache_key] = (time.monotonic(), auth)
+        if auth is None:
+            raise _ProbeFailed(f"auth Secret {target.namespace}/{target.auth_secret} is missing or lacks "
+                               "keys username and password (spec.auth.secretRef)")
+        return auth
+

@@ -1,0 +1,224 @@
+"""The Controller: queue, workers, periodic resync, orphan GC and health probers, run together.
+
+The process (egress_kvm/operator, `egress-kvm run`) feeds it informer events (`on_event`), starts it
+when it becomes leader (`run`), stops it on SIGTERM (`stop`) and fails /healthz when `healthy()` turns
+False, so a worker or loop that dies takes the process down instead of leaving a zombie.
+
+Shutdown: `stop` closes the queue (no key is handed out again), gives the reconciles in flight up to
+`timeout` to finish, then cancels them. A cancelled reconcile is safe to abandon: status is written
+before anything is created and every provider call is idempotent by name, so the next leader converges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+
+from egress_kvm import metrics
+from egress_kvm.kube.interfaces import Key, KubeApi, Obj, ProxyStore, key_of
+from egress_kvm.log import Logger, get_logger
+from egress_kvm.providers.base import Provider
+
+from .gc import Collected, collect_orphans
+from .health import Prober
+from .queue import QUOTA_BACKOFF, TRANSIENT_BACKOFF, Backoff, QueueShutDown, WorkQueue
+from .reconciler import QUOTA, Reconciler, Result, Timings
+
+NAME = "proxy"
+PHASES = ("Pending", "Provisioning", "Running", "Ready", "Failed", "Deleting")
+
+
+class Controller:
+    def __init__(self, *, kube: KubeApi, store: ProxyStore, providers: Mapping[str, Provider],
+                 providers_hash: str = "", workers: int = 4, resync_period: float = 300.0,
+                 gc_interval: float = 120.0, gc_grace_period: float = 600.0,
+                 logger: Logger | None = None, namespace: str | None = None,
+                 timings: Timings | None = None, transient_backoff: Backoff = TRANSIENT_BACKOFF,
+                 quota_backoff: Backoff = QUOTA_BACKOFF, probe_time_scale: float = 1.0) -> None:
+        """`namespace` (optional, beyond the contract): the watch scope, so GC never judges instances
+        owned from other namespaces. The last four tune timings for tests."""
+        if workers < 1:
+            raise ValueError(f"workers: {workers} must be at least 1")
+        self.kube = kube
+        self.store = store
+        self.namespace = namespace or None
+        self.log = logger or get_logger("controller")
+        self.workers = workers
+        self.resync_period = resync_period
+        self.gc_interval = gc_interval
+        self.gc_grace_period = gc_grace_period
+        self.queue = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff)
+        self.prober = Prober(kube=kube, on_change=self._enqueue_any, time_scale=probe_time_scale,
+                             logger=self.log.with_name("health"))
+        self.reconciler = Reconciler(kube=kube, prober=self.prober, providers=providers,
+                                     providers_hash=providers_hash, timings=timings, logger=self.log)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._died: BaseException | None = None
+        self._stopping = False
+        self._stopped: asyncio.Event | None = None
+        self._last_gc: list[Collected] = []
+
+    # --- what the process calls ----------------------------------------------------------------------
+
+    def enqueue(self, key: Key) -> None:
+        self.queue.add(key)
+
+    def on_event(self, kind: str, obj: Obj) -> None:
+        key = key_of(obj)
+        if kind == "DELETED":
+            self.reconciler.forget(key)
+            self.queue.drop(key)
+            return
+        self.enqueue(key)
+
+    def update_providers(self, providers: Mapping[str, Provider], providers_hash: str) -> None:
+        self.log.info("providers changed; re-evaluating every Proxy", providers=sorted(providers))
+        self.reconciler.set_providers(providers, providers_hash)
+        self._enqueue_all()
+
+    def healthy(self) -> bool:
+        return self._died is None and self.prober.healthy()
+
+    async def run(self) -> None:
+        if self._tasks:
+            raise RuntimeError("Controller.run: already running")
+        if self._stopping:
+            return  # stopped before it ever ran
+        self._stopped = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._worker(), name=f"reconcile worker {i}")
+                       for i in range(self.workers)]
+        self._tasks.append(loop.create_task(self._every(self.resync_period, self._resync), name="resync"))
+        self._tasks.append(loop.create_task(self._every(self.gc_interval, self.collect_garbage), name="gc"))
+        for t in self._tasks:
+            t.add_done_callback(self._task_done)
+        self.log.info("controller started", workers=self.workers, resyncPeriod=self.resync_period,
+                      gcInterval=self.gc_interval)
+        self._enqueue_all()
+        try:
+            await self._stopped.wait()
+        finally:
+            if not self._stopped.is_set():  # run() itself was cancelled (e.g. leadership lost)
+                await self._shutdown(timeout=0)
+
+    async def stop(self, *, timeout: float = 30.0) -> None:  # noqa: ASYNC109 - the contract's shape
+        await self._shutdown(timeout=timeout)
+
+    # --- loops ---------------------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            try:
+                key = await self.queue.get()
+            except QueueShutDown:
+                return
+            try:
+                await self._process(key)  # type: ignore[arg-type]
+            finally:
+                self.queue.done(key)
+
+    async def _process(self, key: Key) -> None:
+        start = time.monotonic()
+        log = self.log.with_values(proxy=f"{key[0]}/{key[1]}")
+        try:
+            result: Result = await self.reconciler.reconcile(key)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug or a Kubernetes API error: retry with backoff, never die
+            metrics.RECONCILE_ERRORS.labels(NAME).inc()
+            metrics.RECONCILE_TOTAL.labels(NAME, "error").inc()
+            delay = self.queue.add_rate_limited(key)
+            log.error(e, "reconcile failed", retryIn=delay, errorType=type(e).__name__)
+            return
+        finally:
+            metrics.RECONCILE_TIME.labels(NAME).observe(time.monotonic() - start)
+            self._update_phase_gauge()
+        if result.retry:
+            metrics.RECONCILE_ERRORS.labels(NAME).inc()
+            metrics.RECONCILE_TOTAL.labels(NAME, "error").inc()
+            delay = self.queue.add_rate_limited(key, quota=result.retry == QUOTA)
+            log.v(1).info("reconcile will be retried", retryIn=delay, backoff=result.retry)
+            return
+        self.queue.forget(key)
+        if result.requeue_after is not None:
+            metrics.RECONCILE_TOTAL.labels(NAME, "requeue_after").inc()
+            self.queue.add_after(key, result.requeue_after)
+        else:
+            metrics.RECONCILE_TOTAL.labels(NAME, "success").inc()
+
+    async def _every(self, period: float, fn: Callable[[], Awaitable[object]]) -> None:
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # one failed pass must not end the loop
+                self.log.error(e, "periodic task failed", task=getattr(fn, "__name__", str(fn)))
+
+    async def _resync(self) -> None:
+        self._enqueue_all()
+
+    async def collect_garbage(self) -> list[Collected]:
+        """One orphan GC pass (also run every gc_interval)."""
+        self._last_gc = await collect_orphans(
+            providers=self.reconciler.providers, store=self.store, kube=self.kube,
+            grace_period=self.gc_grace_period, namespace=self.namespace, logger=self.log.with_name("gc"))
+        return self._last_gc
+
+    # --- internals -----------------------------------------------------------------------------------
+
+    def _enqueue_any(self, key: object) -> None:
+        self.queue.add(key)  # type: ignore[arg-type]
+
+    def _enqueue_all(self) -> None:
+        for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict
+            self.queue.add(key)
+
+    def _update_phase_gauge(self) -> None:
+        counts = Counter(self.reconciler.phases.values())
+        for phase in PHASES:
+            metrics.PROXIES.labels(phase).set(counts.get(phase, 0))
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if self._stopping:
+            return
+        if task.cancelled():
+            self._died = asyncio.CancelledError(f"{task.get_name()} was cancelled")
+        elif task.exception() is not None:
+            self._died = task.exception()
+        else:
+            self._died = RuntimeError(f"{task.get_name()} ended")
+        self.log.error(self._died, "controller task died", task=task.get_name())
+
+    async def _shutdown(self, *, timeout: float) -> None:  # noqa: ASYNC109
+        if self._stopping:
+            if self._stopped is not None:
+                await self._stopped.wait()
+            return
+        self._stopping = True
+        self.queue.shutdown()
+        workers = [t for t in self._tasks if t.get_name().startswith("reconcile worker")]
+        others = [t for t in self._tasks if t not in workers]
+        for t in others:
+            t.cancel()
+        if workers:
+            busy = len(self.queue.processing())
+            self.log.info("controller stopping", inFlight=busy, timeout=timeout)
+            pending = set(workers)
+            if timeout > 0:
+                _, pending = await asyncio.wait(workers, timeout=timeout)
+            for t in pending:
+                t.cancel()
+            if pending:
+                self.log.info("reconciles abandoned at shutdown", count=len(self.queue.processing()))
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self.prober.close()
+        self.log.info("controller stopped")
+        if self._stopped is not None:
+            self._stopped.set()

@@ -1,0 +1,531 @@
+"""The reconciler: one Proxy key in, the world observed fresh, at most one step of change, status out.
+
+Level-triggered and idempotent, as controller-runtime's: it is told only a key, reads the Proxy from the
+API server and the instance from the provider every time (so the IP is re-read on every reconcile), and a
+reconcile cut short anywhere (crash, SIGTERM) leaves state the next one converges from. Two rules make
+that hold:
+
+- `status.instance` is written *before* the provider's create, so deletion and GC always know the name
+  of anything that may exist (the name is deterministic, and create is idempotent by name).
+- A replaced instance is kept in `status.previousInstance` and only this reconciler deletes it, once the
+  replacement is Ready (create-before-delete). If the provider reports no capacity for the replacement
+  (QuotaError), the old instance is deleted first and the create retried (delete-before-create), since a
+  replacement that can never start is worse than a short gap.
+
+The phase table for the instance itself is `plan.plan_instance`; this module gathers its inputs (spec,
+Secrets, provider, probe verdict) and carries out what it says. Error kinds map to outcomes:
+SpecError/PermanentError -> Failed (not retried until metadata.generation or the providers file changes),
+Waiting -> Pending (retried), QuotaError -> slow backoff, TransientError -> normal backoff; a host that
+cannot be reached sets the HostReachable condition and never leads to a recreate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj
+from egress_kvm.log import Logger, get_logger
+from egress_kvm.providers.base import (
+    CreateRequest,
+    Instance,
+    PermanentError,
+    PowerState,
+    Provider,
+    QuotaError,
+    TransientError,
+)
+
+from .desired import Desired, Waiting, desired_instance, provider_for
+from .health import Health, Prober, ProbeTarget
+from .plan import NORMAL, WARNING, Action, Event, Plan, plan_instance, transition_events
+from .proxyspec import EXTERNAL, ProxySpec, SpecError, parse_spec
+from .status import (
+    COND_HEALTHY,
+    COND_HOST,
+    COND_READY,
+    DELETING,
+    FAILED,
+    PENDING,
+    PROVISIONING,
+    READY,
+    RUNNING,
+    Ref,
+    get_condition,
+    remove_condition,
+    rfc3339,
+    set_condition,
+)
+
+
+@dataclass(frozen=True)
+class Timings:
+    poll: float = 5.0  # look again at an instance that is starting or has no IP yet
+    pending_retry: float = 30.0  # look again for something outside (a missing Secret)
+    progress_interval: float = 2.0  # at most one status write per this many seconds for create progress
+
+
+@dataclass(frozen=True)
+class Result:
+    requeue_after: float | None = None
+    retry: str | None = None  # "transient" or "quota": re-queue with that backoff
+
+
+TRANSIENT = "transient"
+QUOTA = "quota"
+
+
+@dataclass
+class _Ctx:
+    """One reconcile's working state: the newest Proxy object and the Events to record with the next write."""
+
+    key: Key
+    proxy: Obj
+    log: Logger
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def status(self) -> Obj:
+        return self.proxy.get("status") or {}
+
+    @property
+    def generation(self) -> int:
+        return int(self.proxy["metadata"].get("generation") or 0)
+
+    @property
+    def namespace(self) -> str:
+        return self.proxy["metadata"].get("namespace", "")
+
+
+class Reconciler:
+    def __init__(self, *, kube: KubeApi, prober: Prober, providers: Mapping[str, Provider],
+                 providers_hash: str = "", timings: Timings | None = None,
+                 logger: Logger | None = None) -> None:
+        self.kube = kube
+        self.prober = prober
+        self.providers: Mapping[str, Provider] = dict(providers)
+        self.providers_hash = providers_hash
+        self.timings = timings or Timings()
+        self.log = logger or get_logger("controller")
+        # key -> (generation, providers hash) of a Failed verdict: not retried while both are unchanged.
+        self.failed: dict[Key, tuple[int, str]] = {}
+        self.phases: dict[Key, str] = {}  # last phase written, for the per-phase gauge
+
+    def set_providers(self, providers: Mapping[str, Provider], providers_hash: str) -> None:
+        self.providers = dict(providers)
+        self.providers_hash = providers_hash
+        self.failed.clear()  # a config fix may cure any Failed Proxy
+
+    def forget(self, key: Key) -> None:
+        self.prober.unwatch(key)
+        self.failed.pop(key, None)
+        self.phases.pop(key, None)
+
+    # --- entry point ---------------------------------------------------------------------------------
+
+    async def reconcile(self, key: Key) -> Result:
+        proxy = await self.kube.get_proxy(*key)
+        if proxy is None:
+            self.forget(key)
+            return Result()
+        ctx = _Ctx(key=key, proxy=proxy, log=self.log.with_values(proxy=f"{key[0]}/{key[1]}"))
+        try:
+            return await self._reconcile(ctx)
+        except LookupError:
+            self.forget(key)  # deleted under us
+            return Result()
+        except (SpecError, PermanentError) as e:
+            if ctx.proxy["metadata"].get("deletionTimestamp"):
+                return await self._trouble(ctx, f"deleting: {e}", reason="DeleteFailed", retry=TRANSIENT)
+            return await self._fail(ctx, str(e))
+        except QuotaError as e:
+            return await self._trouble(ctx, f"out of capacity: {e}", reason="QuotaExceeded", retry=QUOTA,
+                                       event=Event(WARNING, "QuotaExceeded", str(e)))
+        except TransientError as e:
+            return await self._trouble(ctx, f"retrying: {e}", reason="TransientError", retry=TRANSIENT)
+
+    async def _reconcile(self, ctx: _Ctx) -> Result:
+        meta = ctx.proxy["metadata"]
+        if meta.get("deletionTimestamp"):
+            return await self._finalize(ctx)
+        if FINALIZER not in (meta.get("finalizers") or []):
+            ctx.proxy = await self.kube.set_finalizer(ctx.proxy, present=True)
+        if ctx.status.get("phase") == FAILED and self.failed.get(ctx.key) == (ctx.generation,
+                                                                               self.providers_hash):
+            return Result()  # Failed stays until the spec or the providers file changes
+        spec = parse_spec(ctx.proxy.get("spec"))
+        if spec.mode == EXTERNAL:
+            return await self._external(ctx, spec)
+        return await self._managed(ctx, spec)
+
+    # --- Managed -------------------------------------------------------------------------------------
+
+    async def _managed(self, ctx: _Ctx, spec: ProxySpec) -> Result:
+        current = Ref.from_status(ctx.status.get("instance"))
+        previous = Ref.from_status(ctx.status.get("previousInstance"))
+        desired: Desired | None
+        try:
+            desired = await desired_instance(proxy=ctx.proxy, spec=spec, providers=self.providers,
+                                             kube=self.kube)
+        except Waiting as e:
+            if current is None:
+                self.prober.unwatch(ctx.key)
+                await self._write(ctx, self._compose(ctx, phase=PENDING, message=str(e), reason="Waiting",
+                                                     previous=previous))
+                return Result(requeue_after=self.timings.pending_retry)
+            # The instance exists and its user-data is baked in: keep looking after it meanwhile.
+            desired = None
+            ctx.log.info("cannot compute the desired instance; keeping the current one", reason=str(e))
+        provider = desired.provider if desired else provider_for(spec, self.providers)
+        target = Ref(desired.name, desired.resolved.zone) if desired else current
+        assert target is not None
+
+        if current is not None and current != target:
+            previous = await self._retire(ctx, spec, current=current, previous=previous, target=target)
+            ctx.events.append(Event(NORMAL, "Replacing", f"provisioning inputs changed: replacing instance "
+                                                         f"{current.name} with {target.name}"))
+            self.prober.unwatch(ctx.key)
+            await self._write(ctx, self._compose(
+                ctx, phase=PROVISIONING, instance=target, previous=previous, reason="Provisioning",
+                message=f"replacing instance {current.name} with {target.name}"))
+            current = target
+
+        try:
+            instance = await provider.get(target.name, target.zone)
+        except TransientError as e:
+            return await self._unreachable(ctx, e, target=target)
+        had_ip = current == target and bool(ctx.status.get("ip"))
+        plan = self._plan(ctx, spec, target=target, instance=instance, had_ip=had_ip, previous=previous)
+
+        if plan.action is Action.CREATE:
+            if desired is None:
+                self.prober.unwatch(ctx.key)
+                await self._write(ctx, self._compose(
+                    ctx, phase=PENDING, instance=target, previous=previous, reason="Waiting",
+                    message=f"instance {target.name} is gone and cannot be recreated until the cloud-init "
+                            "Secret is back (spec.cloudInit.secretRef)"))
+                return Result(requeue_after=self.timings.pending_retry)
+            self.prober.unwatch(ctx.key)
+            # Record the name first: from here on, deletion and GC know this instance may exist.
+            await self._write(ctx, self._compose(ctx, phase=PROVISIONING, message=plan.message,
+                                                 instance=target, previous=previous, reason="Provisioning"))
+            instance = await self._create(ctx, desired, previous=previous, target=target)
+            ctx.log.info("instance created", instance=target.name, zone=target.zone)
+            ctx.events.extend(plan.events)
+            plan = self._plan(ctx, spec, target=target, instance=instance, had_ip=False, previous=previous)
+            if plan.action is not Action.NONE:
+                plan = Plan(phase=PROVISIONING, message=plan.message, ip=plan.ip, poll=True)
+        elif plan.action is Action.START:
+            self.prober.unwatch(ctx.key)
+            await provider.start(target.name, target.zone)
+            ctx.log.info("instance started", instance=target.name, zone=target.zone, message=plan.message)
+            ctx.events.extend(plan.events)
+
+        if not plan.probe:
+            self.prober.unwatch(ctx.key)
+        if plan.delete_previous and previous is not None:
+            await self._delete_ref(ctx, spec, previous)
+            ctx.events.append(Event(NORMAL, "Replaced", f"instance {target.name} is Ready; deleted the "
+                                                        f"instance it replaced, {previous.name}"))
+            previous = None
+
+        health = self.prober.health(ctx.key) if plan.probe else None
+        endpoint = ProbeTarget(plan.ip, spec.port, spec.health).endpoint if plan.ip else None
+        await self._write(ctx, self._compose(
+            ctx, phase=plan.phase, message=plan.message, ip=plan.ip, endpoint=endpoint, instance=target,
+            previous=previous, health=health, probing=plan.probe, reason=_reason_for(plan.phase, health),
+            host_ok=(True, f"zone {target.zone} answered")))
+        return Result(requeue_after=self.timings.poll if plan.poll else None)
+
+    def _plan(self, ctx: _Ctx, spec: ProxySpec, *, target: Ref, instance: Instance | None, had_ip: bool,
+              previous: Ref | None) -> Plan:
+        if instance is not None and instance.power_state is PowerState.RUNNING and instance.ip:
+            self.prober.watch(ctx.key, ProbeTarget(instance.ip, spec.port, spec.health, ctx.namespace,
+                                                   spec.auth_secret))
+        return plan_instance(target=target, instance=instance, had_ip=had_ip,
+                             health=self.prober.health(ctx.key),
+                             success_threshold=spec.health.success_threshold,
+                             has_previous=previous is not None)
+
+    async def _create(self, ctx: _Ctx, desired: Desired, *, previous: Ref | None, target: Ref) -> Instance:
+        request = CreateRequest(name=desired.name, owner_uid=ctx.proxy["metadata"].get("uid", ""),
+                                placement=desired.placement, user_data=desired.user_data,
+                                owner_namespace=ctx.namespace, owner_name=ctx.key[1])
+        last = 0.0
+
+        async def progress(message: str) -> None:
+            nonlocal last
+            now = time.monotonic()
+            if now - last < self.timings.progress_interval:
+                return
+            last = now
+            try:
+                await self._write(ctx, self._compose(ctx, phase=PROVISIONING, instance=target,
+                                                     previous=previous, reason="Provisioning",
+                                                     message=f"creating instance {target.name}: {message}"))
+            except Exception as e:  # progress is cosmetic: never let it fail the create
+                ctx.log.v(1).info("progress status not written", error=str(e))
+
+        try:
+            return await desired.provider.create(request, progress=progress)
+        except QuotaError as e:
+            if previous is None:
+                raise
+            # No room for both: give up create-before-delete for this one replacement.
+            spec = parse_spec(ctx.proxy.get("spec"))
+            await self._delete_ref(ctx, spec, previous)
+            ctx.events.append(Event(WARNING, "ReplacingWithoutOverlap",
+                                    f"no capacity for {target.name} next to {previous.name} ({e}); deleted "
+                                    f"{previous.name} first"))
+            await self._write(ctx, self._compose(ctx, phase=PROVISIONING, instance=target, previous=None,
+                                                 reason="Provisioning",
+                                                 message=f"deleted {previous.name} to make room; creating "
+                                                         f"{target.name}"))
+            return await desired.provider.create(request, progress=progress)
+
+    async def _retire(self, ctx: _Ctx, spec: ProxySpec, *, current: Ref, previous: Ref | None,
+                      target: Ref) -> Ref | None:
+        """The inputs changed: decide what happens to the instance being replaced; returns the new
+        previousInstance."""
+        if previous is not None:
+            # A replacement is already under way and `current` never became Ready (it would have retired
+            # `previous`): drop it, keep the one that served. Back to `previous` itself: nothing to keep.
+            await self._delete_ref(ctx, spec, current)
+            return None if previous == target else previous
+        if await self._serving(spec, current):
+            return current
+        await self._delete_ref(ctx, spec, current)  # it never worked: nothing to keep
+        return None
+
+    async def _serving(self, spec: ProxySpec, ref: Ref) -> bool:
+        provider = self._provider_for_ref(spec.provider, ref)
+        if provider is None:
+            return False
+        try:
+            inst = await provider.get(ref.name, ref.zone)
+        except TransientError:
+            return True  # cannot tell: keep it, so it is deleted (and not leaked) once the new one is Ready
+        return inst is not None and inst.power_state is PowerState.RUNNING and bool(inst.ip)
+
+    async def _unreachable(self, ctx: _Ctx, err: TransientError, *, target: Ref) -> Result:
+        """The host did not answer: say so, keep everything as it is; never recreate on this."""
+        status = dict(ctx.status)
+        phase = status.get("phase") or PROVISIONING
+        health = self.prober.health(ctx.key)
+        if phase in (RUNNING, READY):
+            phase = READY if health is not None and health.healthy else RUNNING
+            if health is not None:
+                status = self._probe_fields(status, health, probing=True)
+        status["phase"] = phase
+        status["message"] = f"zone {target.zone} unreachable: {err}"
+        status["observedGeneration"] = ctx.generation
+        set_condition(status, type_=COND_HOST, value="False", reason="Unreachable", message=str(err),
+                      generation=ctx.generation)
+        self._ready_condition(status, phase=phase, reason="HostUnreachable", message=status["message"],
+                              generation=ctx.generation)
+        await self._write(ctx, status)
+        return Result(retry=TRANSIENT)
+
+    # --- External ------------------------------------------------------------------------------------
+
+    async def _external(self, ctx: _Ctx, spec: ProxySpec) -> Result:
+        for ref in (Ref.from_status(ctx.status.get("instance")),
+                    Ref.from_status(ctx.status.get("previousInstance"))):
+            if ref is not None:  # switched from Managed: its instances go
+                await self._delete_ref(ctx, spec, ref)
+        assert spec.external_host is not None and spec.external_port is not None
+        target = ProbeTarget(spec.external_host, spec.external_port, spec.health, ctx.namespace,
+                             spec.auth_secret)
+        self.prober.watch(ctx.key, target)
+        health = self.prober.health(ctx.key)
+        if health is not None and health.healthy:
+            phase, message = READY, f"healthy: {health.message}"
+        elif health is not None and health.healthy is False:
+            phase, message = RUNNING, f"unhealthy: {health.message}"
+        else:
+            phase, message = RUNNING, "waiting for health probes"
+        status = self._compose(ctx, phase=phase, message=message, ip=spec.external_host,
+                               endpoint=target.endpoint, health=health, probing=True,
+                               reason=_reason_for(phase, health))
+        remove_condition(status, COND_HOST)  # no host of ours is involved
+        await self._write(ctx, status)
+        return Result()
+
+    # --- deletion ------------------------------------------------------------------------------------
+
+    async def _finalize(self, ctx: _Ctx) -> Result:
+        if FINALIZER not in (ctx.proxy["metadata"].get("finalizers") or []):
+            self.forget(ctx.key)
+            return Result()
+        self.prober.unwatch(ctx.key)
+        refs = [r for r in (Ref.from_status(ctx.status.get("instance")),
+                            Ref.from_status(ctx.status.get("previousInstance"))) if r is not None]
+        await self._write(ctx, self._compose(ctx, phase=DELETING, reason="Deleting",
+                                             message="deleting " + (", ".join(r.name for r in refs) or
+                                                                    "(no instance)"),
+                                             instance=refs[0] if refs else None,
+                                             previous=refs[1] if len(refs) > 1 else None))
+        provider_name = str((ctx.proxy.get("spec") or {}).get("provider") or "")
+        for ref in refs:
+            provider = self._provider_for_ref(provider_name, ref)
+            if provider is None:
+                await self.kube.record_event(
+                    ctx.proxy, type_=WARNING, reason="ProviderMissing",
+                    message=f"provider {provider_name!r} is not in the providers file: instance {ref.name} "
+                            f"on {ref.zone} was not deleted; removing the finalizer anyway")
+                ctx.log.info("provider gone; not deleting instance", instance=ref.name, zone=ref.zone,
+                             provider=provider_name)
+                continue
+            await provider.delete(ref.name, ref.zone)
+            ctx.log.info("instance deleted", instance=ref.name, zone=ref.zone)
+            await self.kube.record_event(ctx.proxy, type_=NORMAL, reason="Deleted",
+                                         message=f"deleted instance {ref.name} on {ref.zone}")
+        await self.kube.set_finalizer(ctx.proxy, present=False)
+        self.forget(ctx.key)
+        return Result()
+
+    async def _delete_ref(self, ctx: _Ctx, spec: ProxySpec, ref: Ref) -> None:
+        provider = self._provider_for_ref(spec.provider, ref)
+        if provider is None:
+            ctx.events.append(Event(WARNING, "ProviderMissing",
+                                    f"no provider serves zone {ref.zone}: instance {ref.name} not deleted"))
+            return
+        await provider.delete(ref.name, ref.zone)
+        ctx.log.info("instance deleted", instance=ref.name, zone=ref.zone)
+        ctx.events.append(Event(NORMAL, "Deleted", f"deleted instance {ref.name} on {ref.zone}"))
+
+    def _provider_for_ref(self, provider_name: str, ref: Ref) -> Provider | None:
+        """Status records name and zone only: the spec's provider if it serves the zone, else the one
+        provider that does (the spec's provider may have changed since the instance was made)."""
+        named = self.providers.get(provider_name)
+        if named is not None and ref.zone in named.zones():
+            return named
+        serving = [p for p in self.providers.values() if ref.zone in p.zones()]
+        if len(serving) == 1:
+            return serving[0]
+        return None
+
+    # --- outcomes that are not a plan ----------------------------------------------------------------
+
+    async def _fail(self, ctx: _Ctx, message: str) -> Result:
+        self.prober.unwatch(ctx.key)
+        self.failed[ctx.key] = (ctx.generation, self.providers_hash)
+        ctx.log.info("proxy failed", message=message)
+        await self._write(ctx, self._compose(
+            ctx, phase=FAILED, message=message, reason="Failed",
+            instance=Ref.from_status(ctx.status.get("instance")),
+            previous=Ref.from_status(ctx.status.get("previousInstance"))))
+        return Result()
+
+    async def _trouble(self, ctx: _Ctx, message: str, *, reason: str, retry: str,
+                       event: Event | None = None) -> Result:
+        """A retryable error: keep the phase, say what went wrong, back off."""
+        ctx.log.info("reconcile will be retried", reason=reason, message=message)
+        status = dict(ctx.status)
+        phase = status.get("phase") or PROVISIONING
+        status["phase"] = phase
+        changed = status.get("message") != message
+        status["message"] = message
+        status["observedGeneration"] = ctx.generation
+        if retry == TRANSIENT and reason == "TransientError":
+            set_condition(status, type_=COND_HOST, value="False", reason="Unreachable", message=message,
+                          generation=ctx.generation)
+        self._ready_condition(status, phase=phase, reason=reason, message=message, generation=ctx.generation)
+        if event is not None and changed:
+            ctx.events.append(event)
+        try:
+            await self._write(ctx, status)
+        except LookupError:
+            self.forget(ctx.key)
+            return Result()
+        return Result(retry=retry)
+
+    # --- status --------------------------------------------------------------------------------------
+
+    def _compose(self, ctx: _Ctx, *, phase: str, message: str, reason: str, ip: str | None = None,
+                 endpoint: str | None = None, instance: Ref | None = None, previous: Ref | None = None,
+                 health: Health | None = None, probing: bool = False,
+                 host_ok: tuple[bool, str] | None = None) -> Obj:
+        """A complete status; only the conditions carry over from the old one (for transition times)."""
+        status: Obj = {"phase": phase, "message": message, "observedGeneration": ctx.generation}
+        if ctx.status.get("conditions"):
+            status["conditions"] = [dict(c) for c in ctx.status["conditions"]]
+        if ip:
+            status["ip"] = ip
+        if endpoint:
+            status["endpoint"] = endpoint
+        if instance is not None:
+            status["instance"] = instance.to_dict()
+        if previous is not None:
+            status["previousInstance"] = previous.to_dict()
+        status = self._probe_fields(status, health, probing=probing)
+        if host_ok is not None:
+            set_condition(status, type_=COND_HOST, value="True" if host_ok[0] else "False",
+                          reason="Reachable" if host_ok[0] else "Unreachable", message=host_ok[1],
+                          generation=ctx.generation)
+        elif phase in (FAILED, PENDING):
+            remove_condition(status, COND_HOST)  # says nothing about a host we are not talking to
+        self._ready_condition(status, phase=phase, reason=reason, message=message, generation=ctx.generation)
+        return status
+
+    @staticmethod
+    def _probe_fields(status: Obj, health: Health | None, *, probing: bool) -> Obj:
+        status = dict(status)
+        generation = status.get("observedGeneration")
+        status["healthy"] = bool(probing and health is not None and health.healthy)
+        if probing and health is not None and health.last_probe is not None:
+            status["lastProbeTime"] = rfc3339(health.last_probe)
+        else:
+            status.pop("lastProbeTime", None)
+        if not probing:
+            set_condition(status, type_=COND_HEALTHY, value="Unknown", reason="NotProbed",
+                          message="no endpoint to probe", generation=generation)
+        elif health is None or health.healthy is None:
+            msg = health.message if health is not None else "not probed yet"
+            set_condition(status, type_=COND_HEALTHY, value="Unknown", reason="Probing", message=msg,
+                          generation=generation)
+        elif health.healthy:
+            set_condition(status, type_=COND_HEALTHY, value="True", reason="ProbeSucceeded",
+                          message=health.message, generation=generation)
+        else:
+            set_condition(status, type_=COND_HEALTHY, value="False", reason="ProbeFailed",
+                          message=health.message, generation=generation)
+        return status
+
+    @staticmethod
+    def _ready_condition(status: Obj, *, phase: str, reason: str, message: str, generation: int) -> None:
+        if phase == READY:
+            set_condition(status, type_=COND_READY, value="True", reason="Ready",
+                          message=f"proxy is healthy at {status.get('endpoint')}", generation=generation)
+        else:
+            set_condition(status, type_=COND_READY, value="False", reason=reason, message=message,
+                          generation=generation)
+
+    async def _write(self, ctx: _Ctx, status: Obj) -> None:
+        old = ctx.status
+        events = transition_events(old_phase=old.get("phase"), new_phase=status["phase"],
+                                   message=status.get("message", ""), endpoint=status.get("endpoint"),
+                                   ip=status.get("ip"))
+        events = [*ctx.events, *events]
+        ctx.events.clear()
+        if status != old:
+            ctx.proxy = await self.kube.update_proxy_status(ctx.proxy, status)
+            if old.get("phase") != status["phase"]:
+                ctx.log.info("phase changed", old=old.get("phase"), new=status["phase"],
+                             message=status.get("message"))
+        self.phases[ctx.key] = status["phase"]
+        for ev in events:
+            await self.kube.record_event(ctx.proxy, type_=ev.type_, reason=ev.reason, message=ev.message)
+
+
+def _reason_for(phase: str, health: Health | None) -> str:
+    if phase == RUNNING:
+        if health is not None and health.healthy is False:
+            return "Unhealthy"
+        return "WaitingForProbes"
+    return {PROVISIONING: "Provisioning", READY: "Ready", PENDING: "Waiting", FAILED: "Failed",
+            DELETING: "Deleting"}.get(phase, phase)
+
+
+__all__ = ["QUOTA", "TRANSIENT", "Reconciler", "Result", "Timings", "get_condition"]

@@ -1,0 +1,308 @@
+"""The phase machine end to end: Controller + in-memory Kubernetes + fake provider + a real local proxy.
+
+Each test plays what a user (kubectl) and the world (a VM shut off, a host unreachable) do, and watches
+the Proxy's status and Events the way `kubectl get px -w` and `kubectl describe px` would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from egress_kvm.controller.status import get_condition
+from egress_kvm.kube.interfaces import FINALIZER
+from egress_kvm.providers.base import PowerState
+
+from .conftest import eventually
+from .fakekube import FakeKube
+from .fakeprovider import FakeProvider
+from .proxyserver import MiniProxy, TargetServer
+
+KEY = ("default", "px1")
+
+
+def spec_for(proxy: MiniProxy, target: TargetServer | None = None, **extra: object) -> dict:
+    spec: dict = {"mode": "Managed", "provider": "kvm-home",
+                  "placement": {"zone": "nas1", "machineType": "small", "image": "debian-13"},
+                  "port": proxy.port, "cloudInit": {"userData": "#cloud-config\nruncmd: [tinyproxy]\n"},
+                  "healthCheck": {"intervalSeconds": 1, "timeoutSeconds": 2}}
+    if target is not None:
+        spec["healthCheck"]["url"] = target.url
+    spec.update(extra)
+    return spec
+
+
+def phase(kube: FakeKube, key: tuple[str, str] = KEY) -> str | None:
+    obj = kube.objects.get(key)
+    return (obj.get("status") or {}).get("phase") if obj else None
+
+
+def cond(kube: FakeKube, type_: str, key: tuple[str, str] = KEY) -> dict:
+    return get_condition(kube.status(key), type_) or {}
+
+
+async def test_proxy_goes_provisioning_running_ready_with_ip_and_probe_through_proxy(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, target: TargetServer,
+        make_controller) -> None:
+    phases: list[str] = []
+    kube.watch(lambda kind, obj: phases.append((obj.get("status") or {}).get("phase")))
+    make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server, target))
+    await eventually(lambda: phase(kube) == "Ready", what="Ready")
+
+    obj = kube.objects[KEY]
+    st = obj["status"]
+    assert FINALIZER in obj["metadata"]["finalizers"]
+    assert st["ip"] == "127.0.0.1"
+    assert st["endpoint"] == f"http://127.0.0.1:{proxy_server.port}"
+    assert st["healthy"] is True
+    assert st["observedGeneration"] == 1
+    assert st["instance"]["name"].startswith("proxy-") and st["instance"]["zone"] == "nas1"
+    assert st["lastProbeTime"].endswith("Z")
+    assert cond(kube, "Ready")["status"] == "True"
+    assert cond(kube, "Healthy")["status"] == "True"
+    assert cond(kube, "Healthy")["reason"] == "ProbeSucceeded"
+    assert provider.names() == {st["instance"]["name"]}
+    assert target.hits >= 2  # successThreshold 2: fetched through the proxy at least twice
+    seen = [p for i, p in enumerate(phases) if p and (i == 0 or phases[i - 1] != p)]
+    assert seen[:3] == ["Provisioning", "Running", "Ready"], seen
+    reasons = kube.reasons("px1")
+    assert reasons.index("Created") < reasons.index("Running") < reasons.index("Ready")
+
+
+async def test_unhealthy_after_failure_threshold_then_ready_again(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    make_controller({"kvm-home": provider})
+    spec = spec_for(proxy_server)  # no URL: TCP connect probe
+    spec["healthCheck"].update(failureThreshold=2, successThreshold=2)
+    kube.create_proxy("px1", spec)
+    await eventually(lambda: phase(kube) == "Ready")
+    await proxy_server.stop()
+    await eventually(lambda: phase(kube) == "Running", what="Running after probe failures")
+    assert kube.status(KEY)["healthy"] is False
+    assert cond(kube, "Healthy")["reason"] == "ProbeFailed"
+    assert "TCP connect to 127.0.0.1" in cond(kube, "Healthy")["message"]
+    assert cond(kube, "Ready")["reason"] == "Unhealthy"
+    assert "Unhealthy" in kube.reasons("px1")
+    await proxy_server.start()
+    await eventually(lambda: phase(kube) == "Ready", what="Ready again")
+    assert len(provider.names()) == 1  # an unhealthy proxy is not replaced
+
+
+async def test_spec_error_fails_naming_the_field_and_is_not_retried_until_generation_changes(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    c = make_controller({"kvm-home": provider})
+    spec = spec_for(proxy_server)
+    spec["placement"]["machineType"] = "huge"
+    kube.create_proxy("px1", spec)
+    await eventually(lambda: phase(kube) == "Failed")
+    st = kube.status(KEY)
+    assert "spec.placement" in st["message"] and "'huge'" in st["message"], st["message"]
+    assert cond(kube, "Ready")["reason"] == "Failed"
+    assert ("Warning", "Failed", st["message"]) in kube.events_for("px1")
+    assert provider.names() == set()
+
+    writes = kube.status_writes
+    calls = len(provider.calls)
+    for _ in range(3):
+        c.enqueue(KEY)  # resyncs
+    await eventually(lambda: len(c.queue) == 0 and not c.queue.processing())
+    assert kube.status_writes == writes and len(provider.calls) == calls  # not retried
+
+    spec["placement"]["machineType"] = "small"
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: phase(kube) == "Ready")
+    assert kube.status(KEY)["observedGeneration"] == 2
+
+
+@pytest.mark.parametrize(("change", "fragment"), [
+    ({"provider": "nope"}, "spec.provider: 'nope' is not in the providers file (configured: kvm-home)"),
+    ({"placement": {"zone": "nas9"}}, "spec.placement: zone 'nas9'"),
+    ({"placement": {"image": "ftp://x/y.img"}}, "spec.placement: image 'ftp://x/y.img'"),
+    ({"cloudInit": {"userData": "x", "secretRef": {"name": "s", "key": "k"}}},
+     "spec.cloudInit: set userData or secretRef, not both"),
+    ({"mode": "External"}, "spec.external.address: is required in External mode"),
+])
+async def test_failed_messages_name_the_offending_value(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller, change: dict,
+        fragment: str) -> None:
+    make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server) | change)
+    await eventually(lambda: phase(kube) == "Failed")
+    assert fragment in kube.status(KEY)["message"]
+
+
+async def test_providers_file_change_retries_a_failed_proxy(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    c = make_controller({})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Failed")
+    assert "'kvm-home' is not in the providers file (configured: none)" in kube.status(KEY)["message"]
+    c.update_providers({"kvm-home": provider}, "hash2")
+    await eventually(lambda: phase(kube) == "Ready")
+
+
+async def test_missing_cloud_init_secret_is_pending_then_proceeds(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    make_controller({"kvm-home": provider})
+    ref = {"secretRef": {"name": "ci", "key": "user-data"}}
+    kube.create_proxy("px1", spec_for(proxy_server, cloudInit=ref))
+    await eventually(lambda: phase(kube) == "Pending")
+    assert "waiting for Secret default/ci" in kube.status(KEY)["message"]
+    assert cond(kube, "Ready")["reason"] == "Waiting"
+    assert provider.names() == set()
+    kube.put_secret("default", "ci", {"other": b"x"})
+    await eventually(lambda: "waiting for key 'user-data'" in kube.status(KEY).get("message", ""))
+    kube.put_secret("default", "ci", {"user-data": b"#cloud-config\nSECRET-USERDATA\n"})
+    await eventually(lambda: phase(kube) == "Ready")  # retried on its own, no event needed
+    name = kube.status(KEY)["instance"]["name"]
+    assert provider.user_data[name] == b"#cloud-config\nSECRET-USERDATA\n"
+
+
+async def test_vm_found_shut_off_is_started_again_with_an_event(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    name = kube.status(KEY)["instance"]["name"]
+    for state in (PowerState.STOPPED, PowerState.CRASHED, PowerState.PAUSED):
+        provider.power(name, state, "I/O error" if state is PowerState.PAUSED else "")
+        c.enqueue(KEY)
+        await eventually(lambda: provider.vms[("nas1", name)].power_state is PowerState.RUNNING)
+    restarted = [m for t, r, m in kube.events_for("px1") if r == "Restarted"]
+    assert len(restarted) == 3 and all(t == "Warning" for t, r, _ in kube.events_for("px1")
+                                       if r == "Restarted")
+    assert f"instance {name} was Paused (I/O error); started it" in restarted
+    assert provider.names() == {name}  # started, not recreated
+    await eventually(lambda: phase(kube) == "Ready")
+
+
+async def test_vm_that_vanished_is_recreated_with_a_warning(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    name = kube.status(KEY)["instance"]["name"]
+    provider.vanish(name)
+    c.enqueue(KEY)
+    await eventually(lambda: name in provider.names(), what="recreated")
+    assert "Recreated" in kube.reasons("px1")
+    await eventually(lambda: phase(kube) == "Ready")
+
+
+async def test_unreachable_host_sets_a_condition_and_never_recreates(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    name = kube.status(KEY)["instance"]["name"]
+    provider.unreachable.add("nas1")
+    c.enqueue(KEY)
+    await eventually(lambda: cond(kube, "HostReachable").get("status") == "False")
+    # several backoff retries happen while unreachable; none of them may create or delete
+    await eventually(lambda: sum(1 for op, _ in provider.calls if op == "get") >= 5)
+    assert not [op for op, _ in provider.calls if op in ("create", "delete", "start")][1:]
+    st = kube.status(KEY)
+    assert "zone nas1 unreachable" in st["message"]
+    assert st["phase"] == "Ready"  # the VM still answers its probes directly
+    provider.unreachable.clear()
+    await eventually(lambda: cond(kube, "HostReachable").get("status") == "True")
+    assert provider.names() == {name}
+
+
+async def test_quota_error_backs_off_slowly_with_a_message(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    provider.capacity = 0
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: "out of capacity" in kube.status(KEY).get("message", ""))
+    assert cond(kube, "Ready")["reason"] == "QuotaExceeded"
+    assert "QuotaExceeded" in kube.reasons("px1")
+    assert c.queue.failures(KEY) >= 1
+    provider.capacity = None
+    await eventually(lambda: phase(kube) == "Ready")
+
+
+async def test_delete_removes_the_vm_then_the_finalizer(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    name = kube.status(KEY)["instance"]["name"]
+    phases: list[str] = []
+    kube.watch(lambda kind, obj: phases.append((obj.get("status") or {}).get("phase")))
+    kube.delete(KEY)
+    await eventually(lambda: KEY not in kube.objects, what="Proxy gone")
+    assert provider.names() == set()
+    assert ("delete", name) in provider.calls
+    assert "Deleting" in phases
+    assert ("Normal", "Deleted", f"deleted instance {name} on nas1") in kube.events_for("px1")
+
+
+async def test_delete_with_provider_removed_from_config_does_not_hang(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    c.update_providers({}, "empty")
+    await eventually(lambda: phase(kube) == "Failed")
+    kube.delete(KEY)
+    await eventually(lambda: KEY not in kube.objects)
+    warnings = [m for t, r, m in kube.events_for("px1") if r == "ProviderMissing"]
+    assert warnings and "'kvm-home' is not in the providers file" in warnings[0]
+
+
+async def test_delete_while_host_unreachable_waits_and_keeps_the_finalizer(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    provider.unreachable.add("nas1")
+    kube.delete(KEY)
+    await eventually(lambda: "retrying" in kube.status(KEY).get("message", ""))
+    assert kube.objects[KEY]["metadata"]["finalizers"] == [FINALIZER]
+    assert phase(kube) == "Deleting"
+    provider.unreachable.clear()
+    await eventually(lambda: KEY not in kube.objects)
+    assert provider.names() == set()
+
+
+async def test_status_conflicts_are_survived(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    kube.inject_conflicts = 3
+    make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    assert kube.conflicts >= 3
+
+
+async def test_external_mode_is_running_then_ready_by_probes_only(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, target: TargetServer,
+        make_controller) -> None:
+    make_controller({"kvm-home": provider})
+    spec = {"mode": "External", "external": {"address": f"127.0.0.1:{proxy_server.port}"},
+            "healthCheck": {"url": target.url, "intervalSeconds": 1}}
+    kube.create_proxy("px1", spec)
+    await eventually(lambda: phase(kube) == "Running")
+    await eventually(lambda: phase(kube) == "Ready")
+    st = kube.status(KEY)
+    assert st["endpoint"] == f"http://127.0.0.1:{proxy_server.port}" and st["ip"] == "127.0.0.1"
+    assert "instance" not in st
+    assert provider.calls == []  # no provider involved
+    await proxy_server.stop()
+    await eventually(lambda: phase(kube) == "Running")
+    kube.delete(KEY)
+    await eventually(lambda: KEY not in kube.objects)
+
+
+async def test_create_progress_shows_in_message(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    provider.hold_create = asyncio.Event()
+    make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: "fetching base image debian-13: 50%" in kube.status(KEY).get("message", ""))
+    assert phase(kube) == "Provisioning"
+    assert kube.status(KEY)["instance"]["name"].startswith("proxy-")  # recorded before the create
+    provider.hold_create.set()
+    await eventually(lambda: phase(kube) == "Ready")
