@@ -1,0 +1,667 @@
+"""The API semantics, independent of HTTP: what create, update, patch and delete do to stored objects.
+
+The rules are the real server's where a controller or kubectl can observe them:
+- every write takes a new resourceVersion; a write that changes nothing is a no-op (no new version, no
+  watch event), so a controller patching the same status does not wake itself up;
+- PUT with a stale metadata.resourceVersion is 409 Conflict; custom resources also refuse a PUT without
+  one (AllowUnconditionalUpdate is false for them); a patch carrying a resourceVersion is a precondition;
+- with a status subresource, the main endpoint ignores `.status` and `/status` changes only `.status`;
+  `metadata.generation` moves on changes outside metadata (and outside status when the status
+  subresource exists);
+- delete with finalizers sets deletionTimestamp (and bumps generation) and keeps the object; the write
+  that removes the last finalizer deletes it; no new finalizer may be added once deletion started;
+- deleting a namespace or a CRD deletes what it contains first (honouring those objects' finalizers),
+  then itself, as the namespace controller and the CRD cleanup finalizer do;
+- custom resources are defaulted, pruned and validated against their CRD's openAPIV3Schema.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import re
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from egress_kvm.emulator import errors, patch, schema
+from egress_kvm.emulator.errors import ApiError, FieldError
+from egress_kvm.emulator.resources import CRD_KEY, NAMESPACE_KEY, Registry, ResourceType
+from egress_kvm.emulator.selectors import field_matcher, label_matcher
+from egress_kvm.emulator.store import Store
+
+Obj = dict[str, Any]
+INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+PROTECTED_NAMESPACES = ("default", "kube-system", "kube-public")
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_GEN_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+# Fields a client may not set: the server owns them.
+_SERVER_META = (
+    "uid",
+    "creationTimestamp",
+    "resourceVersion",
+    "generation",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "selfLink",
+    "managedFields",
+)
+PATCH_TYPES = (
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+)
+
+
+def rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Api:
+    def __init__(self, store: Store | None = None, *, clock: Callable[[], datetime] | None = None) -> None:
+        self.store = store or Store()
+        self.registry = Registry()
+        self._clock = clock or (lambda: datetime.now(UTC))
+        for ns in INITIAL_NAMESPACES:
+            self.create(
+                self.registry.get("", "v1", "namespaces"),
+                "",  # type: ignore[arg-type]
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+            )
+
+    def now(self) -> str:
+        return rfc3339(self._clock())
+
+    # --- lookups -----------------------------------------------------------------------------
+    def resource(self, group: str, version: str, plural: str) -> ResourceType:
+        rt = self.registry.get(group, version, plural)
+        if rt is None:
+            raise ApiError(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+                {"group": group, "kind": plural} if group else {"kind": plural},
+            )
+        return rt
+
+    def get(self, rt: ResourceType, ns: str, name: str) -> Obj:
+        obj = self.store.get(rt.key, ns if rt.namespaced else "", name)
+        if obj is None:
+            raise errors.not_found(rt.group_resource, name)
+        return self._served(rt, obj)
+
+    def list(
+        self,
+        rt: ResourceType,
+        ns: str | None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> tuple[list[Obj], str]:
+        labels = label_matcher(label_selector)
+        fields = field_matcher(field_selector, kind=rt.kind)
+        items = [self._served(rt, o) for o in self.store.list(rt.key, ns if rt.namespaced else None)]
+        return [o for o in items if labels(o) and fields(o)], str(self.store.resource_version)
+
+    def _served(self, rt: ResourceType, obj: Obj) -> Obj:
+        """As read back: apiVersion of the requested version, and schema defaults (the real server
+        defaults on read too, so a default added to a CRD later shows on old objects)."""
+        obj["apiVersion"] = rt.api_version
+        obj["kind"] = rt.kind
+        if rt.custom and rt.schema:
+            schema.apply_defaults(obj, rt.schema)
+        return obj
+
+    # --- create ------------------------------------------------------------------------------
+    def create(
+        self, rt: ResourceType, ns: str, body: Any, *, field_validation: str = "", dry_run: bool = False
+    ) -> tuple[Obj, list[str]]:
+        obj = self._check_body(rt, body)
+        meta = obj.setdefault("metadata", {})
+        for k in _SERVER_META:
+            meta.pop(k, None)
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + "".join(random.choices(_GEN_CHARS, k=5))
+        name = meta.get("name") or ""
+        self._place(rt, ns, meta)
+        errs = self._validate_name(rt, name)
+        if errs:
+            raise errors.invalid(rt.group_kind, name, errs)
+        if rt.namespaced:
+            namespace = self.store.get(NAMESPACE_KEY, "", meta["namespace"])
+            if namespace is None:
+                raise errors.not_found(("", "namespaces"), meta["namespace"])
+            if (namespace.get("metadata") or {}).get("deletionTimestamp"):
+                raise errors.forbidden(
+                    rt.group_resource,
+                    name,
+                    f"unable to create new content in namespace "
+                    f"{meta['namespace']} because it is being terminated",
+                )
+        if rt.custom and self._crd_terminating(rt):
+            raise errors.forbidden(rt.group_resource, name, "the custom resource definition is being deleted")
+        if self.store.get(rt.key, meta.get("namespace", ""), name) is not None:
+            raise errors.already_exists(rt.group_resource, name)
+        if rt.status_subresource:
+            obj.pop("status", None)
+        warnings = self._apply_schema(rt, obj, field_validation)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = self.now()
+        if rt.generation != "none":
+            meta["generation"] = 1
+        self._on_create(rt, obj)
+        if dry_run:
+            return obj, warnings
+        stored = self.store.put(rt.key, obj, event="ADDED")
+        if rt.key == CRD_KEY:
+            self._rebuild_registry()
+        return self._served(rt, stored), warnings
+
+    def _check_body(self, rt: ResourceType, body: Any) -> Obj:
+        if not isinstance(body, dict):
+            raise errors.bad_request(
+                f"the body of the request must be a JSON object, not {type(body).__name__}"
+            )
+        obj = copy.deepcopy(body)
+        api_version, kind = obj.get("apiVersion"), obj.get("kind")
+        if api_version and api_version != rt.api_version:
+            raise errors.bad_request(
+                f"the API version in the data ({api_version}) does not match the expected "
+                f"API version ({rt.api_version})"
+            )
+        if kind and kind != rt.kind:
+            raise errors.bad_request(
+                f"the kind in the data ({kind}) does not match the expected kind ({rt.kind})"
+            )
+        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        if not isinstance(obj.get("metadata", {}), dict):
+            raise errors.bad_request("metadata must be an object")
+        return obj
+
+    def _place(self, rt: ResourceType, ns: str, meta: Obj) -> None:
+        if rt.namespaced:
+            if meta.get("namespace") and ns and meta["namespace"] != ns:
+                raise errors.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            meta["namespace"] = ns or meta.get("namespace") or "default"
+        else:
+            meta.pop("namespace", None)
+
+    def _validate_name(self, rt: ResourceType, name: str) -> list[FieldError]:
+        if not name:
+            return [FieldError("Required", "metadata.name", detail="name or generateName is required")]
+        if rt.key == NAMESPACE_KEY:
+            if len(name) > 63 or not _LABEL.match(name):
+                return [
+                    FieldError(
+                        "Invalid",
+                        "metadata.name",
+                        name,
+                        "a lowercase RFC 1123 label must consist of lower case alphanumeric "
+                        "characters or '-', and must start and end with an alphanumeric character "
+                        "(e.g. 'my-name',  or '123-abc', regex used for validation is "
+                        "'[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
+                    )
+                ]
+            return []
+        if rt.group.startswith("rbac."):
+            return []  # RBAC names are path segments, e.g. system:controller:foo
+        if len(name) > 253 or not _SUBDOMAIN.match(name):
+            return [
+                FieldError(
+                    "Invalid",
+                    "metadata.name",
+                    name,
+                    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
+                    "characters, '-' or '.', and must start and end with an alphanumeric character "
+                    "(e.g. 'example.com', regex used for validation is "
+                    r"'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
+                )
+            ]
+        return []
+
+    def _apply_schema(self, rt: ResourceType, obj: Obj, field_validation: str) -> list[str]:
+        """Default, prune, validate. Returns warnings for pruned fields (fieldValidation=Warn, the
+        default); Strict refuses them as the real server does."""
+        if not rt.custom or not rt.schema:
+            return []
+        schema.apply_defaults(obj, rt.schema)
+        dropped = [] if rt.preserve_unknown else schema.prune(obj, rt.schema, root=True)
+        if dropped and field_validation == "Strict":
+            raise errors.bad_request(
+                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: strict decoding '
+                "error: " + ", ".join(f'unknown field "{p}"' for p in dropped)
+            )
+        errs = schema.validate(obj, rt.schema)
+        if errs:
+            raise errors.invalid(rt.group_kind, (obj.get("metadata") or {}).get("name", ""), errs)
+        if field_validation == "Ignore":
+            return []
+        return [f'unknown field "{p}"' for p in dropped]
+
+    def _on_create(self, rt: ResourceType, obj: Obj) -> None:
+        if rt.key == NAMESPACE_KEY:
+            obj["spec"] = {"finalizers": ["kubernetes"]}
+            obj["status"] = {"phase": "Active"}
+            obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
+        elif rt.key == CRD_KEY:
+            self._check_crd(obj)
+            obj["status"] = self._crd_status(obj)
+
+    # --- update / patch ----------------------------------------------------------------------
+    def update(
+        self,
+        rt: ResourceType,
+        ns: str,
+        name: str,
+        body: Any,
+        *,
+        subresource: str = "",
+        field_validation: str = "",
+        dry_run: bool = False,
+    ) -> tuple[Obj, list[str]]:
+        ns = ns if rt.namespaced else ""
+        current = self.store.get(rt.key, ns, name)
+        if current is None:
+            raise errors.not_found(rt.group_resource, name)
+        obj = self._check_body(rt, body)
+        meta = obj.setdefault("metadata", {})
+        if meta.get("name") and meta["name"] != name:
+            raise errors.bad_request(
+                f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
+            )
+        self._place(rt, ns, meta)
+        rv = meta.get("resourceVersion")
+        if rv:
+            if rv != current["metadata"]["resourceVersion"]:
+                raise errors.conflict(rt.group_resource, name, errors.STALE)
+        elif not rt.unconditional_update:
+            raise errors.invalid(
+                rt.group_kind,
+                name,
+                [FieldError("Invalid", "metadata.resourceVersion", 0, "must be specified for an update")],
+            )
+        return self._write(
+            rt, current, obj, subresource=subresource, field_validation=field_validation, dry_run=dry_run
+        )
+
+    def patch(
+        self,
+        rt: ResourceType,
+        ns: str,
+        name: str,
+        content_type: str,
+        body: Any,
+        *,
+        subresource: str = "",
+        field_validation: str = "",
+        dry_run: bool = False,
+    ) -> tuple[Obj, list[str]]:
+        ns = ns if rt.namespaced else ""
+        current = self.store.get(rt.key, ns, name)
+        if current is None:
+            raise errors.not_found(rt.group_resource, name)
+        base = self._served(rt, copy.deepcopy(current))
+        if content_type == "application/merge-patch+json":
+            if not isinstance(body, dict):
+                raise errors.bad_request("merge patch: the body must be a JSON object")
+            patched = patch.merge_patch(base, body)
+        elif content_type == "application/json-patch+json":
+            patched = patch.json_patch(base, body)
+        elif content_type == "application/strategic-merge-patch+json" and not rt.custom:
+            if not isinstance(body, dict):
+                raise errors.bad_request("strategic merge patch: the body must be a JSON object")
+            patched = patch.strategic_merge_patch(base, body)
+        else:
+            raise errors.unsupported_media_type(content_type)
+        if not isinstance(patched, dict):
+            raise errors.bad_request("the patch does not leave an object")
+        meta = patched.setdefault("metadata", {})
+        if meta.get("name") != name:
+            raise errors.bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
+            )
+        if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise errors.conflict(rt.group_resource, name, errors.STALE)
+        obj = self._check_body(rt, patched)
+        self._place(rt, ns, obj["metadata"])
+        return self._write(
+            rt, current, obj, subresource=subresource, field_validation=field_validation, dry_run=dry_run
+        )
+
+    def _write(
+        self,
+        rt: ResourceType,
+        current: Obj,
+        obj: Obj,
+        *,
+        subresource: str,
+        field_validation: str,
+        dry_run: bool,
+    ) -> tuple[Obj, list[str]]:
+        name = current["metadata"]["name"]
+        if subresource == "status":
+            new = copy.deepcopy(current)
+            if "status" in obj:
+                new["status"] = obj["status"]
+            else:
+                new.pop("status", None)
+        elif subresource:
+            raise errors.not_found(rt.group_resource, f"{name}/{subresource}")
+        else:
+            new = obj
+            if rt.status_subresource:
+                if "status" in current:
+                    new["status"] = copy.deepcopy(current["status"])
+                else:
+                    new.pop("status", None)
+        meta, old_meta = new["metadata"], current["metadata"]
+        for k in _SERVER_META:
+            if k in old_meta:
+                meta[k] = copy.deepcopy(old_meta[k])
+            else:
+                meta.pop(k, None)
+        if old_meta.get("deletionTimestamp"):
+            added = sorted(set(meta.get("finalizers") or []) - set(old_meta.get("finalizers") or []))
+            if added:
+                raise errors.invalid(
+                    rt.group_kind,
+                    name,
+                    [
+                        FieldError(
+                            "Forbidden",
+                            "metadata.finalizers",
+                            detail="no new finalizers can be added if the object is being deleted, found new "
+                            f"finalizers []string{{{', '.join(chr(34) + f + chr(34) for f in added)}}}",
+                        )
+                    ],
+                )
+        warnings = self._apply_schema(rt, new, field_validation)
+        if rt.key == CRD_KEY:
+            self._check_crd(new, old=current)
+            new["status"] = self._crd_status(new, current.get("status"))
+        if rt.generation != "none" and self._spec_changed(rt, current, new):
+            meta["generation"] = int(old_meta.get("generation", 1)) + 1
+        if not meta.get("finalizers"):
+            meta.pop("finalizers", None)
+        if self._same(current, new):
+            return self._served(rt, copy.deepcopy(current)), warnings
+        if dry_run:
+            return self._served(rt, new), warnings
+        if meta.get("deletionTimestamp") and not meta.get("finalizers") and self._may_vanish(rt, new):
+            final = self.store.remove(rt.key, new)
+            self._after_remove(rt, final)
+            return self._served(rt, final), warnings
+        stored = self.store.put(rt.key, new, event="MODIFIED")
+        if rt.key == CRD_KEY:
+            self._rebuild_registry()
+        return self._served(rt, stored), warnings
+
+    @staticmethod
+    def _same(a: Obj, b: Obj) -> bool:
+        a, b = copy.deepcopy(a), copy.deepcopy(b)
+        for o in (a, b):
+            o["metadata"].pop("resourceVersion", None)
+            o.pop("apiVersion", None)
+        return a == b
+
+    @staticmethod
+    def _spec_changed(rt: ResourceType, old: Obj, new: Obj) -> bool:
+        skip = {"metadata", "apiVersion", "kind"} | ({"status"} if rt.status_subresource else set())
+        return {k: v for k, v in old.items() if k not in skip} != {
+            k: v for k, v in new.items() if k not in skip
+        }
+
+    # --- delete ------------------------------------------------------------------------------
+    def delete(
+        self, rt: ResourceType, ns: str, name: str, options: Obj | None = None, *, dry_run: bool = False
+    ) -> tuple[Obj, bool]:
+        """Returns (object, gone): gone is False when finalizers keep it (HTTP 202 on a real server)."""
+        ns = ns if rt.namespaced else ""
+        current = self.store.get(rt.key, ns, name)
+        if current is None:
+            raise errors.not_found(rt.group_resource, name)
+        pre = (options or {}).get("preconditions") or {}
+        meta = current["metadata"]
+        if pre.get("uid") and pre["uid"] != meta["uid"]:
+            raise errors.conflict(
+                rt.group_resource,
+                name,
+                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta['uid']}",
+            )
+        if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
+            raise errors.conflict(
+                rt.group_resource,
+                name,
+                "Precondition failed: ResourceVersion in "
+                f"precondition: {pre['resourceVersion']}, ResourceVersion in object meta: "
+                f"{meta['resourceVersion']}",
+            )
+        if rt.key == NAMESPACE_KEY and name in PROTECTED_NAMESPACES:
+            raise errors.forbidden(rt.group_resource, name, "this namespace may not be deleted")
+        if dry_run:
+            return self._served(rt, current), not meta.get("finalizers")
+        if meta.get("deletionTimestamp"):
+            return self._served(rt, current), False
+        cascades = rt.key in (NAMESPACE_KEY, CRD_KEY)
+        if meta.get("finalizers") or cascades:
+            meta["deletionTimestamp"] = self.now()
+            meta["deletionGracePeriodSeconds"] = 0
+            if "generation" in meta:
+                meta["generation"] += 1
+            if rt.key == NAMESPACE_KEY:
+                current.setdefault("status", {})["phase"] = "Terminating"
+            stored = self.store.put(rt.key, current, event="MODIFIED")
+            if cascades:
+                self._cascade(rt, stored)
+                again = self.store.get(rt.key, ns, name)
+                if again is None:
+                    return self._served(rt, stored), True
+                stored = again
+            return self._served(rt, stored), False
+        final = self.store.remove(rt.key, current)
+        self._after_remove(rt, final)
+        return self._served(rt, final), True
+
+    def delete_collection(
+        self,
+        rt: ResourceType,
+        ns: str | None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[Obj]:
+        items, _ = self.list(rt, ns, label_selector=label_selector, field_selector=field_selector)
+        out = []
+        for item in items:
+            m = item["metadata"]
+            try:
+                out.append(self.delete(rt, m.get("namespace", ""), m["name"])[0])
+            except ApiError:
+                continue
+        return out
+
+    def _may_vanish(self, rt: ResourceType, obj: Obj) -> bool:
+        """Namespaces and CRDs go only once empty, even with no finalizers left."""
+        if rt.key == NAMESPACE_KEY:
+            return not any(self.store.count(k, obj["metadata"]["name"]) for k in self._namespaced_keys())
+        if rt.key == CRD_KEY:
+            return not any(self.store.count(t.key) for t in self._crd_types(obj))
+        return True
+
+    def _namespaced_keys(self) -> list[tuple[str, str]]:
+        keys = []
+        for k in self.store.type_keys():
+            t = self.registry.by_key(k)
+            if t is None or t.namespaced:
+                keys.append(k)
+        return keys
+
+    def _crd_types(self, crd: Obj) -> list[ResourceType]:
+        from egress_kvm.emulator.resources import types_from_crd
+
+        return types_from_crd(crd)[:1]
+
+    def _cascade(self, rt: ResourceType, owner: Obj) -> None:
+        if rt.key == NAMESPACE_KEY:
+            ns = owner["metadata"]["name"]
+            victims = [(k, o) for k in self._namespaced_keys() for o in self.store.list(k, ns)]
+        else:
+            victims = [(t.key, o) for t in self._crd_types(owner) for o in self.store.list(t.key)]
+        for key, obj in victims:
+            t = self.registry.by_key(key)
+            if t is None:
+                continue
+            m = obj["metadata"]
+            try:
+                self.delete(t, m.get("namespace", ""), m["name"])
+            except ApiError:
+                continue
+        self._maybe_finish(rt, owner)
+
+    def _maybe_finish(self, rt: ResourceType, owner: Obj) -> None:
+        current = self.store.get(rt.key, "", owner["metadata"]["name"])
+        if current is None or not current["metadata"].get("deletionTimestamp"):
+            return
+        if current["metadata"].get("finalizers") or not self._may_vanish(rt, current):
+            return
+        final = self.store.remove(rt.key, current)
+        self._after_remove(rt, final)
+
+    def _after_remove(self, rt: ResourceType, final: Obj) -> None:
+        """Finish a terminating namespace or CRD once its last object is gone."""
+        if rt.key == CRD_KEY:
+            self._rebuild_registry()
+            return
+        if rt.namespaced:
+            ns_type = self.registry.by_key(NAMESPACE_KEY)
+            assert ns_type is not None
+            self._maybe_finish(ns_type, {"metadata": {"name": final["metadata"]["namespace"]}})
+        if rt.custom:
+            crd = next(
+                (c for c in self.store.list(CRD_KEY) if any(t.key == rt.key for t in self._crd_types(c))),
+                None,
+            )
+            crd_type = self.registry.by_key(CRD_KEY)
+            if crd is not None and crd_type is not None:
+                self._maybe_finish(crd_type, crd)
+
+    # --- CRDs --------------------------------------------------------------------------------
+    def _rebuild_registry(self) -> None:
+        self.registry.rebuild(self.store.list(CRD_KEY))
+
+    def _crd_terminating(self, rt: ResourceType) -> bool:
+        for crd in self.store.list(CRD_KEY):
+            spec = crd.get("spec") or {}
+            if spec.get("group") == rt.group and (spec.get("names") or {}).get("plural") == rt.plural:
+                return bool(crd["metadata"].get("deletionTimestamp"))
+        return False
+
+    def _check_crd(self, crd: Obj, old: Obj | None = None) -> None:
+        spec, name = crd.get("spec") or {}, crd["metadata"]["name"]
+        names = spec.get("names") or {}
+        errs: list[FieldError] = []
+        for f in ("group",):
+            if not spec.get(f):
+                errs.append(FieldError("Required", f"spec.{f}"))
+        for f in ("plural", "kind"):
+            if not names.get(f):
+                errs.append(FieldError("Required", f"spec.names.{f}"))
+        if spec.get("scope") not in ("Namespaced", "Cluster"):
+            errs.append(
+                FieldError(
+                    "NotSupported", "spec.scope", spec.get("scope"), supported=("Cluster", "Namespaced")
+                )
+            )
+        if names.get("plural") and spec.get("group") and name != f"{names['plural']}.{spec['group']}":
+            errs.append(
+                FieldError("Invalid", "metadata.name", name, 'must be spec.names.plural+"."+spec.group')
+            )
+        versions = spec.get("versions") or []
+        if not versions:
+            errs.append(
+                FieldError(
+                    "Invalid",
+                    "spec.versions",
+                    versions,
+                    "must have exactly one version marked as storage version",
+                )
+            )
+        elif sum(1 for v in versions if v.get("storage")) != 1:
+            errs.append(
+                FieldError(
+                    "Invalid",
+                    "spec.versions",
+                    [v.get("name") for v in versions],
+                    "must have exactly one version marked as storage version",
+                )
+            )
+        for i, v in enumerate(versions):
+            s = (v.get("schema") or {}).get("openAPIV3Schema")
+            if s is None and not spec.get("preserveUnknownFields"):
+                errs.append(
+                    FieldError(
+                        "Required",
+                        f"spec.versions[{i}].schema.openAPIV3Schema",
+                        detail="schemas are required",
+                    )
+                )
+            errs += schema.check_crd_schema(s, f"spec.versions[{i}].schema.openAPIV3Schema")
+        if old is not None:
+            ospec = old.get("spec") or {}
+            if ospec.get("group") != spec.get("group"):
+                errs.append(FieldError("Invalid", "spec.group", spec.get("group"), "field is immutable"))
+        for other in self.store.list(CRD_KEY):
+            if other["metadata"]["name"] == name:
+                continue
+            ospec = other.get("spec") or {}
+            if ospec.get("group") == spec.get("group") and (ospec.get("names") or {}).get(
+                "plural"
+            ) == names.get("plural"):
+                errs.append(FieldError("Invalid", "spec.names.plural", names.get("plural"), "already in use"))
+        if errs:
+            raise errors.invalid(("apiextensions.k8s.io", "CustomResourceDefinition"), name, errs)
+
+    def _crd_status(self, crd: Obj, old: Obj | None = None) -> Obj:
+        """Established and NamesAccepted at once: nothing here runs the naming controller's delay."""
+        now = self.now()
+        old_times = {c.get("type"): c.get("lastTransitionTime") for c in (old or {}).get("conditions") or []}
+        names = copy.deepcopy((crd.get("spec") or {}).get("names") or {})
+        names.setdefault("singular", str(names.get("kind", "")).lower())
+        names.setdefault("listKind", f"{names.get('kind', '')}List")
+        conds = [
+            {
+                "type": "NamesAccepted",
+                "status": "True",
+                "reason": "NoConflicts",
+                "message": "no conflicts found",
+                "lastTransitionTime": old_times.get("NamesAccepted", now),
+            },
+            {
+                "type": "Established",
+                "status": "True",
+                "reason": "InitialNamesAccepted",
+                "message": "the initial names have been accepted",
+                "lastTransitionTime": old_times.get("Established", now),
+            },
+        ]
+        if crd["metadata"].get("deletionTimestamp"):
+            conds.append(
+                {
+                    "type": "Terminating",
+                    "status": "True",
+                    "reason": "InstanceDeletionInProgress",
+                    "message": "CustomResource deletion is in progress",
+                    "lastTransitionTime": now,
+                }
+            )
+        return {
+            "acceptedNames": names,
+            "conditions": conds,
+            "storedVersions": [
+                v["name"] for v in (crd.get("spec") or {}).get("versions") or [] if v.get("storage")
+            ],
+        }

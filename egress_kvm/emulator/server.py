@@ -1,0 +1,394 @@
+"""The emulator's HTTP face (aiohttp): URL routing, content negotiation, and the `Emulator` handle.
+
+Routing follows the real server's URL scheme (`/api/v1/...`, `/apis/<group>/<version>/...`, with
+`namespaces/<ns>/` for namespaced kinds and `/status` for the status subresource). Everything about
+what a verb does lives in api.py; this module only turns requests into calls and results into JSON,
+Tables (`Accept: ...;as=Table;g=meta.k8s.io;v=v1`) or watch streams.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from egress_kvm.emulator import discovery, kubeconfig, tables, watch
+from egress_kvm.emulator.api import Api
+from egress_kvm.emulator.errors import ApiError, bad_request, method_not_allowed
+from egress_kvm.emulator.resources import ResourceType
+from egress_kvm.emulator.selectors import field_matcher, label_matcher
+from egress_kvm.emulator.store import Store
+from egress_kvm.log import get_logger
+
+Obj = dict[str, Any]
+log = get_logger("emulator")
+API_KEY: web.AppKey[Api] = web.AppKey("api", Api)
+EMU_KEY: web.AppKey[Emulator] = web.AppKey("emulator", object)  # type: ignore[arg-type]
+
+
+def _json(data: Any, status: int = 200, warnings: list[str] | None = None) -> web.Response:
+    resp = web.Response(
+        status=status, text=json.dumps(data, separators=(",", ":")), content_type="application/json"
+    )
+    for w in warnings or []:
+        resp.headers.add("Warning", f"299 - {json.dumps(w)}")
+    return resp
+
+
+def _not_found() -> web.Response:
+    return _json(ApiError(404, "NotFound", "the server could not find the requested resource").status(), 404)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        resp = await handler(request)
+    except ApiError as e:
+        resp = _json(e.status(), e.code)
+    except web.HTTPException as e:
+        if e.status == 404:
+            resp = _not_found()
+        elif e.status == 405:
+            resp = _json(method_not_allowed().status(), 405)
+        else:
+            raise
+    log.v(1).info("request", method=request.method, path=request.path, status=resp.status)
+    return resp
+
+
+def _accepts_table(request: web.Request) -> bool:
+    accept = request.headers.get("Accept", "")
+    first = accept.split(",")[0]
+    return "as=Table" in first.replace(" ", "")
+
+
+def _accepts_partial(request: web.Request) -> bool:
+    first = request.headers.get("Accept", "").split(",")[0].replace(" ", "")
+    return "as=PartialObjectMetadata" in first
+
+
+def _is_watch(request: web.Request) -> bool:
+    return request.query.get("watch", "").lower() in ("1", "true")
+
+
+async def _body(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw:
+        return {}
+    ctype = request.content_type
+    try:
+        if ctype.endswith("yaml"):
+            import yaml
+
+            return yaml.safe_load(raw)
+        return json.loads(raw)
+    except (ValueError, Exception) as e:
+        raise bad_request(
+            f"the request body is not valid {'YAML' if ctype.endswith('yaml') else 'JSON'}: {e}"
+        ) from None
+
+
+def _parse_path(api: Api, group: str, version: str, rest: str) -> tuple[ResourceType, str | None, str, str]:
+    """rest -> (type, namespace or None, name, subresource)."""
+    parts = [p for p in rest.split("/")]
+    if any(not p for p in parts):
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    if parts[0] == "namespaces" and len(parts) >= 3:
+        cand = api.registry.get(group, version, parts[2])
+        if cand is not None and cand.namespaced:
+            if len(parts) > 5:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            return cand, parts[1], parts[3] if len(parts) > 3 else "", parts[4] if len(parts) > 4 else ""
+    if len(parts) > 3:
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    rt = api.resource(group, version, parts[0])
+    return rt, None, parts[1] if len(parts) > 1 else "", parts[2] if len(parts) > 2 else ""
+
+
+def _render_one(request: web.Request, api: Api, rt: ResourceType, obj: Obj) -> Obj:
+    if _accepts_table(request):
+        return tables.table(
+            rt,
+            [obj],
+            resource_version=obj["metadata"].get("resourceVersion", ""),
+            include=request.query.get("includeObject", "Metadata"),
+        )
+    if _accepts_partial(request):
+        return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+    return obj
+
+
+async def _resource(request: web.Request) -> web.StreamResponse:
+    api = request.app[API_KEY]
+    emu = request.app[EMU_KEY]
+    group = request.match_info.get("group", "")
+    version = request.match_info.get("version", "v1")
+    rt, ns, name, sub = _parse_path(api, group, version, request.match_info["rest"])
+    q = request.query
+    dry_run = q.get("dryRun") == "All"
+    fv = q.get("fieldValidation", "Warn")
+    if sub and sub != "status":
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    if sub and not rt.status_subresource:
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    method = request.method
+    if not name:
+        if method == "GET":
+            labels, fields = q.get("labelSelector"), q.get("fieldSelector")
+            if _is_watch(request):
+                label_m, field_m = label_matcher(labels), field_matcher(fields, kind=rt.kind)
+                try:
+                    timeout = float(q.get("timeoutSeconds") or watch.DEFAULT_TIMEOUT)
+                except ValueError:
+                    raise bad_request(f"invalid timeoutSeconds: {q.get('timeoutSeconds')!r}") from None
+                req = watch.WatchRequest(
+                    rt=rt,
+                    namespace=ns,
+                    matches=lambda o: label_m(o) and field_m(o),
+                    resource_version=q.get("resourceVersion", ""),
+                    timeout=timeout,
+                    bookmarks=q.get("allowWatchBookmarks", "").lower() in ("1", "true"),
+                    send_initial_events=q.get("sendInitialEvents", "").lower() == "true",
+                    table=_accepts_table(request),
+                    include_object=q.get("includeObject", "Metadata"),
+                )
+                return await watch.serve(request, api, req, bookmark_interval=emu.bookmark_interval)
+            items, rv = api.list(rt, ns, label_selector=labels, field_selector=fields)
+            if _accepts_table(request):
+                return _json(
+                    tables.table(rt, items, resource_version=rv, include=q.get("includeObject", "Metadata"))
+                )
+            if _accepts_partial(request):
+                return _json(
+                    {
+                        "kind": "PartialObjectMetadataList",
+                        "apiVersion": "meta.k8s.io/v1",
+                        "metadata": {"resourceVersion": rv},
+                        "items": [
+                            {
+                                "kind": "PartialObjectMetadata",
+                                "apiVersion": "meta.k8s.io/v1",
+                                "metadata": i["metadata"],
+                            }
+                            for i in items
+                        ],
+                    }
+                )
+            return _json(
+                {
+                    "kind": rt.list_kind,
+                    "apiVersion": rt.api_version,
+                    "metadata": {"resourceVersion": rv},
+                    "items": items,
+                }
+            )
+        if method == "POST":
+            if rt.namespaced and ns is None:
+                raise method_not_allowed()
+            obj, warnings = api.create(
+                rt, ns or "", await _body(request), field_validation=fv, dry_run=dry_run
+            )
+            return _json(_render_one(request, api, rt, obj), 201, warnings)
+        if method == "DELETE":
+            deleted = api.delete_collection(
+                rt, ns, label_selector=q.get("labelSelector"), field_selector=q.get("fieldSelector")
+            )
+            return _json(
+                {
+                    "kind": rt.list_kind,
+                    "apiVersion": rt.api_version,
+                    "metadata": {"resourceVersion": str(api.store.resource_version)},
+                    "items": deleted,
+                }
+            )
+        raise method_not_allowed()
+    if rt.namespaced and ns is None:
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    if method == "GET":
+        return _json(_render_one(request, api, rt, api.get(rt, ns or "", name)))
+    if method == "PUT":
+        obj, warnings = api.update(
+            rt, ns or "", name, await _body(request), subresource=sub, field_validation=fv, dry_run=dry_run
+        )
+        return _json(_render_one(request, api, rt, obj), 200, warnings)
+    if method == "PATCH":
+        obj, warnings = api.patch(
+            rt,
+            ns or "",
+            name,
+            request.content_type,
+            await _body(request),
+            subresource=sub,
+            field_validation=fv,
+            dry_run=dry_run,
+        )
+        return _json(_render_one(request, api, rt, obj), 200, warnings)
+    if method == "DELETE":
+        if sub:
+            raise method_not_allowed()
+        options = await _body(request)
+        obj, gone = api.delete(
+            rt, ns or "", name, options if isinstance(options, dict) else {}, dry_run=dry_run
+        )
+        return _json(obj, 200 if gone else 202)
+    raise method_not_allowed()
+
+
+async def _version(request: web.Request) -> web.Response:
+    return _json(discovery.SERVER_VERSION)
+
+
+async def _api(request: web.Request) -> web.Response:
+    return _json(discovery.api_versions(request.host))
+
+
+async def _api_v1(request: web.Request) -> web.Response:
+    doc = discovery.resource_list(request.app[API_KEY].registry, "", "v1")
+    return _json(doc)
+
+
+async def _apis(request: web.Request) -> web.Response:
+    return _json(discovery.api_group_list(request.app[API_KEY].registry))
+
+
+async def _apis_group(request: web.Request) -> web.Response:
+    doc = discovery.api_group(request.app[API_KEY].registry, request.match_info["group"])
+    return _json(doc) if doc else _not_found()
+
+
+async def _apis_gv(request: web.Request) -> web.Response:
+    doc = discovery.resource_list(
+        request.app[API_KEY].registry, request.match_info["group"], request.match_info["version"]
+    )
+    return _json(doc) if doc else _not_found()
+
+
+async def _openapi_v2(request: web.Request) -> web.Response:
+    if "protobuf" in request.headers.get("Accept", ""):
+        return web.Response(
+            body=discovery.OPENAPI_V2_PROTOBUF,
+            content_type="application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+        )
+    return _json(discovery.OPENAPI_V2_JSON)
+
+
+async def _openapi_v3_root(request: web.Request) -> web.Response:
+    return _json(discovery.openapi_v3_root(request.app[API_KEY].registry))
+
+
+async def _openapi_v3_gv(request: web.Request) -> web.Response:
+    path = request.match_info["path"]
+    parts = path.split("/")
+    registry = request.app[API_KEY].registry
+    if parts[0] == "api" and len(parts) == 2:
+        doc = discovery.openapi_v3_document(registry, "", parts[1])
+    elif parts[0] == "apis" and len(parts) == 3:
+        doc = discovery.openapi_v3_document(registry, parts[1], parts[2])
+    else:
+        doc = None
+    return _json(doc) if doc else _not_found()
+
+
+async def _ok(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def make_app(api: Api, emulator: Emulator) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=8 * 1024 * 1024)
+    app[API_KEY] = api
+    app[EMU_KEY] = emulator
+    r = app.router
+    r.add_get("/version", _version)
+    r.add_get("/healthz", _ok)
+    r.add_get("/livez", _ok)
+    r.add_get("/readyz", _ok)
+    r.add_get("/api", _api)
+    r.add_get("/api/v1", _api_v1)
+    r.add_get("/apis", _apis)
+    r.add_get("/apis/{group}", _apis_group)
+    r.add_get("/apis/{group}/{version}", _apis_gv)
+    r.add_get("/openapi/v2", _openapi_v2)
+    r.add_get("/openapi/v3", _openapi_v3_root)
+    r.add_get("/openapi/v3/{path:.+}", _openapi_v3_gv)
+    r.add_route("*", "/api/v1/{rest:.+}", _resource)
+    r.add_route("*", "/apis/{group}/{version}/{rest:.+}", _resource)
+    return app
+
+
+class Emulator:
+    """A running emulator. Use `async with Emulator.running(port=0) as emu:` in tests.
+
+    Test hooks: `store` (the object store, e.g. `store.resource_version`), `api` (create/patch/delete
+    objects without HTTP, e.g. to make a change a client must notice), `compact()` (drop watch history,
+    so the next watch from an older resourceVersion gets 410).
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        bookmark_interval: float = 10.0,
+        history: int = 10_000,
+    ) -> None:
+        self.host, self.port = host, port
+        self.bookmark_interval = bookmark_interval
+        self.api = Api(Store(history=history))
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def store(self) -> Store:
+        return self.api.store
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(
+            make_app(self.api, self), access_log=None, shutdown_timeout=2.0, handle_signals=False
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        if self.port == 0 and server is not None and server.sockets:
+            self.port = server.sockets[0].getsockname()[1]
+        log.info("emulator serving", url=self.url)
+
+    async def stop(self) -> None:
+        self.store.close_all()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @classmethod
+    @asynccontextmanager
+    async def running(cls, **kwargs: Any) -> AsyncIterator[Emulator]:
+        emu = cls(**kwargs)
+        await emu.start()
+        try:
+            yield emu
+        finally:
+            await emu.stop()
+
+    def write_kubeconfig(self, path: str | os.PathLike[str], *, namespace: str = "default") -> Path:
+        return kubeconfig.write(path, self.url, namespace=namespace)
+
+    def kubeconfig(self, *, namespace: str = "default") -> dict[str, Any]:
+        return kubeconfig.kubeconfig(self.url, namespace=namespace)
+
+    def compact(self) -> int:
+        return self.store.compact()
+
+    def create_namespace(self, name: str) -> Obj:
+        rt = self.api.resource("", "v1", "namespaces")
+        return self.api.create(rt, "", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})[
+            0
+        ]

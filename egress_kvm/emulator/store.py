@@ -1,0 +1,146 @@
+"""In-memory object storage with one global resourceVersion and a bounded event history.
+
+Every write takes the next resourceVersion (a string of an int, as etcd's revision shows through the
+real server) and appends an event to the history, which watches replay from a requested version.
+`compact()` forgets history the way etcd compaction does: a watch from a version older than the
+compacted horizon must be answered with 410 Expired, which is how clients learn to relist.
+
+Single-threaded by construction (one asyncio loop): each write is synchronous, so a watch that
+replays history and then subscribes can never miss or duplicate an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+Obj = dict[str, Any]
+TypeKey = tuple[str, str]  # (group, plural)
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # ADDED | MODIFIED | DELETED
+    key: TypeKey
+    obj: Obj
+    old: Obj | None  # the previous state, so watches with selectors can turn MODIFIED into ADDED/DELETED
+    rv: int
+
+
+@dataclass(eq=False)
+class Subscription:
+    key: TypeKey
+    queue: asyncio.Queue[Event | None] = field(default_factory=asyncio.Queue)
+
+
+class Store:
+    def __init__(self, *, history: int = 10_000) -> None:
+        self._objects: dict[TypeKey, dict[tuple[str, str], Obj]] = {}
+        self._rv = 0
+        self._history: deque[Event] = deque(maxlen=history)
+        self._horizon = 0  # events with rv > horizon are retained
+        self._subs: set[Subscription] = set()
+
+    # --- reads -------------------------------------------------------------------------------
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    def get(self, key: TypeKey, namespace: str, name: str) -> Obj | None:
+        obj = self._objects.get(key, {}).get((namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def list(self, key: TypeKey, namespace: str | None = None) -> list[Obj]:
+        items = self._objects.get(key, {})
+        return [
+            copy.deepcopy(o) for (ns, _), o in sorted(items.items()) if namespace is None or ns == namespace
+        ]
+
+    def type_keys(self) -> list[TypeKey]:
+        return [k for k, v in self._objects.items() if v]
+
+    def count(self, key: TypeKey, namespace: str | None = None) -> int:
+        return sum(1 for (ns, _) in self._objects.get(key, {}) if namespace is None or ns == namespace)
+
+    # --- writes ------------------------------------------------------------------------------
+    def next_rv(self) -> int:
+        self._rv += 1
+        return self._rv
+
+    def put(self, key: TypeKey, obj: Obj, *, event: str) -> Obj:
+        """Store `obj` under a fresh resourceVersion and publish `event`; returns a copy of it."""
+        meta = obj["metadata"]
+        ident = (meta.get("namespace", ""), meta["name"])
+        old = self._objects.get(key, {}).get(ident)
+        rv = self.next_rv()
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["resourceVersion"] = str(rv)
+        self._objects.setdefault(key, {})[ident] = stored
+        self._publish(Event(event, key, stored, old, rv))
+        return copy.deepcopy(stored)
+
+    def remove(self, key: TypeKey, obj: Obj) -> Obj:
+        """Delete for good; the DELETED event carries the final state under a new resourceVersion."""
+        meta = obj["metadata"]
+        ident = (meta.get("namespace", ""), meta["name"])
+        old = self._objects.get(key, {}).pop(ident, None)
+        rv = self.next_rv()
+        final = copy.deepcopy(obj)
+        final["metadata"]["resourceVersion"] = str(rv)
+        self._publish(Event("DELETED", key, final, old, rv))
+        return copy.deepcopy(final)
+
+    def _publish(self, ev: Event) -> None:
+        self._history.append(ev)
+        if len(self._history) == self._history.maxlen:
+            self._horizon = max(self._horizon, self._history[0].rv - 1)
+        for sub in list(self._subs):
+            if sub.key == ev.key:
+                sub.queue.put_nowait(ev)
+
+    # --- watch -------------------------------------------------------------------------------
+    def compact(self) -> int:
+        """Forget all history: a watch from any version before now gets 410. Returns the horizon."""
+        self._history.clear()
+        self._horizon = self._rv
+        return self._horizon
+
+    @property
+    def horizon(self) -> int:
+        return self._horizon
+
+    def too_old(self, rv: int) -> bool:
+        return rv < self._horizon
+
+    def subscribe(self, key: TypeKey, *, since: int) -> Subscription:
+        """Replay retained events after `since`, then deliver new ones, with nothing lost in between."""
+        sub = Subscription(key)
+        for ev in self._history:
+            if ev.rv > since and ev.key == key:
+                sub.queue.put_nowait(ev)
+        self._subs.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self._subs.discard(sub)
+
+    def close_all(self) -> None:
+        """Ends every watch (server shutdown)."""
+        for sub in list(self._subs):
+            sub.queue.put_nowait(None)
+
+    @property
+    def subscriptions(self) -> int:
+        return len(self._subs)
+
+    def iter_all(
+        self, predicate: Callable[[TypeKey, Obj], bool] | None = None
+    ) -> Iterator[tuple[TypeKey, Obj]]:
+        for key, items in list(self._objects.items()):
+            for obj in list(items.values()):
+                if predicate is None or predicate(key, obj):
+                    yield key, copy.deepcopy(obj)

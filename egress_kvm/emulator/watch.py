@@ -1,0 +1,148 @@
+"""The watch stream: replay from a resourceVersion, then live events, bookmarks and the 410 answer.
+
+A watch from a version older than the store's compacted horizon is answered, as the real server
+answers it, with HTTP 200 and one ERROR event whose object is a Status with code 410 (reason Expired),
+then the end of the stream. Clients must relist. Without a resourceVersion (or "0") the stream starts
+with a synthetic ADDED per existing object. Selectors turn a MODIFIED that enters or leaves the
+selection into ADDED or DELETED, as the real watch cache does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from egress_kvm.emulator import errors, tables
+from egress_kvm.emulator.api import Api
+from egress_kvm.emulator.resources import ResourceType
+from egress_kvm.emulator.store import Event
+
+Obj = dict[str, Any]
+DEFAULT_TIMEOUT = 1800.0
+POLL = 1.0  # how often an idle watch checks for a gone client or the deadline
+
+
+@dataclass
+class WatchRequest:
+    rt: ResourceType
+    namespace: str | None
+    matches: Callable[[Obj], bool]
+    resource_version: str
+    timeout: float
+    bookmarks: bool
+    send_initial_events: bool
+    table: bool
+    include_object: str
+
+
+def _in_scope(req: WatchRequest, obj: Obj | None) -> bool:
+    if obj is None:
+        return False
+    if req.namespace is not None and (obj.get("metadata") or {}).get("namespace") != req.namespace:
+        return False
+    return req.matches(obj)
+
+
+def translate(req: WatchRequest, ev: Event) -> tuple[str, Obj] | None:
+    now_in, was_in = _in_scope(req, ev.obj), _in_scope(req, ev.old)
+    if ev.type == "ADDED":
+        return ("ADDED", ev.obj) if now_in else None
+    if ev.type == "DELETED":
+        return ("DELETED", ev.obj) if (was_in or now_in) else None
+    if now_in and was_in:
+        return ("MODIFIED", ev.obj)
+    if now_in:
+        return ("ADDED", ev.obj)
+    if was_in:
+        return ("DELETED", ev.obj)
+    return None
+
+
+async def serve(
+    request: web.Request, api: Api, req: WatchRequest, *, bookmark_interval: float
+) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        status=200, headers={"Content-Type": "application/json", "Cache-Control": "no-cache, private"}
+    )
+    resp.enable_chunked_encoding()
+    store = api.store
+    first_table = True
+
+    def render(kind: str, obj: Obj) -> bytes:
+        nonlocal first_table
+        served = api._served(req.rt, obj)
+        if req.table:
+            served = tables.table(
+                req.rt,
+                [served],
+                resource_version=served["metadata"]["resourceVersion"],
+                include=req.include_object,
+                with_columns=first_table,
+            )
+            first_table = False
+        return (json.dumps({"type": kind, "object": served}, separators=(",", ":")) + "\n").encode()
+
+    def bookmark(initial_end: bool = False) -> bytes:
+        meta: Obj = {"resourceVersion": str(store.resource_version)}
+        if initial_end:
+            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+        obj = {"kind": req.rt.kind, "apiVersion": req.rt.api_version, "metadata": meta}
+        return (json.dumps({"type": "BOOKMARK", "object": obj}, separators=(",", ":")) + "\n").encode()
+
+    rv = req.resource_version
+    initial: list[bytes] = []
+    if rv in ("", "0") or req.send_initial_events:
+        for obj in store.list(req.rt.key, req.namespace if req.rt.namespaced else None):
+            if req.matches(obj):
+                initial.append(render("ADDED", obj))
+        since = store.resource_version
+        if req.send_initial_events:
+            initial.append(bookmark(initial_end=True))
+    else:
+        if not rv.isdigit():
+            raise errors.bad_request(f"invalid resource version: {rv!r}")
+        since = int(rv)
+        if store.too_old(since):
+            await resp.prepare(request)
+            status = errors.gone(f"too old resource version: {since} ({store.horizon + 1})").status()
+            await resp.write((json.dumps({"type": "ERROR", "object": status}) + "\n").encode())
+            await resp.write_eof()
+            return resp
+    sub = store.subscribe(req.rt.key, since=since)  # no await since the listing: nothing slips between
+    try:
+        await resp.prepare(request)
+        for line in initial:
+            await resp.write(line)
+        deadline = time.monotonic() + req.timeout
+        next_bookmark = time.monotonic() + bookmark_interval
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            if req.bookmarks and now >= next_bookmark:
+                await resp.write(bookmark())
+                next_bookmark = now + bookmark_interval
+            wait = min(deadline - now, POLL, (next_bookmark - now) if req.bookmarks else POLL)
+            try:
+                ev = await asyncio.wait_for(sub.queue.get(), timeout=max(wait, 0.01))
+            except TimeoutError:
+                if request.transport is None or request.transport.is_closing():
+                    break
+                continue
+            if ev is None:  # server shutting down
+                break
+            out = translate(req, ev)
+            if out is not None:
+                await resp.write(render(*out))
+        await resp.write_eof()
+    except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        store.unsubscribe(sub)
+    return resp
