@@ -1,0 +1,77 @@
+"""Transports without a lab: a real unix socket served by the fake daemon, and the SSH argument checks."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+from rpc_fake_server import FakeServer
+
+import rpc
+
+pytestmark = pytest.mark.timeout(20)
+
+
+async def test_connect_unix_does_the_handshake_and_calls(tmp_path: Path) -> None:
+    path = str(tmp_path / "libvirt-sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    listener.setblocking(False)
+    loop = asyncio.get_running_loop()
+    records: list[rpc.CallRecord] = []
+    connecting = asyncio.create_task(rpc.connect_unix(path, "test:///default", observer=records.append))
+    conn, _ = await loop.sock_accept(listener)
+    server = FakeServer(sock=conn, handlers={157: lambda: 9000000})
+    await server.start()
+    client = await connecting
+    try:
+        assert client.description == f"unix:{path}"
+        assert await client.connect_get_lib_version() == 9000000
+        assert [r.proc for r in server.received][:3] == [66, 60, 1]
+        assert client.keepalive_interval == 5.0
+    finally:
+        await client.close()
+        await server.stop()
+        listener.close()
+    assert [r.method for r in records] == [
+        "auth_list",
+        "connect_supports_feature",
+        "connect_open",
+        "connect_get_lib_version",
+        "connect_close",
+    ]
+
+
+async def test_connect_unix_missing_socket_is_connect_failed(tmp_path: Path) -> None:
+    with pytest.raises(rpc.ConnectFailed, match="No such file"):
+        await rpc.connect_unix(str(tmp_path / "absent"))
+
+
+async def test_connect_unix_handshake_timeout_is_connect_failed(tmp_path: Path) -> None:
+    path = str(tmp_path / "mute")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)  # accepts (in the kernel) and never answers
+    try:
+        with pytest.raises(rpc.ConnectFailed, match="handshake failed"):
+            await rpc.connect_unix(path, timeout=0.2)
+    finally:
+        listener.close()
+
+
+async def test_known_hosts_has_no_default() -> None:
+    with pytest.raises(TypeError, match="known_hosts"):
+        await rpc.connect_ssh("127.0.0.1", username="virt")  # type: ignore[call-arg]
+
+
+async def test_missing_known_hosts_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(rpc.ConnectFailed, match=r"known_hosts file .*nope.* does not exist"):
+        await rpc.connect_ssh("127.0.0.1", username="virt", known_hosts=str(tmp_path / "nope"))
+
+
+async def test_bad_timeout_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="call_timeout must be a positive number"):
+        await rpc.connect_unix("/nonexistent", call_timeout=0)
