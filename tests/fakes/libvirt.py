@@ -126,6 +126,7 @@ class FakeHypervisor:
         self.neighbours: dict[str, list[dict[str, Any]]] = {}  # bridge -> `ip -j neigh` entries
         self.fail: dict[str, LibvirtError] = {}  # method -> error raised once on its next call
         self.upload_fail_after: int | None = None  # bytes accepted before "No space left on device"
+        self.upload_pieces: dict[str, int] = {}  # volume -> pieces of its last streamed upload
         self.sessions: list[FakeSession] = []
         self._next_id = 1
 
@@ -546,7 +547,9 @@ class FakeLibvirtClient:
                 for p in pieces:
                     self._append(v, buf, p)
             else:
+                self.hyp.upload_pieces[v.name] = 0
                 async for piece in data:
+                    self.hyp.upload_pieces[v.name] += 1
                     self._append(v, buf, piece)
             v.data[offset:offset + len(buf)] = buf
             if v.capacity < len(v.data):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from egress_kvm.config.models import HostConfig
@@ -29,6 +29,14 @@ LINK_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionLost, ConnectFailed, DeadlineExceeded, ProtocolError, OSError, TimeoutError)
 
 
+class _KeyLock:
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
 class Host:
     def __init__(self, *, config: HostConfig, dial: Dialer, options: DialOptions, log: Logger,
                  clock: Any = time.monotonic) -> None:
@@ -44,7 +52,7 @@ class Host:
         self._retry_at = 0.0
         self._last_error = ""
         # Per-host single-flight locks (e.g. one download per base image), created on demand.
-        self.locks: dict[str, asyncio.Lock] = {}
+        self.locks: dict[str, _KeyLock] = {}
 
     @property
     def log(self) -> Logger:
@@ -92,11 +100,23 @@ class Host:
             self._log.v(1).info("libvirt connection dropped", reason=reason)
             self._session = None
 
-    def lock(self, key: str) -> asyncio.Lock:
-        lock = self.locks.get(key)
-        if lock is None:
-            lock = self.locks[key] = asyncio.Lock()
-        return lock
+    @contextlib.asynccontextmanager
+    async def exclusive(self, key: str) -> AsyncIterator[None]:
+        """One holder per key on this host (e.g. one download per base image, one create per name).
+
+        The lock entry is dropped when nobody holds or waits for it, so names do not accumulate.
+        """
+        entry = self.locks.get(key)
+        if entry is None:
+            entry = self.locks[key] = _KeyLock()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if entry.users == 0 and self.locks.get(key) is entry:
+                del self.locks[key]
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call one libvirt procedure by its client method name; link failures become TransientError."""

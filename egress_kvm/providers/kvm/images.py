@@ -70,7 +70,7 @@ class ImageCache:
 
     async def ensure(self, host: Host, pool: Any, image: ImageSource, *,
                      progress: ProgressCallback | None = None) -> BaseImage:
-        async with host.lock(f"image:{pool.name}/{image.base_volume}"):
+        async with host.exclusive(f"image:{pool.name}/{image.base_volume}"):
             base = await lookup_volume(host, pool, image.base_volume)
             marker = await lookup_volume(host, pool, image.marker_volume)
             reason = "not cached"

@@ -114,7 +114,8 @@ class KvmProvider:
         name = _checked_name(request.name)
         resolved = self.resolve(request.placement)
         host = self.host(resolved.zone)
-        async with self._operation(host, name, "create"):
+        # One create per name at a time on this host: a second would replace the first one's volumes.
+        async with self._operation(host, name, "create"), host.exclusive(f"instance:{name}"):
             dom = await self._lookup_domain(host, name)
             if dom is not None:
                 meta = await self._metadata(host, dom)
@@ -144,7 +145,7 @@ class KvmProvider:
 
     async def delete(self, name: str, zone: str) -> None:
         host = self.host(zone)
-        async with self._operation(host, name, "delete"):
+        async with self._operation(host, name, "delete"), host.exclusive(f"instance:{name}"):
             log = host.log.with_values(name=name)
             dom = await self._lookup_domain(host, name)
             if dom is not None:

@@ -1,0 +1,33 @@
+"""Helpers for the provider's unit tests: a request builder and a JSON log capture."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+from egress_kvm.providers.base import CreateRequest, Placement
+
+SECRET = b"#cloud-config\npassword: hunter2-very-secret\n"
+
+
+def request(name: str = "proxy-abc", *, zone: str | None = "host0", image: str | None = None,
+            machine_type: str | None = None, uid: str = "uid-1") -> CreateRequest:
+    return CreateRequest(name=name, owner_uid=uid, placement=Placement(zone=zone, image=image,
+                                                                        machine_type=machine_type),
+                         user_data=SECRET, owner_namespace="ns1", owner_name="px1")
+
+
+class LogCapture:
+    def __init__(self) -> None:
+        self.stream = io.StringIO()
+
+    @property
+    def text(self) -> str:
+        return self.stream.getvalue()
+
+    def lines(self, msg: str | None = None) -> list[dict[str, Any]]:
+        out = [json.loads(line) for line in self.text.splitlines() if line.strip()]
+        return [r for r in out if msg is None or r["msg"] == msg]
+
+

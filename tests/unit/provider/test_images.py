@@ -1,0 +1,242 @@
+"""The image cache against a real HTTP server on loopback, streaming into the fake pool."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from aiohttp import web
+from fakes import fake_kvm_provider, precache_image, qcow2_image
+from provider_helpers import LogCapture, request
+
+from egress_kvm.providers.base import PermanentError, QuotaError, TransientError
+from egress_kvm.providers.kvm import naming
+
+IMAGE = qcow2_image(3 * 1024 * 1024 + 123)
+DIGEST = hashlib.sha256(IMAGE).hexdigest()
+BASE, MARKER = "base-debian-12.qcow2", "base-debian-12.qcow2.sha256"
+
+
+@dataclass
+class ImageServer:
+    url: str
+    files: dict[str, bytes]
+    requests: list[str] = field(default_factory=list)
+    gate: asyncio.Event | None = None
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ImageServer]:
+    files: dict[str, bytes] = {"/debian-12.qcow2": IMAGE}
+    srv = ImageServer(url="", files=files)
+
+    async def handle(req: web.Request) -> web.StreamResponse:
+        srv.requests.append(req.path)
+        if srv.gate is not None:
+            await srv.gate.wait()
+        body = files.get(req.path)
+        if body is None:
+            return web.Response(status=404)
+        resp = web.StreamResponse(headers={"Content-Length": str(len(body))})
+        await resp.prepare(req)
+        for i in range(0, len(body), 64 * 1024):  # several writes: the client sees a real stream
+            await resp.write(body[i:i + 64 * 1024])
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    srv.url = f"http://127.0.0.1:{port}"
+    try:
+        yield srv
+    finally:
+        await runner.cleanup()
+
+
+def provider_for(srv: ImageServer, *, sha256: str | None = DIGEST, fmt: str = "qcow2", **kw: object):  # type: ignore[no-untyped-def]
+    image: dict[str, object] = {"url": f"{srv.url}/debian-12.qcow2", "format": fmt}
+    if sha256 is not None:
+        image["sha256"] = sha256
+    return fake_kvm_provider(images={"debian-12": image}, precache=False, **kw)  # type: ignore[arg-type]
+
+
+async def test_first_create_streams_the_image_and_writes_the_marker_last(server: ImageServer,
+                                                                       logs: LogCapture) -> None:
+    provider, hv = provider_for(server)
+    h = hv["host0"]
+    progress: list[str] = []
+
+    async def on_progress(text: str) -> None:
+        progress.append(text)
+
+    provider._images._progress_every = 0  # report on every chunk, to see it at all in a small image
+    try:
+        await provider.create(request(), progress=on_progress)
+        assert bytes(h.volumes[BASE].data) == IMAGE
+        assert h.volumes[BASE].format == "qcow2"  # re-probed by the pool refresh
+        assert bytes(h.volumes[MARKER].data).decode() == DIGEST
+        assert h.upload_pieces[BASE] > 1  # streamed in pieces, not one buffered blob
+        creates = [c for c in h.calls if c == "storage_vol_create_xml"]
+        assert len(creates) == 4  # base, marker, overlay, seed
+        marker_at = h.calls.index("storage_vol_upload", h.calls.index("storage_pool_refresh"))
+        assert h.calls.index("storage_pool_refresh") < marker_at
+        assert server.requests == ["/debian-12.qcow2"]
+        assert progress and "debian-12" in progress[-1] and "host0" in progress[-1]
+        fetching = logs.lines("fetching base image into host pool")
+        cached = logs.lines("base image cached")
+        assert fetching[0]["image"] == "debian-12" and fetching[0]["host"] == "host0"
+        assert cached[0]["size"] == len(IMAGE) and cached[0]["duration"] >= 0
+        assert cached[0]["sha256"] == DIGEST
+
+        await provider.create(request(name="proxy-second"))
+        assert server.requests == ["/debian-12.qcow2"]  # cached: no second download
+    finally:
+        await provider.close()
+
+
+async def test_two_creates_needing_the_same_missing_image_download_once(server: ImageServer) -> None:
+    provider, hv = provider_for(server)
+    server.gate = asyncio.Event()
+    try:
+        tasks = [asyncio.create_task(provider.create(request(name=f"proxy-{i}"))) for i in range(3)]
+        await asyncio.sleep(0.2)
+        server.gate.set()
+        await asyncio.gather(*tasks)
+        assert server.requests == ["/debian-12.qcow2"]
+        assert {"proxy-0", "proxy-1", "proxy-2"} <= set(hv["host0"].domains)
+    finally:
+        await provider.close()
+
+
+async def test_base_without_marker_is_deleted_and_redone(server: ImageServer, logs: LogCapture) -> None:
+    provider, hv = provider_for(server)
+    h = hv["host0"]
+    h.put_volume(BASE, IMAGE[: len(IMAGE) // 2])  # a crash mid-download
+    try:
+        await provider.create(request())
+        assert bytes(h.volumes[BASE].data) == IMAGE
+        assert bytes(h.volumes[MARKER].data).decode() == DIGEST
+        assert "interrupted" in logs.lines("fetching base image into host pool")[0]["reason"]
+    finally:
+        await provider.close()
+
+
+async def test_changed_sha256_triggers_a_redownload(server: ImageServer, logs: LogCapture) -> None:
+    old = qcow2_image(8192)
+    provider, hv = provider_for(server)
+    precache_image(hv["host0"], "debian-12", old)  # cached from an earlier config
+    try:
+        await provider.create(request())
+        assert bytes(hv["host0"].volumes[BASE].data) == IMAGE
+        assert server.requests == ["/debian-12.qcow2"]
+        assert "differs from cached" in logs.lines("fetching base image into host pool")[0]["reason"]
+    finally:
+        await provider.close()
+
+
+async def test_no_sha256_configured_keeps_the_cached_copy(server: ImageServer) -> None:
+    old = qcow2_image(8192)
+    provider, hv = provider_for(server, sha256=None)
+    precache_image(hv["host0"], "debian-12", old)
+    try:
+        await provider.create(request())
+        assert bytes(hv["host0"].volumes[BASE].data) == old  # pinned at first fetch
+        assert server.requests == []
+        assert "storage_vol_download" not in hv["host0"].calls  # marker not even read
+    finally:
+        await provider.close()
+
+
+async def test_sha256_mismatch_is_permanent_and_leaves_nothing(server: ImageServer) -> None:
+    wrong = "0" * 64
+    provider, hv = provider_for(server, sha256=wrong)
+    try:
+        with pytest.raises(PermanentError) as info:
+            await provider.create(request())
+        msg = str(info.value)
+        assert "'debian-12'" in msg and wrong in msg and DIGEST in msg
+        assert hv["host0"].volume_names() == set()
+        assert hv["host0"].domains == {}
+    finally:
+        await provider.close()
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    (qcow2_image(backing=True), "backing file"),
+    (qcow2_image(data_file=True), "external data file"),
+    (b"\x00" * 4096, "not a qcow2"),
+])
+async def test_unsafe_or_wrong_format_images_are_refused_before_any_volume(
+        server: ImageServer, body: bytes, needle: str) -> None:
+    server.files["/debian-12.qcow2"] = body
+    provider, hv = provider_for(server, sha256=None)
+    try:
+        with pytest.raises(PermanentError, match=needle):
+            await provider.create(request())
+        assert hv["host0"].volume_names() == set()
+        assert "storage_vol_create_xml" not in hv["host0"].calls
+    finally:
+        await provider.close()
+
+
+async def test_raw_image_backs_the_overlay_as_raw(server: ImageServer) -> None:
+    raw = b"\x00" * 8192
+    server.files["/debian-12.qcow2"] = raw
+    provider, hv = provider_for(server, sha256=None, fmt="raw")
+    try:
+        await provider.create(request())
+        assert hv["host0"].volumes["proxy-abc.qcow2"].backing_format == "raw"
+    finally:
+        await provider.close()
+
+
+async def test_url_image_is_cached_under_its_url_hash(server: ImageServer) -> None:
+    provider, hv = provider_for(server, sha256=None)
+    url = f"{server.url}/debian-12.qcow2"
+    try:
+        await provider.create(request(image=url))
+        base = naming.base_volume(url=url)
+        assert bytes(hv["host0"].volumes[base].data) == IMAGE
+        assert bytes(hv["host0"].volumes[naming.marker_volume(base)].data).decode() == DIGEST
+    finally:
+        await provider.close()
+
+
+async def test_http_errors_are_transient_and_leave_nothing(server: ImageServer) -> None:
+    del server.files["/debian-12.qcow2"]
+    provider, hv = provider_for(server)
+    try:
+        with pytest.raises(TransientError, match="HTTP 404"):
+            await provider.create(request())
+        assert hv["host0"].volume_names() == set()
+    finally:
+        await provider.close()
+
+
+async def test_full_pool_is_quota_and_the_partial_base_is_removed(server: ImageServer) -> None:
+    provider, hv = provider_for(server)
+    hv["host0"].upload_fail_after = 1024 * 1024
+    try:
+        with pytest.raises(QuotaError, match=r"host 'host0' pool 'default' is out of space"):
+            await provider.create(request())
+        assert hv["host0"].volume_names() == set()
+    finally:
+        await provider.close()
+
+
+async def test_pool_too_small_for_the_image_is_quota(server: ImageServer) -> None:
+    provider, hv = provider_for(server, host_kwargs={"pool_capacity": 1024 * 1024})
+    try:
+        with pytest.raises(QuotaError, match=r"image 'debian-12' needs 3\.0 MiB"):
+            await provider.create(request())
+        assert hv["host0"].volume_names() == set()
+    finally:
+        await provider.close()

@@ -1,0 +1,461 @@
+"""KvmProvider over the fake libvirt: create, get, start, delete, list_managed and their error kinds."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fakes import fake_kvm_provider
+from fakes.libvirt import lv_error
+from lxml import etree
+from provider_helpers import SECRET, LogCapture, request
+
+from egress_kvm.providers.base import (
+    PermanentError,
+    Placement,
+    PowerState,
+    Provider,
+    QuotaError,
+    TransientError,
+)
+from egress_kvm.providers.kvm import metadata, naming, seed
+from rpc.constants import DomainState, ErrorCode
+from rpc.errors import ConnectionLost
+
+NAME = "proxy-abc"
+
+
+async def test_create_lands_every_object_of_the_spec_table() -> None:
+    provider, hv = fake_kvm_provider(hosts=["host0"], cluster_id="c1")
+    assert isinstance(provider, Provider)
+    try:
+        inst = await provider.create(request())
+        h = hv["host0"]
+        assert inst.name == NAME and inst.zone == "host0" and inst.power_state == PowerState.RUNNING
+        assert inst.owner_uid == "uid-1" and inst.created_at is not None and inst.ip is None
+        assert h.volume_names() == {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256",
+                                    "proxy-abc.qcow2", "proxy-abc-seed.iso"}
+        overlay = h.volumes["proxy-abc.qcow2"]
+        assert overlay.format == "qcow2"
+        assert overlay.backing_path == h.volumes["base-debian-12.qcow2"].path
+        assert overlay.backing_format == "qcow2"
+        assert overlay.capacity == 10 * 1024**3
+        iso = seed.read_seed_iso(bytes(h.volumes["proxy-abc-seed.iso"].data))
+        assert iso.label == "cidata"
+        assert iso.files["user-data"] == SECRET
+        assert iso.files["meta-data"] == b"instance-id: proxy-abc\nlocal-hostname: proxy-abc\n"
+        assert b"qemu-guest-agent" in iso.files["vendor-data"]
+        dom = h.domains[NAME]
+        assert dom.state == DomainState.RUNNING and dom.id != -1
+        assert dom.mac == naming.mac_address(NAME)
+        meta = metadata.parse(dom.metadata[metadata.NAMESPACE])
+        assert (meta.cluster_id, meta.owner_uid, meta.owner_namespace, meta.owner_name) == ("c1", "uid-1",
+                                                                                         "ns1", "px1")
+        assert (meta.zone, meta.machine_type, meta.image) == ("host0", "small", "debian-12")
+        root = etree.fromstring(dom.xml.encode())
+        assert root.get("type") == "kvm" and root.find("cpu").get("mode") == "host-passthrough"
+        assert root.findtext("memory") == "512"
+    finally:
+        await provider.close()
+
+
+async def test_create_uses_host_domain_type_cpu_and_seed_bus() -> None:
+    hosts = [{"name": "host0", "address": "h:22", "user": "virt", "bridge": "br9", "domainType": "qemu",
+              "seedBus": "scsi", "pool": "fast"}]
+    provider, hv = fake_kvm_provider(hosts=["host0"], host_entries=hosts, host_kwargs={"pool": "fast",
+                                                                                        "bridges": ["br9"]})
+    try:
+        await provider.create(request())
+        root = etree.fromstring(hv["host0"].domains[NAME].xml.encode())
+        assert root.get("type") == "qemu"
+        assert root.find("cpu").get("mode") == "maximum"
+        assert root.find("devices/disk[@device='cdrom']/target").get("bus") == "scsi"
+        assert root.find("devices/controller[@model='virtio-scsi']") is not None
+        assert root.find("devices/interface/source").get("bridge") == "br9"
+        assert root.find("devices/disk/source").get("pool") == "fast"
+    finally:
+        await provider.close()
+
+
+async def test_empty_vendor_data_sends_none() -> None:
+    provider, hv = fake_kvm_provider(vendorData="")
+    try:
+        await provider.create(request())
+        files = seed.read_seed_iso(bytes(hv["host0"].volumes["proxy-abc-seed.iso"].data)).files
+        assert set(files) == {"user-data", "meta-data"}
+    finally:
+        await provider.close()
+
+
+async def test_create_is_idempotent_and_restarts_a_stopped_vm() -> None:
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        first = await provider.create(request())
+        uuid = h.domains[NAME].uuid
+        again = await provider.create(request())
+        assert h.domains[NAME].uuid == uuid
+        assert again.created_at is not None and first.created_at is not None
+        assert again.created_at.replace(microsecond=0) == first.created_at.replace(microsecond=0)
+        h.shut_off(NAME)
+        got = await provider.get(NAME, "host0")
+        assert got is not None and got.power_state == PowerState.STOPPED
+        h.calls.clear()
+        restarted = await provider.create(request())
+        assert restarted.power_state == PowerState.RUNNING
+        assert h.domains[NAME].state == DomainState.RUNNING
+        assert "domain_define_xml" not in h.calls and "domain_create_with_flags" in h.calls
+    finally:
+        await provider.close()
+
+
+async def test_start_starts_a_stopped_vm_and_leaves_a_running_one() -> None:
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        h.calls.clear()
+        await provider.start(NAME, "host0")
+        assert "domain_create_with_flags" not in h.calls
+        h.shut_off(NAME)
+        await provider.start(NAME, "host0")
+        assert h.domains[NAME].state == DomainState.RUNNING
+        with pytest.raises(TransientError, match="does not exist"):
+            await provider.start("proxy-gone", "host0")
+    finally:
+        await provider.close()
+
+
+async def test_leftover_volumes_of_an_interrupted_create_are_replaced() -> None:
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        h.put_volume("proxy-abc.qcow2", b"stale overlay", fmt="qcow2")
+        h.put_volume("proxy-abc-seed.iso", b"stale seed")
+        await provider.create(request())
+        assert h.volumes["proxy-abc.qcow2"].backing_path is not None
+        assert seed.read_seed_iso(bytes(h.volumes["proxy-abc-seed.iso"].data)).files["user-data"] == SECRET
+    finally:
+        await provider.close()
+
+
+async def test_concurrent_creates_of_one_name_define_one_domain() -> None:
+    provider, hv = fake_kvm_provider()
+    try:
+        creates = (provider.create(request()) for _ in range(3))
+        results = await asyncio.gather(*creates, return_exceptions=True)
+        assert len(hv["host0"].domains) == 1
+        assert all(not isinstance(r, BaseException) for r in results), results
+        assert hv["host0"].calls.count("domain_define_xml") == 1
+        assert hv["host0"].calls.count("storage_vol_create_xml") == 2  # overlay and seed, once each
+        assert provider.host("host0").locks == {}
+    finally:
+        await provider.close()
+
+
+async def test_get_ip_from_agent_then_arp_then_neighbour_table(logs: LogCapture) -> None:
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and inst.ip is None  # agent not up, nothing in ARP yet: not an error
+        assert any(r.get("source") == "agent" and r.get("libvirtCodeName") == "AGENT_UNRESPONSIVE"
+                   for r in logs.lines("address source gave nothing"))
+
+        h.set_vm_ip(NAME, "192.0.2.10", agent=False)  # only the host's ARP table knows it
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and inst.ip == "192.0.2.10"
+
+        h.arp_broken = True  # libvirt's ARP source fails ("wrong nlmsg len"): read `ip neigh` over SSH
+        h.exec_log.clear()
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and inst.ip == "192.0.2.10"
+        assert h.exec_log == [["ip", "-j", "neigh", "show", "dev", "br0"]]
+
+        h.exec_allowed = False  # the SSH user may not exec: fallback skipped, still no failure
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and inst.ip is None
+
+        h.set_vm_ip(NAME, "192.0.2.11")  # agent up: it wins, and only IPv4 non-link-local counts
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and inst.ip == "192.0.2.11"
+    finally:
+        await provider.close()
+
+
+async def test_neighbour_entries_of_other_macs_or_failed_are_ignored() -> None:
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        h.arp_broken = True
+        h.neighbours["br0"] = [
+            {"dst": "192.0.2.50", "lladdr": "52:54:00:00:00:01", "state": ["REACHABLE"]},
+            {"dst": "192.0.2.51", "lladdr": naming.mac_address(NAME), "state": ["FAILED"]},
+            {"dst": "169.254.0.9", "lladdr": naming.mac_address(NAME), "state": ["STALE"]},
+            {"dst": "fe80::1", "lladdr": naming.mac_address(NAME), "state": ["STALE"]},
+        ]
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and inst.ip is None
+        h.neighbours["br0"].append({"dst": "192.0.2.52", "lladdr": naming.mac_address(NAME).upper(),
+                                    "state": ["STALE"]})
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and inst.ip == "192.0.2.52"
+    finally:
+        await provider.close()
+
+
+async def test_get_missing_is_none_and_unreachable_is_transient() -> None:
+    provider, hv = fake_kvm_provider(hosts=["host0", "host1"])
+    try:
+        assert await provider.get("proxy-nothere", "host0") is None
+        hv.set_unreachable("host1")
+        with pytest.raises(TransientError, match="host1"):
+            await provider.get("proxy-nothere", "host1")
+        with pytest.raises(PermanentError, match="unknown zone 'host9'"):
+            await provider.get("proxy-nothere", "host9")
+    finally:
+        await provider.close()
+
+
+async def test_dropped_connection_is_transient_then_redialled_after_backoff(logs: LogCapture) -> None:
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        assert hv.dials == ["host0"]
+        assert await provider.get(NAME, "host0") is not None
+        assert hv.dials == ["host0"]  # one SSH connection, shared by every call
+        h.fail["domain_get_state"] = ConnectionLost("connection reset by peer")  # the link dies mid-call
+        with pytest.raises(TransientError, match="connection reset by peer"):
+            await provider.get(NAME, "host0")
+        dropped = logs.lines("libvirt connection dropped")
+        assert [(r["reason"], r["host"]) for r in dropped] == [("connection reset by peer", "host0")]
+        assert await provider.get(NAME, "host0") is not None  # re-dialled
+        assert hv.dials == ["host0", "host0"]
+        assert len(logs.lines("libvirt host connected")) == 2
+        h.drop_connections("keepalive timeout")  # noticed before the next call: re-dial, no failure
+        assert await provider.get(NAME, "host0") is not None
+        assert logs.lines("libvirt connection dropped")[-1]["reason"] == "keepalive timeout"
+        assert hv.dials == ["host0", "host0", "host0"]
+
+        hv.set_unreachable("host0")
+        with pytest.raises(TransientError, match="unreachable"):
+            await provider.get(NAME, "host0")
+        with pytest.raises(TransientError, match="next dial in"):
+            await provider.get(NAME, "host0")  # within the backoff: no new dial
+        assert hv.dials.count("host0") == 4
+        assert logs.lines("libvirt host dial failed")[0]["error"].endswith("connection refused")
+    finally:
+        await provider.close()
+
+
+async def test_placement_failures_are_permanent_and_name_the_value() -> None:
+    provider, hv = fake_kvm_provider(hosts=["host0", "host1"])
+    try:
+        for placement, needle in [
+            (Placement(), "placement.zone is required"),
+            (Placement(zone="nas9"), "unknown placement.zone 'nas9'"),
+            (Placement(zone="host0", machine_type="xl"), "unknown placement.machineType 'xl'"),
+            (Placement(zone="host0", image="centos"), "unknown placement.image 'centos'"),
+        ]:
+            req = request()
+            req = type(req)(name=req.name, owner_uid="u", placement=placement, user_data=b"")
+            with pytest.raises(PermanentError, match=needle):
+                await provider.create(req)
+        with pytest.raises(PermanentError, match="instance name"):
+            await provider.create(request(name="Bad_Name"))
+        assert hv.dials == []  # decided without touching a host
+    finally:
+        await provider.close()
+
+
+async def test_delete_removes_domain_overlay_and_seed_but_keeps_the_base() -> None:
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        await provider.delete(NAME, "host0")
+        assert NAME not in h.domains
+        assert h.volume_names() == {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256"}
+        await provider.delete(NAME, "host0")  # already gone: success
+        h.put_volume("proxy-abc.qcow2", b"orphan", fmt="qcow2")  # crash before define left volumes
+        h.put_volume("proxy-abc-seed.iso", b"orphan")
+        await provider.delete(NAME, "host0")
+        assert h.volume_names() == {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256"}
+        await provider.create(request())
+        h.shut_off(NAME)  # a stopped domain is undefined without a destroy
+        await provider.delete(NAME, "host0")
+        assert NAME not in h.domains
+    finally:
+        await provider.close()
+
+
+async def test_foreign_domains_are_never_touched() -> None:
+    mine, hv = fake_kvm_provider(cluster_id="cluster-a")
+    theirs = type(mine)(name=mine.name, config=mine.config, cluster_id="cluster-b", dial=hv.dial)
+    try:
+        await theirs.create(request(name="proxy-theirs"))
+        await mine.create(request(name="proxy-mine"))
+        assert [i.name for i in await mine.list_managed()] == ["proxy-mine"]
+        assert [i.name for i in await theirs.list_managed()] == ["proxy-theirs"]
+        for action in (mine.delete("proxy-theirs", "host0"), mine.create(request(name="proxy-theirs"))):
+            with pytest.raises(PermanentError, match="belongs to cluster 'cluster-b'"):
+                await action
+        assert "proxy-theirs" in hv["host0"].domains
+        assert "proxy-theirs.qcow2" in hv["host0"].volumes
+        # A domain without our metadata (someone's hand-made VM) is not ours either.
+        hv["host0"].domains["proxy-theirs"].metadata.clear()
+        with pytest.raises(PermanentError, match="not made by this operator"):
+            await mine.delete("proxy-theirs", "host0")
+        assert [i.name for i in await theirs.list_managed()] == []
+    finally:
+        await mine.close()
+        await theirs.close()
+
+
+async def test_list_managed_across_hosts_and_a_failing_host() -> None:
+    provider, hv = fake_kvm_provider(hosts=["host0", "host1"])
+    try:
+        await provider.create(request(name="proxy-a", zone="host0"))
+        await provider.create(request(name="proxy-b", zone="host1"))
+        hv["host1"].shut_off("proxy-b")
+        got = {(i.name, i.zone, i.power_state, i.owner_uid) for i in await provider.list_managed()}
+        assert got == {("proxy-a", "host0", PowerState.RUNNING, "uid-1"),
+                       ("proxy-b", "host1", PowerState.STOPPED, "uid-1")}
+        assert [i.name for i in await provider.list_managed("host1")] == ["proxy-b"]
+        hv.set_unreachable("host1")
+        with pytest.raises(TransientError):
+            await provider.list_managed()
+    finally:
+        await provider.close()
+
+
+async def test_quota_pool_space_for_overlay_and_seed() -> None:
+    provider, hv = fake_kvm_provider(diskSizeGb=20, host_kwargs={"pool_capacity": 15 * 1024**3})
+    try:
+        with pytest.raises(QuotaError) as info:
+            await provider.create(request())
+        msg = str(info.value)
+        assert "host 'host0'" in msg and "pool 'default'" in msg and "15.0 GiB" in msg and "20.0 GiB" in msg
+        assert NAME not in hv["host0"].domains
+    finally:
+        await provider.close()
+
+
+async def test_quota_host_memory() -> None:
+    provider, hv = fake_kvm_provider(host_kwargs={"memory": 256 * 1024**2})
+    try:
+        with pytest.raises(QuotaError, match=r"host 'host0' has 256\.0 MiB free memory.*512 MiB"):
+            await provider.create(request())
+        assert NAME not in hv["host0"].domains
+    finally:
+        await provider.close()
+
+
+async def test_quota_no_space_from_libvirt_and_io_error_pause() -> None:
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        h.fail["storage_vol_create_xml"] = lv_error(
+            ErrorCode.SYSTEM_ERROR, "cannot create volume: No space left on device", domain=18)
+        with pytest.raises(QuotaError, match=r"pool 'default' is out of space.*No space left on device"):
+            await provider.create(request())
+        h.upload_fail_after = 1000
+        with pytest.raises(QuotaError, match="No space left on device"):
+            await provider.create(request())
+        h.upload_fail_after = None
+        await provider.create(request())
+        h.pause_on_io_error(NAME)
+        with pytest.raises(QuotaError, match=r"paused on an I/O error.*pool 'default'.*available"):
+            await provider.get(NAME, "host0")
+        with pytest.raises(QuotaError, match="paused on an I/O error"):
+            await provider.create(request())
+    finally:
+        await provider.close()
+
+
+async def test_other_libvirt_errors_are_transient_with_the_code() -> None:
+    provider, hv = fake_kvm_provider()
+    try:
+        hv["host0"].fail["domain_define_xml"] = lv_error(ErrorCode.INTERNAL_ERROR, "internal error: boom")
+        with pytest.raises(TransientError, match=r"internal error: boom \(libvirt INTERNAL_ERROR\)"):
+            await provider.create(request())
+        hv["host0"].pool_name = "elsewhere"
+        with pytest.raises(TransientError, match="has no storage pool 'default'"):
+            await provider.create(request())
+    finally:
+        await provider.close()
+
+
+async def test_rpc_counts_for_create_and_get() -> None:
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        create_calls = list(h.calls)
+        h.set_vm_ip(NAME, "192.0.2.7")
+        h.calls.clear()
+        await provider.get(NAME, "host0")
+        assert h.calls == ["domain_lookup_by_name", "domain_get_metadata", "domain_get_state",
+                           "domain_interface_addresses"]
+        assert len(create_calls) == 12, create_calls
+    finally:
+        await provider.close()
+
+
+async def test_libvirt_call_lines_and_no_secrets(logs: LogCapture) -> None:
+    provider, hv = fake_kvm_provider()
+    try:
+        await provider.create(request())
+        hv["host0"].fail["domain_get_state"] = lv_error(ErrorCode.INTERNAL_ERROR, "internal error: x")
+        with pytest.raises(TransientError):
+            await provider.get(NAME, "host0")
+        calls = logs.lines("libvirt call")
+        assert calls and all(r["logger"] == "kvm.libvirt" and r["level"] == "debug" for r in calls)
+        assert all(r["provider"] == "kvm-test" and r["host"] == "host0" for r in calls)
+        assert all(r.get("name") == NAME for r in calls)
+        upload = next(r for r in calls if r["method"] == "storage_vol_upload")
+        assert upload["volume"] == "proxy-abc-seed.iso" and upload["length"] > 0 and "duration" in upload
+        failed = next(r for r in calls if r["method"] == "domain_get_state")
+        assert failed["libvirtCode"] == 1 and failed["libvirtCodeName"] == "INTERNAL_ERROR"
+        assert failed["libvirtMessage"] == "internal error: x" and "error" in failed
+        assert not any("xml" in r or "metadata" in r for r in calls)  # V(2) only
+        ops = [r["msg"] for r in logs.lines() if r["logger"] == "kvm"]
+        assert "domain defined" in ops and "KVM domain ensured running" in ops
+        assert all("name" in r and "provider" in r and "host" in r
+                   for r in logs.lines() if r["logger"] == "kvm" and r["msg"] != "libvirt host connected")
+        assert "hunter2" not in logs.text
+    finally:
+        await provider.close()
+
+
+@pytest.mark.parametrize("logs", ["2"], indirect=True)
+async def test_verbose_lines_carry_xml_metadata_addresses_but_never_cloud_init(logs: LogCapture) -> None:
+    provider, hv = fake_kvm_provider()
+    try:
+        await provider.create(request())
+        hv["host0"].set_vm_ip(NAME, "192.0.2.7")
+        await provider.get(NAME, "host0")
+        await provider.list_managed()
+        calls = logs.lines("libvirt call")
+        define = next(r for r in calls if r["method"] == "domain_define_xml")
+        assert "<domain" in define["xml"]
+        assert any(r["method"] == "storage_vol_create_xml" and "<volume" in r["xml"] for r in calls)
+        assert any(r["method"] == "domain_get_metadata" and metadata.NAMESPACE in r["metadata"]
+                   for r in calls)
+        addrs = next(r for r in calls if r["method"] == "domain_interface_addresses")
+        assert any("192.0.2.7/24" in i["addrs"] for i in addrs["addresses"])
+        assert next(r for r in calls if r["method"] == "connect_list_all_domains")["names"] == [NAME]
+        assert "hunter2" not in logs.text
+    finally:
+        await provider.close()
+
+
+async def test_close_releases_sessions() -> None:
+    provider, hv = fake_kvm_provider()
+    await provider.create(request())
+    session = hv["host0"].sessions[0]
+    await provider.close()
+    assert session.closed_reason is not None
