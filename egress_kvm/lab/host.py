@@ -115,7 +115,9 @@ KbdInteractiveAuthentication no
 PubkeyAuthentication yes
 AllowUsers {SSH_USER}
 AllowStreamLocalForwarding yes
-AllowTcpForwarding no
+# not `no`: OpenSSH's `AllowTcpForwarding no` also denies direct-streamlocal (the libvirt socket
+# forward rpc.connect_ssh uses): "request to connect to path ... was denied"
+AllowTcpForwarding local
 X11Forwarding no
 SetEnv PATH={SESSION_PATH}
 LogLevel VERBOSE
