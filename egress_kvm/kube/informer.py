@@ -195,8 +195,10 @@ class ProxyInformer:
         loop = asyncio.get_running_loop()
         started = loop.time()
         timeout = aiohttp.ClientTimeout(connect=self.request_timeout, sock_connect=self.request_timeout)
+        # Booleans as Go spells them: kubernetes-asyncio would send Python's `True`, which the real
+        # server accepts but a strict parser (or a proxy in front of the server) may not.
         kwargs: dict[str, Any] = dict(
-            watch=True, resource_version=self._rv, allow_watch_bookmarks=True,
+            watch="true", resource_version=self._rv, allow_watch_bookmarks="true",
             timeout_seconds=max(1, int(self.watch_timeout)), _preload_content=False,
             _request_timeout=timeout)
         try:
