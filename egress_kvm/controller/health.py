@@ -10,12 +10,14 @@ The prober owns no status: it keeps the latest `Health` per key and enqueues the
 changes (and every `refresh` seconds, so `status.lastProbeTime` stays roughly current without a status
 write per probe). The reconciler reads the verdict and decides the phase.
 
-Credentials are passed to aiohttp as `proxy_auth`, never put in a URL, so no error message can carry them.
+Credentials travel only in the Proxy-Authorization header, never in a URL, so no error message can carry
+them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import time
 from collections.abc import Callable, Hashable
@@ -82,7 +84,7 @@ class Prober:
         self._targets: dict[Hashable, ProbeTarget] = {}
         self._tasks: dict[Hashable, asyncio.Task[None]] = {}
         self._health: dict[Hashable, Health] = {}
-        self._auth_cache: dict[tuple[str, str], tuple[float, aiohttp.BasicAuth | None]] = {}
+        self._auth_cache: dict[tuple[str, str], tuple[float, str | None]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._died: BaseException | None = None
         self._closed = False
@@ -199,12 +201,20 @@ class Prober:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
                                                   trust_env=False)
         timeout = aiohttp.ClientTimeout(total=target.check.timeout_seconds)
-        async with self._session.get(target.check.url or "", proxy=target.endpoint, proxy_auth=auth,
-                                     timeout=timeout, allow_redirects=False) as resp:
+        url = target.check.url or ""
+        auth_header = {"Proxy-Authorization": auth} if auth else None
+        # Plain http goes to the proxy as an absolute-form request: the header rides on that request. For
+        # https only the CONNECT carries it; on the request it would travel through the tunnel to the site.
+        https = url.startswith("https://")
+        async with self._session.get(url, proxy=target.endpoint, timeout=timeout, allow_redirects=False,
+                                     headers=None if https else auth_header,
+                                     proxy_headers=auth_header if https else None) as resp:
             await resp.read()
             return resp.status
 
-    async def _auth(self, target: ProbeTarget) -> aiohttp.BasicAuth | None:
+    async def _auth(self, target: ProbeTarget) -> str | None:
+        """The Proxy-Authorization value from the auth Secret (cached briefly: one read per probe would
+        cost the API server a request every interval per Proxy)."""
         if not target.auth_secret:
             return None
         cache_key = (target.namespace, target.auth_secret)
@@ -215,7 +225,8 @@ class Prober:
             data = await self._kube.read_secret(target.namespace, target.auth_secret)
             auth = None
             if data is not None and "username" in data and "password" in data:
-                auth = aiohttp.BasicAuth(data["username"].decode(), data["password"].decode())
+                creds = data["username"] + b":" + data["password"]
+                auth = "Basic " + base64.b64encode(creds).decode("ascii")
             self._auth_cache[cache_key] = (time.monotonic(), auth)
         if auth is None:
             raise _ProbeFailed(f"auth Secret {target.namespace}/{target.auth_secret} is missing or lacks "

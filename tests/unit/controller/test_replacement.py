@@ -1,0 +1,154 @@
+"""Replacement on a spec fix: a new name, create-before-delete, the old one deleted once the new is Ready."""
+
+from __future__ import annotations
+
+import asyncio
+
+from .conftest import eventually
+from .fakekube import FakeKube
+from .fakeprovider import FakeProvider
+from .proxyserver import MiniProxy
+from .test_lifecycle import KEY, phase, spec_for
+
+
+async def test_changed_inputs_replace_create_before_delete(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    make_controller({"kvm-home": provider})
+    spec = spec_for(proxy_server)
+    kube.create_proxy("px1", spec)
+    await eventually(lambda: phase(kube) == "Ready")
+    old = kube.status(KEY)["instance"]["name"]
+
+    # The replacement comes up on another address where nothing listens yet: it cannot become Ready.
+    provider.ip_for = lambda name: "127.0.0.1" if name == old else "127.0.0.2"
+    spec["placement"]["machineType"] = "large"
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: kube.status(KEY).get("previousInstance", {}).get("name") == old)
+    new = kube.status(KEY)["instance"]["name"]
+    assert new != old
+    await eventually(lambda: kube.status(KEY).get("ip") == "127.0.0.2")
+    await asyncio.sleep(0.3)  # many probe intervals at test speed: still not Ready, so the old one stays
+    assert phase(kube) == "Running"
+    assert provider.names() == {old, new}
+    assert ("delete", old) not in provider.calls
+
+    second = MiniProxy("127.0.0.2")
+    second.port = proxy_server.port
+    await second.start()
+    try:
+        await eventually(lambda: phase(kube) == "Ready" and "previousInstance" not in kube.status(KEY))
+        assert provider.names() == {new}
+        creates = [i for i, c in enumerate(provider.calls) if c == ("create", new)]
+        deletes = [i for i, c in enumerate(provider.calls) if c == ("delete", old)]
+        assert creates and deletes and creates[0] < deletes[0]
+        reasons = kube.reasons("px1")
+        assert "Replacing" in reasons and "Replaced" in reasons
+    finally:
+        await second.stop()
+
+
+async def test_region_and_port_changes_do_not_replace(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    make_controller({"kvm-home": provider})
+    spec = spec_for(proxy_server)
+    kube.create_proxy("px1", spec)
+    await eventually(lambda: phase(kube) == "Ready")
+    name = kube.status(KEY)["instance"]["name"]
+    spec["placement"]["region"] = "eu-west"
+    del spec["placement"]["zone"]  # the default zone, written or not, is the same input
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: kube.status(KEY).get("observedGeneration") == 2)
+    assert kube.status(KEY)["instance"]["name"] == name
+    assert provider.names() == {name}
+
+
+async def test_a_failed_proxy_fixed_has_nothing_to_keep(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    make_controller({"kvm-home": provider})
+    spec = spec_for(proxy_server)
+    spec["placement"]["image"] = "nonsense"
+    kube.create_proxy("px1", spec)
+    await eventually(lambda: phase(kube) == "Failed")
+    spec["placement"]["image"] = "debian-13"
+    previous_seen: list[object] = []
+    kube.watch(lambda kind, obj: previous_seen.append((obj.get("status") or {}).get("previousInstance")))
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: phase(kube) == "Ready")
+    assert not any(previous_seen)
+    assert len(provider.names()) == 1
+
+
+async def test_an_old_instance_that_never_worked_is_deleted_at_once(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    provider.ip_for = lambda name: None  # never gets an address
+    make_controller({"kvm-home": provider})
+    spec = spec_for(proxy_server)
+    kube.create_proxy("px1", spec)
+    await eventually(lambda: "waiting for the IP address" in kube.status(KEY).get("message", ""))
+    old = kube.status(KEY)["instance"]["name"]
+    provider.ip_for = lambda name: "127.0.0.1"
+    spec["cloudInit"]["userData"] = "#cloud-config\n# fixed\n"
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: phase(kube) == "Ready")
+    assert old not in provider.names() and len(provider.names()) == 1
+    assert "previousInstance" not in kube.status(KEY)
+
+
+async def test_no_capacity_for_both_deletes_the_old_one_first(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    provider.capacity = 1
+    make_controller({"kvm-home": provider})
+    spec = spec_for(proxy_server)
+    kube.create_proxy("px1", spec)
+    await eventually(lambda: phase(kube) == "Ready")
+    old = kube.status(KEY)["instance"]["name"]
+    spec["placement"]["machineType"] = "large"
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: phase(kube) == "Ready" and kube.status(KEY)["instance"]["name"] != old)
+    assert old not in provider.names() and len(provider.names()) == 1
+    assert "ReplacingWithoutOverlap" in kube.reasons("px1")
+
+
+async def test_secret_content_change_is_seen_on_resync_and_replaces(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    kube.put_secret("default", "ci", {"user-data": b"#cloud-config\n# v1\n"})
+    c = make_controller({"kvm-home": provider})
+    ref = {"secretRef": {"name": "ci", "key": "user-data"}}
+    kube.create_proxy("px1", spec_for(proxy_server, cloudInit=ref))
+    await eventually(lambda: phase(kube) == "Ready")
+    old = kube.status(KEY)["instance"]["name"]
+    kube.put_secret("default", "ci", {"user-data": b"#cloud-config\n# v2\n"})
+    await c._resync()  # what the periodic resync does
+    await eventually(lambda: phase(kube) == "Ready" and kube.status(KEY)["instance"]["name"] != old
+                     and "previousInstance" not in kube.status(KEY))
+    new = kube.status(KEY)["instance"]["name"]
+    assert provider.names() == {new}
+    assert provider.user_data[new] == b"#cloud-config\n# v2\n"
+
+
+async def test_spec_changed_twice_during_a_replacement_keeps_the_one_that_served(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    make_controller({"kvm-home": provider})
+    spec = spec_for(proxy_server)
+    kube.create_proxy("px1", spec)
+    await eventually(lambda: phase(kube) == "Ready")
+    first = kube.status(KEY)["instance"]["name"]
+    provider.ip_for = lambda name: "127.0.0.1" if name == first else None  # replacements never boot
+    spec["placement"]["machineType"] = "large"
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: kube.status(KEY).get("previousInstance", {}).get("name") == first)
+    second = kube.status(KEY)["instance"]["name"]
+    spec["cloudInit"]["userData"] = "#cloud-config\n# again\n"
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: kube.status(KEY)["instance"]["name"] not in (first, second))
+    st = kube.status(KEY)
+    assert st["previousInstance"]["name"] == first
+    assert second not in provider.names()  # the intermediate one never served: gone
+    assert first in provider.names()
+    # and back to the original inputs: the first one is simply current again
+    spec["placement"]["machineType"] = "small"
+    spec["cloudInit"]["userData"] = spec_for(proxy_server)["cloudInit"]["userData"]
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: phase(kube) == "Ready" and kube.status(KEY)["instance"]["name"] == first)
+    assert "previousInstance" not in kube.status(KEY)
+    assert provider.names() == {first}
