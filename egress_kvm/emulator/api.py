@@ -264,6 +264,7 @@ class Api:
         dry_run: bool = False,
     ) -> tuple[Obj, list[str]]:
         ns = ns if rt.namespaced else ""
+        self._check_subresource(rt, subresource)
         current = self.store.get(rt.key, ns, name)
         if current is None:
             raise errors.not_found(rt.group_resource, name)
@@ -301,6 +302,7 @@ class Api:
         dry_run: bool = False,
     ) -> tuple[Obj, list[str]]:
         ns = ns if rt.namespaced else ""
+        self._check_subresource(rt, subresource)
         current = self.store.get(rt.key, ns, name)
         if current is None:
             raise errors.not_found(rt.group_resource, name)
@@ -332,6 +334,11 @@ class Api:
             rt, current, obj, subresource=subresource, field_validation=field_validation, dry_run=dry_run
         )
 
+    @staticmethod
+    def _check_subresource(rt: ResourceType, subresource: str) -> None:
+        if subresource and (subresource != "status" or not rt.status_subresource):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
     def _write(
         self,
         rt: ResourceType,
@@ -349,8 +356,6 @@ class Api:
                 new["status"] = obj["status"]
             else:
                 new.pop("status", None)
-        elif subresource:
-            raise errors.not_found(rt.group_resource, f"{name}/{subresource}")
         else:
             new = obj
             if rt.status_subresource:

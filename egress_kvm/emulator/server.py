@@ -132,9 +132,7 @@ async def _resource(request: web.Request) -> web.StreamResponse:
     q = request.query
     dry_run = q.get("dryRun") == "All"
     fv = q.get("fieldValidation", "Warn")
-    if sub and sub != "status":
-        raise ApiError(404, "NotFound", "the server could not find the requested resource")
-    if sub and not rt.status_subresource:
+    if sub and (sub != "status" or not rt.status_subresource):
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
     method = request.method
     if not name:

@@ -1,0 +1,193 @@
+"""The emulator over HTTP (aiohttp client): Status bodies, discovery, Tables, and the watch stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from egress_kvm.emulator import Emulator
+
+from .conftest import proxy
+
+PX = "/apis/egressproxies.io/v1alpha1/namespaces/default/proxies"
+TABLE = (
+    "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,"
+    "application/json"
+)
+
+
+@pytest.fixture
+async def http(emu: Emulator) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(base_url=emu.url, headers={"Authorization": "Bearer ignored"}) as s:
+        yield s
+
+
+async def _lines(resp: aiohttp.ClientResponse, n: int, limit: float = 5.0) -> list[dict[str, Any]]:
+    out = []
+
+    async def read() -> None:
+        while len(out) < n:
+            line = await resp.content.readline()
+            if not line:
+                return
+            out.append(json.loads(line))
+
+    await asyncio.wait_for(read(), limit)
+    return out
+
+
+async def test_errors_are_status_objects(http: aiohttp.ClientSession) -> None:
+    async with http.get(f"{PX}/missing") as r:
+        body = await r.json()
+    assert r.status == 404
+    assert body == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": 'proxies.egressproxies.io "missing" not found',
+        "reason": "NotFound",
+        "code": 404,
+        "details": {"name": "missing", "group": "egressproxies.io", "kind": "proxies"},
+    }
+    async with http.get("/apis/nope.io/v1/things") as r:
+        assert r.status == 404 and (await r.json())["reason"] == "NotFound"
+
+
+async def test_create_get_and_unknown_field_warning_header(http: aiohttp.ClientSession) -> None:
+    async with http.post(PX, json=proxy("a", bogus=1)) as r:
+        assert r.status == 201
+        assert r.headers.getall("Warning") == ['299 - "unknown field \\"spec.bogus\\""']
+    async with http.post(PX + "?fieldValidation=Strict", json=proxy("b", bogus=1)) as r:
+        assert r.status == 400
+    async with http.get(f"{PX}/a") as r:
+        assert (await r.json())["spec"]["port"] == 3128
+
+
+async def test_discovery_lists_crd_with_short_names_and_status(http: aiohttp.ClientSession) -> None:
+    async with http.get("/apis") as r:
+        groups = {g["name"] for g in (await r.json())["groups"]}
+    assert {"egressproxies.io", "coordination.k8s.io", "apiextensions.k8s.io", "apps"} <= groups
+    async with http.get("/apis/egressproxies.io/v1alpha1") as r:
+        res = {x["name"]: x for x in (await r.json())["resources"]}
+    assert res["proxies"]["shortNames"] == ["px"] and res["proxies"]["namespaced"] is True
+    assert res["proxies/status"]["verbs"] == ["get", "patch", "update"]
+    async with http.get("/openapi/v3") as r:
+        url = (await r.json())["paths"]["apis/egressproxies.io/v1alpha1"]["serverRelativeURL"]
+    async with http.get(url) as r:
+        doc = await r.json()
+    patch_ops = [p["patch"] for p in doc["paths"].values() if "patch" in p]
+    assert all(any(q["name"] == "fieldValidation" for q in op["parameters"]) for op in patch_ops)
+    assert doc["components"]["schemas"]["io.egressproxies.v1alpha1.Proxy"]["x-kubernetes-group-version-kind"]
+
+
+async def test_table_for_get_and_list(http: aiohttp.ClientSession) -> None:
+    await http.post(PX, json=proxy("a"))
+    async with http.get(PX, headers={"Accept": TABLE}) as r:
+        t = await r.json()
+    assert t["kind"] == "Table" and t["rows"][0]["cells"][:3] == ["a", "Managed", "lab"]
+    async with http.get(f"{PX}/a", headers={"Accept": TABLE}) as r:
+        assert (await r.json())["rows"][0]["cells"][0] == "a"
+
+
+async def test_watch_replays_from_version_then_streams(emu: Emulator, http: aiohttp.ClientSession) -> None:
+    async with http.post(PX, json=proxy("a")) as r:
+        rv = (await r.json())["metadata"]["resourceVersion"]
+    await http.patch(
+        f"{PX}/a", json={"spec": {"port": 1000}}, headers={"Content-Type": "application/merge-patch+json"}
+    )
+    async with http.get(PX, params={"watch": "1", "resourceVersion": rv}) as r:
+        first = await _lines(r, 1)
+        assert first[0]["type"] == "MODIFIED" and first[0]["object"]["spec"]["port"] == 1000
+        await http.delete(f"{PX}/a")
+        ev = await _lines(r, 1)
+        assert ev[0]["type"] == "DELETED" and ev[0]["object"]["metadata"]["name"] == "a"
+        assert int(ev[0]["object"]["metadata"]["resourceVersion"]) == emu.store.resource_version
+
+
+async def test_watch_without_version_starts_with_current_objects(http: aiohttp.ClientSession) -> None:
+    await http.post(PX, json=proxy("a"))
+    async with http.get(PX, params={"watch": "true"}) as r:
+        ev = await _lines(r, 1)
+    assert ev[0]["type"] == "ADDED" and ev[0]["object"]["metadata"]["name"] == "a"
+
+
+async def test_bookmarks_carry_the_current_version(emu: Emulator, http: aiohttp.ClientSession) -> None:
+    rv = str(emu.store.resource_version)
+    async with http.get(PX, params={"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true"}) as r:
+        emu.create_namespace("other")  # moves the global version; no Proxy event
+        ev = await _lines(r, 1)
+    assert ev[0]["type"] == "BOOKMARK"
+    assert ev[0]["object"]["metadata"] == {"resourceVersion": str(emu.store.resource_version)}
+    assert ev[0]["object"]["kind"] == "Proxy"
+
+
+async def test_too_old_version_is_an_error_event_with_410(emu: Emulator, http: aiohttp.ClientSession) -> None:
+    async with http.post(PX, json=proxy("a")) as r:
+        old = (await r.json())["metadata"]["resourceVersion"]
+    await http.post(PX, json=proxy("b"))
+    emu.compact()
+    async with http.get(PX, params={"watch": "1", "resourceVersion": old}) as r:
+        assert r.status == 200
+        ev = await _lines(r, 2)
+    assert len(ev) == 1 and ev[0]["type"] == "ERROR"
+    status = ev[0]["object"]
+    assert status["kind"] == "Status" and status["code"] == 410 and status["reason"] == "Expired"
+    async with http.get(PX, params={"watch": "1", "resourceVersion": str(emu.store.resource_version)}) as r:
+        await http.post(PX, json=proxy("c"))
+        assert (await _lines(r, 1))[0]["type"] == "ADDED"  # watching from now after compaction is fine
+
+
+async def test_watch_timeout_ends_the_stream(http: aiohttp.ClientSession) -> None:
+    async with http.get(PX, params={"watch": "1", "resourceVersion": "1", "timeoutSeconds": "1"}) as r:
+        ev = await _lines(r, 5, limit=5)
+    assert ev == []
+
+
+async def test_field_selector_watch_turns_changes_into_added_and_deleted(http: aiohttp.ClientSession) -> None:
+    await http.post(PX, json=proxy("a"))
+    params = {"watch": "1", "resourceVersion": "1", "labelSelector": "team=x"}
+    async with http.get(PX, params=params) as r:
+        hdr = {"Content-Type": "application/merge-patch+json"}
+        await http.patch(f"{PX}/a", json={"metadata": {"labels": {"team": "x"}}}, headers=hdr)
+        await http.patch(f"{PX}/a", json={"metadata": {"labels": {"team": "y"}}}, headers=hdr)
+        ev = await _lines(r, 2)
+    assert [e["type"] for e in ev] == ["ADDED", "DELETED"]
+
+
+async def test_table_watch_rows(http: aiohttp.ClientSession) -> None:
+    async with http.post(PX, json=proxy("a")) as r:
+        rv = (await r.json())["metadata"]["resourceVersion"]
+    async with http.get(PX, params={"watch": "1", "resourceVersion": rv}, headers={"Accept": TABLE}) as r:
+        await http.patch(
+            f"{PX}/a/status",
+            json={"status": {"phase": "Ready"}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        await http.patch(
+            f"{PX}/a/status",
+            json={"status": {"phase": "Failed"}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        ev = await _lines(r, 2)
+    assert [e["object"]["kind"] for e in ev] == ["Table", "Table"]
+    assert (
+        ev[0]["object"]["rows"][0]["cells"][3] == "Ready"
+        and ev[1]["object"]["rows"][0]["cells"][3] == "Failed"
+    )
+    assert ev[0]["object"]["columnDefinitions"] and not ev[1]["object"]["columnDefinitions"]
+
+
+async def test_stop_ends_open_watches(emu: Emulator, http: aiohttp.ClientSession) -> None:
+    async with http.get(PX, params={"watch": "1", "resourceVersion": "1"}) as r:
+        await asyncio.sleep(0.1)
+        assert emu.store.subscriptions == 1
+        emu.store.close_all()
+        assert await _lines(r, 1) == []
+    await asyncio.sleep(0.1)
+    assert emu.store.subscriptions == 0

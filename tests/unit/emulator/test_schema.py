@@ -1,0 +1,171 @@
+"""CRD schemas: defaults, pruning, validation messages with field paths, worded as the real server's."""
+
+from __future__ import annotations
+
+import pytest
+
+from egress_kvm.emulator import Api, ApiError, schema
+from egress_kvm.emulator.resources import ResourceType
+
+from .conftest import crd_type, proxy, proxy_crd, widget_crd
+
+
+def _invalid(api: Api, rt: ResourceType, body: dict) -> ApiError:
+    with pytest.raises(ApiError) as e:
+        api.create(rt, "default", body)
+    return e.value
+
+
+def test_message_for_out_of_range_port_matches_the_real_server(api: Api, proxies: ResourceType) -> None:
+    err = _invalid(api, proxies, proxy("x", port=70000))
+    assert err.code == 422 and err.reason == "Invalid"
+    assert err.message == (
+        'Proxy.egressproxies.io "x" is invalid: spec.port: Invalid value: 70000: '
+        "spec.port in body should be less than or equal to 65535"
+    )
+    assert err.details["causes"] == [
+        {
+            "reason": "FieldValueInvalid",
+            "field": "spec.port",
+            "message": "Invalid value: 70000: spec.port in body should be less than or equal to 65535",
+        }
+    ]
+    assert err.details["kind"] == "Proxy" and err.details["group"] == "egressproxies.io"
+
+
+def test_several_errors_are_listed_in_brackets(api: Api, proxies: ResourceType) -> None:
+    err = _invalid(api, proxies, proxy("x", mode="Foo", port="80"))
+    assert err.message.startswith('Proxy.egressproxies.io "x" is invalid: [')
+    fields = {c["field"]: c for c in err.details["causes"]}
+    assert fields["spec.mode"]["reason"] == "FieldValueNotSupported"
+    assert (
+        fields["spec.mode"]["message"] == 'Unsupported value: "Foo": supported values: "Managed", "External"'
+    )
+    assert (
+        fields["spec.port"]["message"]
+        == 'Invalid value: "string": spec.port in body must be of type integer: "string"'
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "fragment"),
+    [
+        ({"provider": ""}, "spec.provider", "spec.provider in body should be at least 1 chars long"),
+        ({"provider": "x" * 64}, "spec.provider", "Too long: may not be more than 63 bytes"),
+        (
+            {"external": {"address": "no-port"}},
+            "spec.external.address",
+            r"spec.external.address in body should match '^[^\s:]+:[0-9]{1,5}$'",
+        ),
+        ({"external": {}}, "spec.external.address", "Required value"),
+        ({"cloudInit": {"secretRef": {"name": "s"}}}, "spec.cloudInit.secretRef.key", "Required value"),
+        (
+            {"healthCheck": {"intervalSeconds": 0}},
+            "spec.healthCheck.intervalSeconds",
+            "should be greater than or equal to 1",
+        ),
+        ({"healthCheck": {"url": "ftp://x"}}, "spec.healthCheck.url", "should match '^https?://'"),
+    ],
+)
+def test_nested_violations_name_their_field(
+    api: Api, proxies: ResourceType, spec: dict, field: str, fragment: str
+) -> None:
+    body = proxy("x")
+    body["spec"].update(spec)
+    err = _invalid(api, proxies, body)
+    assert [c["field"] for c in err.details["causes"]] == [field]
+    assert fragment in err.message
+
+
+def test_missing_spec_is_required(api: Api, proxies: ResourceType) -> None:
+    err = _invalid(api, proxies, {"metadata": {"name": "x"}})
+    assert err.message == 'Proxy.egressproxies.io "x" is invalid: spec: Required value'
+
+
+def test_array_item_paths_and_status_conditions(api: Api, proxies: ResourceType) -> None:
+    api.create(proxies, "default", proxy("x"))
+    with pytest.raises(ApiError) as e:
+        api.patch(
+            proxies,
+            "default",
+            "x",
+            "application/merge-patch+json",
+            {
+                "status": {
+                    "conditions": [
+                        {"type": "Ready", "status": "True"},
+                        {"type": "Healthy", "status": "Maybe"},
+                    ]
+                }
+            },
+            subresource="status",
+        )
+    assert e.value.details["causes"][0]["field"] == "status.conditions[1].status"
+
+
+def test_defaults_fill_nested_objects_only_when_present(api: Api, proxies: ResourceType) -> None:
+    obj, _ = api.create(proxies, "default", proxy("x"))
+    assert "healthCheck" not in obj["spec"]
+    obj, _ = api.create(proxies, "default", proxy("y", healthCheck={"url": "http://example.test/"}))
+    assert obj["spec"]["healthCheck"] == {
+        "url": "http://example.test/",
+        "intervalSeconds": 10,
+        "timeoutSeconds": 5,
+        "successThreshold": 2,
+        "failureThreshold": 3,
+    }
+
+
+def test_defaults_apply_on_update_and_patch(api: Api, proxies: ResourceType) -> None:
+    api.create(proxies, "default", proxy("x"))
+    obj, _ = api.patch(proxies, "default", "x", "application/merge-patch+json", {"spec": {"port": None}})
+    assert obj["spec"]["port"] == 3128  # removing a defaulted field brings the default back
+
+
+def test_unknown_fields_are_pruned_with_a_warning_or_refused_when_strict(
+    api: Api, proxies: ResourceType
+) -> None:
+    body = proxy("x", bogus=1, placement={"zone": "a", "rack": 4})
+    body["extra"] = True
+    obj, warnings = api.create(proxies, "default", body)
+    assert "bogus" not in obj["spec"] and "rack" not in obj["spec"]["placement"] and "extra" not in obj
+    assert sorted(warnings) == [
+        'unknown field "extra"',
+        'unknown field "spec.bogus"',
+        'unknown field "spec.placement.rack"',
+    ]
+    with pytest.raises(ApiError) as e:
+        api.create(proxies, "default", proxy("y", bogus=1), field_validation="Strict")
+    assert e.value.code == 400
+    assert e.value.message == (
+        'Proxy in version "v1alpha1" cannot be handled as a Proxy: strict decoding error: '
+        'unknown field "spec.bogus"'
+    )
+
+
+def test_maps_and_preserved_subtrees_are_not_pruned(api: Api) -> None:
+    api.create(crd_type(api), "", widget_crd())
+    widgets = api.resource("example.com", "v1", "widgets")
+    body = {"metadata": {"name": "w"}, "spec": {"labels": {"a": "b"}, "free": {"any": {"thing": 1}}}}
+    obj, warnings = api.create(widgets, "default", body)
+    assert (
+        obj["spec"]["labels"] == {"a": "b"} and obj["spec"]["free"] == {"any": {"thing": 1}} and not warnings
+    )
+    with pytest.raises(ApiError) as e:
+        api.create(
+            widgets,
+            "default",
+            {"metadata": {"name": "v"}, "spec": {"labels": {"a": 1}, "tags": ["1", "2", "3"]}},
+        )
+    causes = {c["field"]: c for c in e.value.details["causes"]}
+    assert (
+        causes["spec.labels.a"]["message"]
+        == 'Invalid value: "integer": spec.labels.a in body must be of type string: "integer"'
+    )
+    assert causes["spec.tags"]["reason"] == "FieldValueTooMany"
+
+
+def test_validate_function_reports_every_violation() -> None:
+    s = proxy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    errs = schema.validate({"spec": {"port": 0, "mode": "X", "placement": {"zone": 5}}}, s)
+    assert sorted(e.field for e in errs) == ["spec.mode", "spec.placement.zone", "spec.port"]
