@@ -205,6 +205,15 @@ class FakeHypervisor:
         return self._next_id
 
 
+def _strip_namespaces(xml: str) -> str:
+    """What libvirt's GET_METADATA returns: the element with its namespace removed."""
+    root = etree.fromstring(xml.encode())
+    for el in root.iter():
+        el.tag = etree.QName(el).localname
+    etree.cleanup_namespaces(root)
+    return etree.tostring(root, encoding="unicode")
+
+
 class _Download:
     def __init__(self, client: FakeLibvirtClient, vol: t.StorageVol, offset: int, length: int) -> None:
         self._client = client
@@ -417,7 +426,7 @@ class FakeLibvirtClient:
             if type_ != 2 or uri not in d.metadata:
                 raise lv_error(ErrorCode.NO_DOMAIN_METADATA, "metadata not found: Requested metadata element "
                                                              "is not present")
-            return d.metadata[uri]
+            return _strip_namespaces(d.metadata[uri])
         return await self._call("domain_get_metadata", (dom, type_, uri, flags), fn)
 
     async def domain_interface_addresses(self, dom: t.Domain, source: int, flags: int = 0

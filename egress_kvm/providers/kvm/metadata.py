@@ -69,16 +69,26 @@ def to_xml(meta: InstanceMetadata) -> str:
 
 
 def parse(xml: str) -> InstanceMetadata:
-    """Parse what DOMAIN_GET_METADATA returns for our namespace (libvirt re-serialises it, prefix and all)."""
+    """Parse what DOMAIN_GET_METADATA returns for our namespace.
+
+    libvirt hands the element back with its namespace stripped (`<instance><managed>...`), since the
+    caller named the namespace in the request; the domain XML carries it qualified. Both are accepted:
+    elements match by local name under either our namespace or none.
+    """
     try:
         root = etree.fromstring(xml.encode(), parser=etree.XMLParser(resolve_entities=False, no_network=True))
     except etree.XMLSyntaxError as exc:
         raise MetadataError(f"metadata element is not XML: {exc}") from None
-    if root.tag != _NS + ROOT:
-        raise MetadataError(f"metadata root is {root.tag!r}, expected {_NS + ROOT!r}")
+    ns = etree.QName(root).namespace
+    if etree.QName(root).localname != ROOT or ns not in (None, NAMESPACE):
+        raise MetadataError(f"metadata root is {root.tag!r}, expected {ROOT!r} in {NAMESPACE}")
+    prefix = _NS if ns else ""
+
+    def child(tag: str) -> etree._Element | None:
+        return root.find(prefix + tag)
 
     def text(tag: str) -> str:
-        el = root.find(_NS + tag)
+        el = child(tag)
         return (el.text or "").strip() if el is not None else ""
 
     created_text = text("created")
@@ -86,8 +96,8 @@ def parse(xml: str) -> InstanceMetadata:
         created = datetime.strptime(created_text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     except ValueError:
         raise MetadataError(f"metadata created {created_text!r} is not an RFC 3339 UTC time") from None
-    owner = root.find(_NS + "owner")
-    placement = root.find(_NS + "placement")
+    owner = child("owner")
+    placement = child("placement")
     return InstanceMetadata(
         cluster_id=text("cluster"),
         owner_uid=owner.get("uid", "") if owner is not None else "",

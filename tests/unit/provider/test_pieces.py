@@ -105,6 +105,11 @@ def test_metadata_round_trip_and_rejections() -> None:
     xml = metadata.to_xml(META)
     assert metadata.NAMESPACE in xml and "egress:" in xml
     assert metadata.parse(xml) == META
+    plain = xml.replace("egress:", "").replace(f' xmlns:egress="{metadata.NAMESPACE}"', "")
+    assert plain.startswith("<instance><managed>")  # how libvirt's GET_METADATA returns it
+    assert metadata.parse(plain) == META
+    with pytest.raises(metadata.MetadataError):
+        metadata.parse("<instance xmlns='urn:other'/>")
     with pytest.raises(metadata.MetadataError):
         metadata.parse("<other xmlns='urn:x'/>")
     with pytest.raises(metadata.MetadataError):

@@ -443,7 +443,7 @@ async def test_verbose_lines_carry_xml_metadata_addresses_but_never_cloud_init(l
         define = next(r for r in calls if r["method"] == "domain_define_xml")
         assert "<domain" in define["xml"]
         assert any(r["method"] == "storage_vol_create_xml" and "<volume" in r["xml"] for r in calls)
-        assert any(r["method"] == "domain_get_metadata" and metadata.NAMESPACE in r["metadata"]
+        assert any(r["method"] == "domain_get_metadata" and "<cluster>test-cluster</cluster>" in r["metadata"]
                    for r in calls)
         addrs = next(r for r in calls if r["method"] == "domain_interface_addresses")
         assert any("192.0.2.7/24" in i["addrs"] for i in addrs["addresses"])
