@@ -106,7 +106,10 @@ class ProxyInformer:
     # --- lifecycle -----------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """List+watch until stop(). May be run again after stop(): it resumes from the last version
+        seen (or relists, diffing against the cache, if that version has been compacted away)."""
         self._task = asyncio.current_task()
+        self._stopping = False
         try:
             await self._loop()
         except asyncio.CancelledError:

@@ -1,0 +1,238 @@
+"""The kube layer against the API emulator: informer, KubeApiClient writes, events, cluster id."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from kube_emulator_fixtures import (
+    create_namespace,
+    create_proxy,
+    create_secret,
+    delete_proxy,
+    emulator_with_crd,
+    patch_proxy,
+    until,
+)
+
+from egress_kvm.kube.api import KubeApiClient, namespace_uid
+from egress_kvm.kube.backoff import Backoff
+from egress_kvm.kube.informer import ProxyInformer
+from egress_kvm.kube.interfaces import FINALIZER
+from egress_kvm.kube.rest import KubeApiError, request_json
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Events(list[tuple[str, str]]):
+    def __call__(self, kind: str, obj: dict[str, Any]) -> None:
+        self.append((kind, obj["metadata"]["name"]))
+
+
+async def test_list_then_watch_sees_adds_changes_and_deletes() -> None:
+    async with emulator_with_crd() as (_emu, client):
+        await create_proxy(client, "before")
+        events = Events()
+        inf = ProxyInformer(client, namespace=None, on_event=events)
+        task = asyncio.create_task(inf.run())
+        await until(inf.has_synced)
+        await create_proxy(client, "after")
+        await patch_proxy(client, "before", {"spec": {"port": 8080}})
+        await delete_proxy(client, "after")
+        await until(lambda: len(events) == 4)
+        assert events == [("ADDED", "before"), ("ADDED", "after"), ("MODIFIED", "before"),
+                          ("DELETED", "after")]
+        assert inf.keys() == [("default", "before")]
+        assert inf.get(("default", "before"))["spec"]["port"] == 8080
+        inf.stop()
+        await task
+        assert inf.healthy()
+
+
+async def test_410_event_from_the_emulator_relists_without_losing_or_duplicating() -> None:
+    async with emulator_with_crd() as (emu, client):
+        for name in ("keep", "change", "drop"):
+            await create_proxy(client, name)
+        events = Events()
+        inf = ProxyInformer(client, namespace=None, on_event=events,
+                            backoff=Backoff(base=0.05, cap=0.2, jitter=0))
+        task = asyncio.create_task(inf.run())
+        await until(lambda: len(events) == 3)
+        inf.stop()
+        await task
+        # While the informer is away: one change, one delete, one add; then history is compacted, so
+        # resuming from the old resourceVersion is answered with an ERROR event, code 410.
+        await patch_proxy(client, "change", {"spec": {"port": 9999}})
+        await delete_proxy(client, "drop")
+        await create_proxy(client, "new")
+        emu.compact()
+        lists_before = inf.lists
+        task = asyncio.create_task(inf.run())
+        await until(lambda: len(events) == 6)
+        assert inf.lists == lists_before + 1
+        assert sorted(events[3:]) == [("ADDED", "new"), ("DELETED", "drop"), ("MODIFIED", "change")]
+        assert sorted(name for _ns, name in list(inf.keys())) == ["change", "keep", "new"]
+        assert inf.get(("default", "change"))["spec"]["port"] == 9999
+        # And the watch after the relist is live.
+        await patch_proxy(client, "keep", {"spec": {"port": 1}})
+        await until(lambda: len(events) == 7)
+        assert events[6] == ("MODIFIED", "keep")
+        inf.stop()
+        await task
+
+
+async def test_namespaced_informer_sees_only_its_namespace() -> None:
+    async with emulator_with_crd() as (_emu, client):
+        await create_namespace(client, "team-a")
+        events = Events()
+        inf = ProxyInformer(client, namespace="team-a", on_event=events)
+        task = asyncio.create_task(inf.run())
+        await until(inf.has_synced)
+        await create_proxy(client, "elsewhere", namespace="default")
+        await create_proxy(client, "mine", namespace="team-a")
+        await until(lambda: len(events) == 1)
+        await asyncio.sleep(0.2)
+        assert events == [("ADDED", "mine")] and inf.keys() == [("team-a", "mine")]
+        inf.stop()
+        await task
+
+
+async def test_status_update_from_a_stale_object_retries_the_conflict() -> None:
+    async with emulator_with_crd() as (_emu, client):
+        kube = KubeApiClient(client)
+        stale = await create_proxy(client, "p")
+        # Someone else writes after we read: our resourceVersion is now stale.
+        await patch_proxy(client, "p", {"metadata": {"labels": {"team": "x"}}})
+        stored = await kube.update_proxy_status(stale, {"phase": "Pending", "message": "waiting"})
+        assert stored["status"] == {"phase": "Pending", "message": "waiting"}
+        fresh = await kube.get_proxy("default", "p")
+        assert fresh is not None
+        assert fresh["status"]["phase"] == "Pending"
+        assert fresh["metadata"]["labels"] == {"team": "x"}  # the other writer's change survived
+        assert fresh["spec"]["provider"] == "kvm-home"
+
+
+async def test_status_update_of_a_vanished_proxy_raises_lookuperror() -> None:
+    async with emulator_with_crd() as (_emu, client):
+        kube = KubeApiClient(client)
+        obj = await create_proxy(client, "gone")
+        await delete_proxy(client, "gone")
+        with pytest.raises(LookupError):
+            await kube.update_proxy_status(obj, {"phase": "Pending"})
+        assert await kube.get_proxy("default", "gone") is None
+
+
+async def test_status_write_cannot_change_the_spec() -> None:
+    async with emulator_with_crd() as (_emu, client):
+        kube = KubeApiClient(client)
+        obj = await create_proxy(client, "p")
+        tampered = {**obj, "spec": {**obj["spec"], "provider": "other"}}
+        await kube.update_proxy_status(tampered, {"phase": "Pending"})
+        fresh = await kube.get_proxy("default", "p")
+        assert fresh is not None and fresh["spec"]["provider"] == "kvm-home"
+
+
+async def test_finalizer_add_then_delete_waits_for_removal() -> None:
+    async with emulator_with_crd() as (_emu, client):
+        kube = KubeApiClient(client)
+        obj = await create_proxy(client, "p")
+        await patch_proxy(client, "p", {"metadata": {"finalizers": ["someone.else/keep"]}})
+        with_ours = await kube.set_finalizer(obj, present=True)  # stale obj: conflict, re-read, retry
+        assert with_ours["metadata"]["finalizers"] == ["someone.else/keep", FINALIZER]
+        assert await kube.set_finalizer(with_ours, present=True) is with_ours  # already there: no write
+        await delete_proxy(client, "p")
+        deleting = await kube.get_proxy("default", "p")
+        assert deleting is not None and deleting["metadata"].get("deletionTimestamp")
+        after = await kube.set_finalizer(deleting, present=False)
+        assert after["metadata"]["finalizers"] == ["someone.else/keep"]
+        still = await kube.get_proxy("default", "p")
+        assert still is not None  # the other finalizer still holds it
+        await patch_proxy(client, "p", {"metadata": {"finalizers": None}})
+        assert await kube.get_proxy("default", "p") is None
+
+
+async def test_removing_our_last_finalizer_lets_the_object_go() -> None:
+    async with emulator_with_crd() as (_emu, client):
+        kube = KubeApiClient(client)
+        created = await create_proxy(client, "p")
+        await kube.set_finalizer(created, present=True)
+        await delete_proxy(client, "p")
+        deleting = await kube.get_proxy("default", "p")
+        assert deleting is not None
+        await kube.set_finalizer(deleting, present=False)
+        assert await kube.get_proxy("default", "p") is None
+        # Removing again (object gone) is not an error: it returns the last object seen.
+        assert (await kube.set_finalizer(deleting, present=False))["metadata"]["name"] == "p"
+        with pytest.raises(LookupError):
+            await kube.set_finalizer(created, present=True)  # adding to a vanished Proxy
+
+
+async def test_list_proxies_all_and_by_namespace() -> None:
+    async with emulator_with_crd() as (_emu, client):
+        await create_namespace(client, "b")
+        await create_proxy(client, "x")
+        await create_proxy(client, "y", namespace="b")
+        kube = KubeApiClient(client)
+        assert sorted(p["metadata"]["name"] for p in await kube.list_proxies(None)) == ["x", "y"]
+        assert [p["metadata"]["name"] for p in await kube.list_proxies("b")] == ["y"]
+
+
+async def test_read_secret_decodes_data_and_missing_is_none() -> None:
+    async with emulator_with_crd() as (_emu, client):
+        await create_secret(client, "auth", {"username": b"u", "password": b"p\x00w"})
+        kube = KubeApiClient(client)
+        assert await kube.read_secret("default", "auth") == {"username": b"u", "password": b"p\x00w"}
+        assert await kube.read_secret("default", "nope") is None
+
+
+async def test_events_are_recorded_for_the_object_and_repeats_bump_count() -> None:
+    async with emulator_with_crd() as (_emu, client):
+        kube = KubeApiClient(client)
+        obj = await create_proxy(client, "p")
+        await kube.record_event(obj, type_="Normal", reason="Provisioning", message="creating VM")
+        await kube.record_event(obj, type_="Normal", reason="Provisioning", message="creating VM")
+        await kube.record_event(obj, type_="Normal", reason="Provisioning", message="creating VM")
+        await kube.record_event(obj, type_="Warning", reason="Failed", message="unknown zone 'x'")
+        items = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
+        by_reason = {e["reason"]: e for e in items}
+        assert len(items) == 2
+        prov = by_reason["Provisioning"]
+        assert prov["count"] == 3 and prov["type"] == "Normal" and prov["message"] == "creating VM"
+        assert prov["involvedObject"]["kind"] == "Proxy"
+        assert prov["involvedObject"]["uid"] == obj["metadata"]["uid"]
+        assert prov["involvedObject"]["name"] == "p"
+        assert prov["source"]["component"] == "egress-kvm"
+        assert prov["firstTimestamp"] and prov["lastTimestamp"]
+        assert by_reason["Failed"]["type"] == "Warning" and by_reason["Failed"]["count"] == 1
+        # What `kubectl describe` asks for: events selected by the involved object.
+        selected = await request_json(client, "GET", "/api/v1/namespaces/default/events", query={
+            "fieldSelector": f"involvedObject.name=p,involvedObject.namespace=default,"
+                             f"involvedObject.uid={obj['metadata']['uid']}"})
+        assert len(selected["items"]) == 2
+
+
+async def test_an_expired_event_starts_a_new_series_and_failures_never_raise() -> None:
+    async with emulator_with_crd() as (_emu, client):
+        kube = KubeApiClient(client)
+        obj = await create_proxy(client, "p")
+        await kube.record_event(obj, type_="Normal", reason="Ready", message="ok")
+        (first,) = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
+        await request_json(client, "DELETE", f"/api/v1/namespaces/default/events/{first['metadata']['name']}")
+        await kube.record_event(obj, type_="Normal", reason="Ready", message="ok")
+        (second,) = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
+        assert second["count"] == 1 and second["metadata"]["name"] != first["metadata"]["name"]
+        # A namespace that does not exist: the API refuses, record_event swallows it (best effort).
+        ghost = {**obj, "metadata": {**obj["metadata"], "namespace": "no-such-ns"}}
+        await kube.record_event(ghost, type_="Normal", reason="X", message="y")
+
+
+async def test_cluster_id_is_the_kube_system_uid_and_stable() -> None:
+    async with emulator_with_crd() as (_emu, client):
+        uid = await namespace_uid(client)
+        assert uid and uid == await namespace_uid(client)
+        ns = await request_json(client, "GET", "/api/v1/namespaces/kube-system")
+        assert ns["metadata"]["uid"] == uid
+        with pytest.raises(KubeApiError) as err:
+            await namespace_uid(client, "missing")
+        assert err.value.not_found
