@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
 from aiohttp import web
 
 from egress_kvm.emulator import discovery, kubeconfig, tables, watch
@@ -81,16 +82,22 @@ async def _body(request: web.Request) -> Any:
     if not raw:
         return {}
     ctype = request.content_type
+    if "protobuf" in ctype or "cbor" in ctype:
+        # kubectl's typed commands (create namespace/secret/configmap) send protobuf bodies; the
+        # emulator speaks JSON only, and says so instead of guessing.
+        raise ApiError(
+            415,
+            "UnsupportedMediaType",
+            f"the emulator does not decode {ctype} request bodies; send JSON or YAML (for kubectl: "
+            "`kubectl create ... --dry-run=client -o yaml | kubectl apply -f -`)",
+        )
     try:
         if ctype.endswith("yaml"):
-            import yaml
-
             return yaml.safe_load(raw)
         return json.loads(raw)
-    except (ValueError, Exception) as e:
-        raise bad_request(
-            f"the request body is not valid {'YAML' if ctype.endswith('yaml') else 'JSON'}: {e}"
-        ) from None
+    except (ValueError, yaml.YAMLError) as e:
+        kind = "YAML" if ctype.endswith("yaml") else "JSON"
+        raise bad_request(f"the request body is not valid {kind}: {e}") from None
 
 
 def _parse_path(api: Api, group: str, version: str, rest: str) -> tuple[ResourceType, str | None, str, str]:

