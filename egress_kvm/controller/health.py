@@ -83,6 +83,7 @@ class Prober:
         self._log = logger or get_logger("controller.health")
         self._targets: dict[Hashable, ProbeTarget] = {}
         self._tasks: dict[Hashable, asyncio.Task[None]] = {}
+        self._running: set[asyncio.Task[None]] = set()  # includes cancelled ones not yet finished
         self._health: dict[Hashable, Health] = {}
         self._auth_cache: dict[tuple[str, str], tuple[float, str | None]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -101,9 +102,10 @@ class Prober:
         self.unwatch(key)
         self._targets[key] = target
         self._health[key] = Health()
-        self._tasks[key] = asyncio.get_running_loop().create_task(self._loop(key, target),
-                                                                 name=f"probe {key}")
-        self._tasks[key].add_done_callback(self._task_done)
+        task = asyncio.get_running_loop().create_task(self._loop(key, target), name=f"probe {key}")
+        self._tasks[key] = task
+        self._running.add(task)
+        task.add_done_callback(self._task_done)
 
     def unwatch(self, key: Hashable) -> None:
         task = self._tasks.pop(key, None)
@@ -126,10 +128,9 @@ class Prober:
 
     async def close(self) -> None:
         self._closed = True
-        tasks = list(self._tasks.values())
         for key in list(self._tasks):
             self.unwatch(key)
-        for t in tasks:
+        for t in list(self._running):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         if self._session is not None:
@@ -139,6 +140,7 @@ class Prober:
     # --- the probe loop ------------------------------------------------------------------------------
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
         if not task.cancelled() and task.exception() is not None:
             self._died = task.exception()
             self._log.error(task.exception(), "health probe loop died")

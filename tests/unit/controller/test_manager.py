@@ -1,0 +1,127 @@
+"""The Controller as the process drives it: stop (SIGTERM) mid-reconcile, health, resync, errors, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+from egress_kvm import metrics
+from egress_kvm.controller.manager import Controller
+
+from .conftest import FAST, eventually
+from .fakekube import FakeKube
+from .fakeprovider import FakeProvider
+from .proxyserver import MiniProxy
+from .test_lifecycle import KEY, phase, spec_for
+
+
+async def test_stop_mid_reconcile_abandons_safely_and_the_next_controller_converges(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy) -> None:
+    provider.hold_create = asyncio.Event()
+    c = Controller(kube=kube, store=kube, providers={"kvm-home": provider}, **FAST)
+    kube.watch(c.on_event)
+    run = asyncio.create_task(c.run())
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await provider.create_started.wait()  # a create is in flight, holding a worker
+    await c.stop(timeout=0.05)  # SIGTERM; the create does not finish in time
+    await asyncio.wait_for(run, 5)
+    assert c.queue.processing() == frozenset()
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith(("reconcile", "probe"))]
+    name = kube.status(KEY)["instance"]["name"]  # recorded before the create began
+    assert provider.names() == set()  # the abandoned create never completed
+
+    provider.hold_create = None
+    c2 = Controller(kube=kube, store=kube, providers={"kvm-home": provider}, **FAST)
+    kube.watch(c2.on_event)
+    run2 = asyncio.create_task(c2.run())
+    try:
+        await eventually(lambda: phase(kube) == "Ready")
+        assert provider.names() == {name}
+    finally:
+        await c2.stop(timeout=1)
+        await run2
+
+
+async def test_stop_lets_an_in_flight_reconcile_finish_within_the_timeout(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy) -> None:
+    provider.hold_create = asyncio.Event()
+    c = Controller(kube=kube, store=kube, providers={"kvm-home": provider}, **FAST)
+    kube.watch(c.on_event)
+    run = asyncio.create_task(c.run())
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await provider.create_started.wait()
+    stopping = asyncio.create_task(c.stop(timeout=10))
+    await asyncio.sleep(0.05)
+    assert not stopping.done()
+    c.enqueue(("default", "other"))  # no new work is taken once stopping
+    provider.hold_create.set()
+    await asyncio.wait_for(stopping, 5)
+    await asyncio.wait_for(run, 5)
+    assert len(provider.names()) == 1
+    assert kube.status(KEY)["phase"] in ("Running", "Provisioning")  # its last write happened
+
+
+async def test_a_dead_worker_makes_the_controller_unhealthy(kube: FakeKube, provider: FakeProvider,
+                                                           make_controller) -> None:
+    c = make_controller({"kvm-home": provider})
+    await asyncio.sleep(0)
+    assert c.healthy()
+
+    async def broken_get() -> object:
+        raise RuntimeError("queue corrupted")
+
+    c.queue.get = broken_get  # type: ignore[method-assign]
+    c.enqueue(("default", "x"))  # wake a worker so it calls get again
+    await eventually(lambda: not c.healthy())
+
+
+async def test_reconcile_errors_are_retried_with_backoff_and_counted(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    before = metrics.REGISTRY.get_sample_value("controller_runtime_reconcile_errors_total",
+                                               {"controller": "proxy"}) or 0
+    real_get = kube.get_proxy
+    failures = 3
+
+    async def flaky_get(namespace: str, name: str):  # the API server is having a bad moment
+        nonlocal failures
+        if failures > 0:
+            failures -= 1
+            raise ConnectionResetError("API server connection reset")
+        return await real_get(namespace, name)
+
+    kube.get_proxy = flaky_get  # type: ignore[method-assign]
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    after = metrics.REGISTRY.get_sample_value("controller_runtime_reconcile_errors_total",
+                                              {"controller": "proxy"})
+    assert after - before >= 3
+    assert c.healthy()
+    assert metrics.REGISTRY.get_sample_value("egress_kvm_proxies", {"phase": "Ready"}) >= 1
+    assert metrics.REGISTRY.get_sample_value("controller_runtime_reconcile_time_seconds_count",
+                                             {"controller": "proxy"}) > 0
+
+
+async def test_periodic_resync_reconciles_without_events(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    make_controller({"kvm-home": provider}, resync_period=0.05)
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    gets = sum(1 for op, _ in provider.calls if op == "get")
+    await eventually(lambda: sum(1 for op, _ in provider.calls if op == "get") >= gets + 3)
+
+
+async def test_deleted_event_forgets_the_key(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    assert c.prober.keys() == [KEY]
+    kube.delete(KEY)
+    await eventually(lambda: KEY not in kube.objects)
+    await eventually(lambda: c.prober.keys() == [] and KEY not in c.reconciler.phases)
+
+
+async def test_stop_before_run(kube: FakeKube) -> None:
+    c = Controller(kube=kube, store=kube, providers={})
+    await c.stop(timeout=1)
+    await asyncio.wait_for(c.run(), 1)

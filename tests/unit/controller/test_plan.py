@@ -1,0 +1,86 @@
+"""Every row of the phase table (plan.plan_instance) and the transition Events."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from egress_kvm.controller.health import Health
+from egress_kvm.controller.plan import Action, plan_instance, transition_events
+from egress_kvm.controller.status import Ref
+from egress_kvm.providers.base import Instance, PowerState
+
+T = Ref("proxy-abc", "nas1")
+NOW = datetime.now(UTC)
+
+
+def inst(state: PowerState = PowerState.RUNNING, ip: str | None = "10.231.1.100",
+         message: str = "") -> Instance:
+    return Instance(name="proxy-abc", zone="nas1", power_state=state, ip=ip, owner_uid="u", created_at=NOW,
+                    message=message)
+
+
+def plan(instance: Instance | None, *, had_ip: bool = False, health: Health | None = None,
+         previous: bool = False):
+    return plan_instance(target=T, instance=instance, had_ip=had_ip, health=health, success_threshold=2,
+                         has_previous=previous)
+
+
+def test_none_never_seen_creates() -> None:
+    p = plan(None)
+    assert (p.phase, p.action) == ("Provisioning", Action.CREATE)
+    assert [e.reason for e in p.events] == ["Created"]
+
+
+def test_none_after_it_had_an_ip_recreates_with_a_warning() -> None:
+    p = plan(None, had_ip=True)
+    assert (p.phase, p.action) == ("Provisioning", Action.CREATE)
+    assert [(e.type_, e.reason) for e in p.events] == [("Warning", "Recreated")]
+
+
+@pytest.mark.parametrize("state", [PowerState.STOPPED, PowerState.CRASHED, PowerState.PAUSED])
+def test_not_running_is_started(state: PowerState) -> None:
+    p = plan(inst(state, message="disk full"))
+    assert (p.phase, p.action, p.poll) == ("Running", Action.START, True)
+    assert p.events[0].message == f"instance proxy-abc was {state.value} (disk full); started it"
+    assert plan(inst(state, ip=None)).phase == "Provisioning"
+
+
+def test_starting_polls() -> None:
+    p = plan(inst(PowerState.PENDING))
+    assert (p.phase, p.action, p.poll) == ("Provisioning", Action.NONE, True)
+
+
+def test_no_ip_polls() -> None:
+    p = plan(inst(ip=None))
+    assert (p.phase, p.poll, p.probe) == ("Provisioning", True, False)
+    assert "waiting for the IP address" in p.message
+
+
+def test_ip_but_probes_inconclusive_is_running() -> None:
+    p = plan(inst(), health=Health(healthy=None, successes=1, last_probe=NOW, message="HTTP 200"))
+    assert (p.phase, p.probe, p.ip) == ("Running", True, "10.231.1.100")
+    assert "1/2 successes" in p.message
+
+
+def test_unhealthy_is_running() -> None:
+    p = plan(inst(), health=Health(healthy=False, failures=3, last_probe=NOW, message="refused"))
+    assert p.phase == "Running" and p.message == "unhealthy: refused"
+
+
+def test_healthy_is_ready_and_retires_the_previous_instance() -> None:
+    h = Health(healthy=True, successes=2, last_probe=NOW, message="HTTP 200")
+    assert plan(inst(), health=h).delete_previous is False
+    p = plan(inst(), health=h, previous=True)
+    assert (p.phase, p.delete_previous) == ("Ready", True)
+
+
+def test_transition_events_fire_once_per_transition() -> None:
+    assert transition_events(old_phase="Ready", new_phase="Ready", message="", endpoint="e", ip="i") == []
+    assert [e.reason for e in transition_events(old_phase="Running", new_phase="Ready", message="",
+                                                endpoint="http://i:1", ip="i")] == ["Ready"]
+    assert [e.reason for e in transition_events(old_phase="Ready", new_phase="Running", message="x",
+                                                endpoint="e", ip="i")] == ["Unhealthy"]
+    assert [e.type_ for e in transition_events(old_phase=None, new_phase="Failed", message="spec.x: bad",
+                                               endpoint=None, ip=None)] == ["Warning"]
