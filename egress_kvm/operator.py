@@ -139,7 +139,7 @@ class Operator:
             kube=kube, store=self.informer, providers=self.providers, providers_hash=self.loaded.digest,
             workers=opts.max_concurrent_reconciles, resync_period=opts.resync_period,
             gc_interval=opts.gc_interval, gc_grace_period=opts.gc_grace_period,
-            logger=log.get_logger("controller"))
+            logger=log.get_logger("controller"), namespace=opts.namespace or None)
 
         try:
             await self._start_http(stack)
