@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent / "kube"))
 from kube_emulator_fixtures import create_namespace, create_proxy, emulator_with_crd
 
 from egress_kvm.kube.api import KubeApiClient
+from egress_kvm.kube.interfaces import FINALIZER
 from egress_kvm.kube.rest import request_json
 
 pytestmark = pytest.mark.timeout(120)
@@ -254,3 +255,46 @@ async def test_two_processes_one_leader_and_a_takeover_after_sigterm(tmp_path: P
 
         await until(failed)
         assert await second.terminate() == 0
+
+
+async def test_sigterm_mid_reconcile_abandons_the_stuck_call_and_exits_cleanly(tmp_path: Path) -> None:
+    # A "hypervisor" that accepts the SSH connection and then says nothing: the reconcile hangs inside
+    # the provider (until asyncssh's own 20 s timeout) when SIGTERM arrives.
+    connected = asyncio.Event()
+    held: list[asyncio.StreamWriter] = []
+
+    async def black_hole(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        connected.set()
+
+    server = await asyncio.start_server(black_hole, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    (tmp_path / "id_ed25519").write_bytes(key.export_private_key())
+    providers = ("providers:\n  - name: kvm-home\n    type: kvm\n    kvm:\n"
+                 f"      sshKeyFile: {tmp_path}/id_ed25519\n      insecureIgnoreHostKey: true\n"
+                 "      images: {deb: {url: 'http://127.0.0.1:9/deb.qcow2'}}\n"
+                 "      machineTypes: {small: {vcpus: 1, memoryMiB: 512}}\n"
+                 f"      hosts: [{{name: h, address: '127.0.0.1:{port}', user: u, bridge: br0}}]\n")
+    try:
+        async with operators(tmp_path, 1, "--graceful-shutdown-timeout=1s",
+                             providers_text=providers) as (_emu, client, (op,)):
+            await op.wait_log("controller started")
+            await create_proxy(client, "stuck", placement={"machineType": "small", "image": "deb"},
+                               cloudInit={"userData": "#cloud-config\n"})
+            await asyncio.wait_for(connected.wait(), 30)
+            assert await op.terminate(within=15) == 0
+            stopping = op.logged("controller stopping")[0]
+            assert stopping["inFlight"] == 1
+            assert op.logged("reconciles abandoned at shutdown")
+            assert op.logged("operator stopped")
+            obj = await KubeApiClient(client).get_proxy("default", "stuck")
+            # Abandoned safely: the finalizer is on (a later delete still cleans up whatever the next
+            # reconcile finds) and the phase never claimed more than what happened.
+            assert obj is not None and FINALIZER in obj["metadata"]["finalizers"]
+            assert (obj.get("status") or {}).get("phase") in (None, "Pending", "Provisioning")
+    finally:
+        for w in held:
+            w.close()
+        server.close()
+        await server.wait_closed()
