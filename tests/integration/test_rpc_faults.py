@@ -1,0 +1,99 @@
+"""rpc when the real link fails mid-call: the SSH session killed, libvirtd killed, libvirtd frozen.
+
+Each in-flight call must end with ConnectionLost well inside its deadline (never a hang), and a frozen
+daemon must be detected by keepalive. libvirtd is frozen with SIGSTOP to hold a call in flight; the test
+that kills libvirtd starts it again in the host's namespaces so later tests find the lab healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+
+import pytest
+import rpc_lab as L
+
+import rpc
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+DEADLINE = (
+    60.0  # far above what any of these should take: ConnectionLost, not DeadlineExceeded, must end them
+)
+
+
+async def wait_sent(client: rpc.Client, n: int = 1) -> None:
+    """Let the call leave: its serial is in the map once it has been written."""
+    for _ in range(200):
+        if len(client._pending) >= n:
+            await asyncio.sleep(0.1)
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("call never sent")
+
+
+async def test_killing_the_ssh_session_mid_call_is_connection_lost(lab_host) -> None:  # type: ignore[no-untyped-def]
+    sshd = L.host(lab_host).sshd_pid
+    before = L.descendants(sshd)
+    client = await L.connect_ssh(lab_host)
+    ours = L.descendants(sshd) - before
+    assert ours, "no sshd session process appeared for our connection"
+    try:
+        with L.stopped(L.libvirtd_pid(lab_host)):
+            calls = [asyncio.create_task(client.connect_get_hostname(timeout=DEADLINE)) for _ in range(3)]
+            await wait_sent(client, 3)
+            for pid in ours:
+                with contextlib.suppress(ProcessLookupError):  # a short-lived helper may be gone already
+                    os.kill(pid, signal.SIGKILL)
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(r, rpc.ConnectionLost) for r in results), results
+        assert not client.is_connected
+        with pytest.raises(rpc.ConnectionLost):
+            await client.connect_get_hostname()
+    finally:
+        await client.close()
+    async with await L.connect_ssh(lab_host) as again:  # the host is fine; a new connection works
+        assert await again.connect_get_lib_version() > 0
+
+
+async def test_frozen_libvirtd_is_detected_by_keepalive(lab_host) -> None:  # type: ignore[no-untyped-def]
+    client = await L.connect_ssh(lab_host, keepalive_interval=0.5, keepalive_count=2)
+    try:
+        with L.stopped(L.libvirtd_pid(lab_host)), pytest.raises(rpc.ConnectionLost, match="keepalive"):
+            await client.connect_get_hostname(timeout=DEADLINE)
+    finally:
+        await client.close()
+
+
+async def test_deadline_on_a_frozen_libvirtd_then_the_late_reply_is_dropped(lab_host) -> None:  # type: ignore[no-untyped-def]
+    async with await rpc.connect_unix(L.unix_socket_path(lab_host), keepalive_interval=30) as client:
+        with L.stopped(L.libvirtd_pid(lab_host)), pytest.raises(rpc.DeadlineExceeded):
+            await client.connect_get_hostname(timeout=0.5)
+        assert await client.connect_get_lib_version(timeout=30) > 0  # the late hostname reply came first
+        assert client.late_replies == 1
+
+
+async def test_killing_libvirtd_mid_call_is_connection_lost_on_every_transport(lab_host) -> None:  # type: ignore[no-untyped-def]
+    over_ssh = await L.connect_ssh(lab_host)
+    direct = await rpc.connect_unix(L.unix_socket_path(lab_host))
+    pid = L.libvirtd_pid(lab_host)
+    try:
+        with L.stopped(pid):
+            calls = [
+                asyncio.create_task(over_ssh.connect_get_hostname(timeout=DEADLINE)),
+                asyncio.create_task(direct.connect_get_hostname(timeout=DEADLINE)),
+            ]
+            await wait_sent(over_ssh)
+            await wait_sent(direct)
+            os.kill(pid, signal.SIGKILL)
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(r, rpc.ConnectionLost) for r in results), results
+    finally:
+        await over_ssh.close()
+        await direct.close()
+        await asyncio.to_thread(L.wait_gone, pid)
+        await asyncio.to_thread(L.restart_libvirtd, lab_host)
+    async with await L.connect_ssh(lab_host) as again:
+        assert await again.connect_get_lib_version() > 0
