@@ -17,6 +17,7 @@ The rules are the real server's where a controller or kubectl can observe them:
 
 from __future__ import annotations
 
+import base64
 import copy
 import random
 import re
@@ -27,7 +28,7 @@ from typing import Any
 
 from egress_kvm.emulator import errors, patch, schema
 from egress_kvm.emulator.errors import ApiError, FieldError
-from egress_kvm.emulator.resources import CRD_KEY, NAMESPACE_KEY, Registry, ResourceType
+from egress_kvm.emulator.resources import CRD_KEY, NAMESPACE_KEY, SECRET_KEY, Registry, ResourceType
 from egress_kvm.emulator.selectors import field_matcher, label_matcher
 from egress_kvm.emulator.store import Store
 
@@ -242,7 +243,21 @@ class Api:
             return []
         return [f'unknown field "{p}"' for p in dropped]
 
+    @staticmethod
+    def _fold_string_data(rt: ResourceType, obj: Obj) -> None:
+        """Secrets: `stringData` is write-only; the server merges it into `data` (base64)."""
+        if rt.key != SECRET_KEY:
+            return
+        obj.setdefault("type", "Opaque")  # the real server's default
+        if not isinstance(obj.get("stringData"), dict):
+            return
+        data = obj.setdefault("data", {}) or {}
+        for k, v in obj.pop("stringData").items():
+            data[k] = base64.b64encode(str(v).encode()).decode()
+        obj["data"] = data
+
     def _on_create(self, rt: ResourceType, obj: Obj) -> None:
+        self._fold_string_data(rt, obj)
         if rt.key == NAMESPACE_KEY:
             obj["spec"] = {"finalizers": ["kubernetes"]}
             obj["status"] = {"phase": "Active"}
@@ -385,6 +400,7 @@ class Api:
                     ],
                 )
         warnings = self._apply_schema(rt, new, field_validation)
+        self._fold_string_data(rt, new)
         if rt.key == CRD_KEY:
             self._check_crd(new, old=current)
             new["status"] = self._crd_status(new, current.get("status"))

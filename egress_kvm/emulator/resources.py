@@ -111,6 +111,7 @@ BUILTINS: tuple[ResourceType, ...] = (
 
 CRD_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
 NAMESPACE_KEY = ("", "namespaces")
+SECRET_KEY = ("", "secrets")
 
 
 def types_from_crd(crd: dict[str, Any]) -> list[ResourceType]:

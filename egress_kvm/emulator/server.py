@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from egress_kvm.emulator import discovery, kubeconfig, tables, watch
+from egress_kvm.emulator import discovery, kubeconfig, protobuf, tables, watch
 from egress_kvm.emulator.api import Api
 from egress_kvm.emulator.errors import ApiError, bad_request, method_not_allowed
 from egress_kvm.emulator.resources import ResourceType
@@ -77,19 +77,24 @@ def _is_watch(request: web.Request) -> bool:
     return request.query.get("watch", "").lower() in ("1", "true")
 
 
-async def _body(request: web.Request) -> Any:
+async def _body(request: web.Request, kind: str = "") -> Any:
     raw = await request.read()
     if not raw:
         return {}
     ctype = request.content_type
+    if ctype == "application/vnd.kubernetes.protobuf" and kind in protobuf.KINDS:
+        try:
+            return protobuf.decode(raw, kind=kind)
+        except protobuf.ProtobufError as e:
+            raise bad_request(f"the protobuf request body could not be decoded: {e}") from None
     if "protobuf" in ctype or "cbor" in ctype:
-        # kubectl's typed commands (create namespace/secret/configmap) send protobuf bodies; the
-        # emulator speaks JSON only, and says so instead of guessing.
+        # kubectl's typed commands send protobuf bodies; the emulator decodes them only for the kinds
+        # in protobuf.KINDS and says so for the rest instead of guessing.
         raise ApiError(
             415,
             "UnsupportedMediaType",
-            f"the emulator does not decode {ctype} request bodies; send JSON or YAML (for kubectl: "
-            "`kubectl create ... --dry-run=client -o yaml | kubectl apply -f -`)",
+            f"the emulator decodes {ctype} request bodies only for {', '.join(protobuf.KINDS)}; send JSON or "
+            "YAML (for kubectl: `kubectl create ... --dry-run=client -o yaml | kubectl apply -f -`)",
         )
     try:
         if ctype.endswith("yaml"):
@@ -196,7 +201,7 @@ async def _resource(request: web.Request) -> web.StreamResponse:
             if rt.namespaced and ns is None:
                 raise method_not_allowed()
             obj, warnings = api.create(
-                rt, ns or "", await _body(request), field_validation=fv, dry_run=dry_run
+                rt, ns or "", await _body(request, rt.kind), field_validation=fv, dry_run=dry_run
             )
             return _json(_render_one(request, api, rt, obj), 201, warnings)
         if method == "DELETE":
@@ -218,7 +223,13 @@ async def _resource(request: web.Request) -> web.StreamResponse:
         return _json(_render_one(request, api, rt, api.get(rt, ns or "", name)))
     if method == "PUT":
         obj, warnings = api.update(
-            rt, ns or "", name, await _body(request), subresource=sub, field_validation=fv, dry_run=dry_run
+            rt,
+            ns or "",
+            name,
+            await _body(request, rt.kind),
+            subresource=sub,
+            field_validation=fv,
+            dry_run=dry_run,
         )
         return _json(_render_one(request, api, rt, obj), 200, warnings)
     if method == "PATCH":
@@ -227,7 +238,7 @@ async def _resource(request: web.Request) -> web.StreamResponse:
             ns or "",
             name,
             request.content_type,
-            await _body(request),
+            await _body(request, rt.kind),
             subresource=sub,
             field_validation=fv,
             dry_run=dry_run,
@@ -236,7 +247,7 @@ async def _resource(request: web.Request) -> web.StreamResponse:
     if method == "DELETE":
         if sub:
             raise method_not_allowed()
-        options = await _body(request)
+        options = await _body(request, rt.kind)
         obj, gone = api.delete(
             rt, ns or "", name, options if isinstance(options, dict) else {}, dry_run=dry_run
         )

@@ -10,6 +10,7 @@ on SIGTERM.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import queue
@@ -360,6 +361,21 @@ def test_apply_kustomize_deploy_tree(emu: Emu) -> None:
     assert "deployment.apps/" in kinds and "serviceaccount/" in kinds
 
 
-def test_typed_create_with_protobuf_body_gets_a_clear_refusal(emu: Emu) -> None:
-    r = emu.kubectl("create", "namespace", "proto", check=False)
-    assert r.returncode == 1 and "does not decode application/vnd.kubernetes.protobuf" in r.stderr
+def test_typed_creates_send_protobuf_and_work_for_core_kinds(emu: Emu, ns: str, tmp_path: Path) -> None:
+    """The spec's setup step: `kubectl create secret generic kvm-ssh --from-file=...` (protobuf body)."""
+    (tmp_path / "id_ed25519").write_text("not-a-real-key\n")
+    emu.kubectl("-n", ns, "create", "secret", "generic", "kvm-ssh", f"--from-file={tmp_path / 'id_ed25519'}")
+    secret = json.loads(emu.kubectl("-n", ns, "get", "secret", "kvm-ssh", "-o", "json").stdout)
+    assert (
+        base64.b64decode(secret["data"]["id_ed25519"]) == b"not-a-real-key\n" and secret["type"] == "Opaque"
+    )
+    emu.kubectl("-n", ns, "create", "configmap", "cfg", "--from-literal=providers.yaml=providers: []")
+    cm = json.loads(emu.kubectl("-n", ns, "get", "cm", "cfg", "-o", "json").stdout)
+    assert cm["data"] == {"providers.yaml": "providers: []"}
+    emu.kubectl("create", "namespace", f"{ns}-2")
+    assert emu.kubectl("get", "ns", f"{ns}-2", "-o", "name").stdout.strip() == f"namespace/{ns}-2"
+    r = emu.kubectl("-n", ns, "create", "deployment", "d", "--image=x", check=False)
+    assert (
+        r.returncode == 1
+        and "decodes application/vnd.kubernetes.protobuf request bodies only for" in r.stderr
+    )
