@@ -1,0 +1,161 @@
+"""The controller driving the real KvmProvider over the in-memory fake libvirt (tests/fakes).
+
+Same flows as test_lifecycle, but every create/get/start/delete/list goes through the provider's real
+code (domain XML, seed ISO, volumes, metadata, address discovery, error classification), so these prove
+the seam between the two: what the provider returns and raises is what the reconciler expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from fakes import FakeHypervisors, fake_kvm_provider
+from fakes.libvirt import FakeHypervisor
+
+from egress_kvm.providers.kvm import KvmProvider, addresses
+from egress_kvm.providers.kvm.seed import read_seed_iso
+
+from .conftest import eventually
+from .fakekube import FakeKube
+from .proxyserver import MiniProxy
+from .test_lifecycle import KEY, cond, phase
+
+PROVIDER = "kvm-test"
+
+
+@pytest.fixture
+async def kvm(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[KvmProvider, FakeHypervisors]]:
+    # The provider rightly skips a guest's loopback addresses; here the "VM" answering probes is the
+    # test's proxy on 127.0.0.1 (the only place a test may send traffic), so accept loopback, nothing else.
+    real = addresses.usable_ipv4
+    monkeypatch.setattr(addresses, "usable_ipv4", lambda a: a.startswith("127.") or real(a))
+    provider, hv = fake_kvm_provider(hosts=["host0", "host1"], cluster_id="c1")
+    yield provider, hv
+    await provider.close()
+
+
+def kvm_spec(proxy: MiniProxy, **extra: object) -> dict:
+    spec: dict = {"mode": "Managed", "provider": PROVIDER,
+                  "placement": {"zone": "host0", "machineType": "small", "image": "debian-12"},
+                  "port": proxy.port, "cloudInit": {"userData": "#cloud-config\nruncmd: [tinyproxy]\n"},
+                  "healthCheck": {"intervalSeconds": 1}}
+    spec.update(extra)
+    return spec
+
+
+def instance_volumes(h: FakeHypervisor, name: str) -> set[str]:
+    return {v for v in h.volumes if v.startswith(name)}
+
+
+async def boot(kube: FakeKube, h: FakeHypervisor, ip: str = "127.0.0.1") -> str:
+    """Wait for the domain to be defined and running, then let its guest agent report `ip`."""
+    await eventually(lambda: (kube.status(KEY).get("instance") or {}).get("name") in h.domains,
+                     what="domain defined")
+    name = kube.status(KEY)["instance"]["name"]
+    h.set_vm_ip(name, ip)
+    return name
+
+
+async def test_lifecycle_to_ready_and_deletion_over_the_kvm_provider(
+        kube: FakeKube, kvm, proxy_server: MiniProxy, make_controller) -> None:
+    provider, hv = kvm
+    make_controller({PROVIDER: provider})
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    await eventually(lambda: "waiting for the IP address" in kube.status(KEY).get("message", ""))
+    assert phase(kube) == "Provisioning"
+    name = await boot(kube, hv["host0"])
+    await eventually(lambda: phase(kube) == "Ready")
+    st = kube.status(KEY)
+    assert st["instance"] == {"name": name, "zone": "host0"}
+    assert st["endpoint"] == f"http://127.0.0.1:{proxy_server.port}"
+    seed = read_seed_iso(bytes(hv["host0"].volumes[f"{name}-seed.iso"].data))
+    assert seed.files["user-data"] == b"#cloud-config\nruncmd: [tinyproxy]\n"  # not rewritten
+    assert instance_volumes(hv["host0"], name) == {f"{name}.qcow2", f"{name}-seed.iso"}
+
+    kube.delete(KEY)
+    await eventually(lambda: KEY not in kube.objects)
+    assert name not in hv["host0"].domains
+    assert instance_volumes(hv["host0"], name) == set()  # domain and volumes gone before the finalizer
+    assert "base-debian-12.qcow2" in hv["host0"].volumes  # the image cache stays
+
+
+async def test_shut_off_vm_is_started_and_io_error_pause_backs_off_as_quota(
+        kube: FakeKube, kvm, proxy_server: MiniProxy, make_controller) -> None:
+    provider, hv = kvm
+    c = make_controller({PROVIDER: provider})
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    name = await boot(kube, hv["host0"])
+    await eventually(lambda: phase(kube) == "Ready")
+    hv["host0"].shut_off(name)
+    c.enqueue(KEY)
+    await eventually(lambda: "Restarted" in kube.reasons("px1"))
+    assert hv["host0"].domains[name].id != -1  # running again, same domain
+    hv["host0"].pause_on_io_error(name)
+    c.enqueue(KEY)
+    await eventually(lambda: cond(kube, "Ready").get("reason") == "QuotaExceeded")
+    assert "out of capacity" in kube.status(KEY)["message"]
+    assert c.queue.failures(KEY) >= 1
+
+
+async def test_unreachable_host_never_recreates_over_the_kvm_provider(
+        kube: FakeKube, kvm, proxy_server: MiniProxy, make_controller) -> None:
+    provider, hv = kvm
+    c = make_controller({PROVIDER: provider})
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    name = await boot(kube, hv["host0"])
+    await eventually(lambda: phase(kube) == "Ready")
+    defines = hv["host0"].calls.count("domain_define_xml")
+    hv.set_unreachable("host0")
+    c.enqueue(KEY)
+    await eventually(lambda: cond(kube, "HostReachable").get("status") == "False")
+    assert "host0" in kube.status(KEY)["message"]
+    hv.set_unreachable("host0", False)
+    c.enqueue(KEY)
+    await eventually(lambda: cond(kube, "HostReachable").get("status") == "True", limit=30)
+    assert hv["host0"].calls.count("domain_define_xml") == defines
+    assert set(hv["host0"].domains) == {name}
+
+
+async def test_unknown_zone_fails_naming_it(kube: FakeKube, kvm, proxy_server: MiniProxy,
+                                            make_controller) -> None:
+    provider, _ = kvm
+    make_controller({PROVIDER: provider})
+    spec = kvm_spec(proxy_server)
+    spec["placement"]["zone"] = "host9"
+    kube.create_proxy("px1", spec)
+    await eventually(lambda: phase(kube) == "Failed")
+    assert "'host9'" in kube.status(KEY)["message"] and "spec.placement" in kube.status(KEY)["message"]
+
+
+async def test_replacement_to_another_host_over_the_kvm_provider(
+        kube: FakeKube, kvm, proxy_server: MiniProxy, make_controller) -> None:
+    provider, hv = kvm
+    make_controller({PROVIDER: provider})
+    spec = kvm_spec(proxy_server)
+    kube.create_proxy("px1", spec)
+    old = await boot(kube, hv["host0"])
+    await eventually(lambda: phase(kube) == "Ready")
+    spec["placement"]["zone"] = "host1"
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: kube.status(KEY).get("previousInstance", {}).get("name") == old)
+    assert old in hv["host0"].domains  # kept while the new one comes up
+    new = await boot(kube, hv["host1"])
+    await eventually(lambda: phase(kube) == "Ready" and "previousInstance" not in kube.status(KEY))
+    assert old not in hv["host0"].domains and instance_volumes(hv["host0"], old) == set()
+    assert set(hv["host1"].domains) == {new}
+
+
+async def test_orphan_gc_over_the_kvm_provider(kube: FakeKube, kvm, proxy_server: MiniProxy,
+                                               make_controller) -> None:
+    provider, hv = kvm
+    c = make_controller({PROVIDER: provider}, gc_grace_period=0.0)
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    name = await boot(kube, hv["host0"])
+    await eventually(lambda: phase(kube) == "Ready")
+    await c.stop(timeout=1)
+    kube.force_remove(KEY)  # the Proxy vanished while the operator was down
+    hv["host1"].reachable = False  # and one host cannot be listed: it must simply be skipped
+    collected = await c.collect_garbage()
+    assert [x.name for x in collected] == [name]
+    assert name not in hv["host0"].domains and instance_volumes(hv["host0"], name) == set()
