@@ -113,3 +113,32 @@ def test_sample_proxy_names_the_sample_provider() -> None:
     assert proxy["spec"]["placement"]["zone"] in [h["name"] for h in entry["kvm"]["hosts"]]
     assert proxy["spec"]["placement"]["machineType"] in entry["kvm"]["machineTypes"]
     assert proxy["spec"]["placement"]["image"] in entry["kvm"]["images"]
+
+
+async def test_kubectl_apply_k_deploy_and_the_sample_proxy_against_the_emulator(tmp_path: Path) -> None:
+    import asyncio
+
+    from egress_kvm.emulator import Emulator
+
+    kubectl = _kubectl()
+    async with Emulator.running(port=0) as emu:
+        kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig")
+
+        def run(*args: str) -> str:
+            done = subprocess.run([kubectl, f"--kubeconfig={kubeconfig}", *args], capture_output=True,
+                                  text=True, timeout=60)
+            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+            return done.stdout
+
+        first = await asyncio.to_thread(run, "apply", "-k", str(ROOT / "deploy"))
+        assert "deployment.apps/egress-kvm-controller-manager created" in first
+        again = await asyncio.to_thread(run, "apply", "-k", str(ROOT / "deploy"))
+        assert "created" not in again and "configured" not in again  # idempotent: all unchanged
+        cm = yaml.safe_load(await asyncio.to_thread(
+            run, "-n", NS, "get", "configmap", "egress-kvm-providers-config", "-o", "yaml"))
+        assert yaml.safe_load(cm["data"]["providers.yaml"]) == {"providers": []}
+        # The sample passes the CRD's schema as served.
+        out = await asyncio.to_thread(run, "apply", "-f", str(ROOT / "deploy/samples/proxy_kvm.yaml"))
+        assert "proxy.egressproxies.io/proxy-kvm-sample created" in out
+        table = await asyncio.to_thread(run, "get", "px")
+        assert table.split()[:7] == ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "AGE"]
