@@ -167,7 +167,13 @@ async def _resource(request: web.Request) -> web.StreamResponse:
                     table=_accepts_table(request),
                     include_object=q.get("includeObject", "Metadata"),
                 )
-                return await watch.serve(request, api, req, bookmark_interval=emu.bookmark_interval)
+                return await watch.serve(
+                    request,
+                    api,
+                    req,
+                    bookmark_interval=emu.bookmark_interval,
+                    stalled=lambda: emu.watches_stalled,
+                )
             items, rv = api.list(rt, ns, label_selector=labels, field_selector=fields)
             if _accepts_table(request):
                 return _json(
@@ -341,7 +347,7 @@ class Emulator:
 
     Test hooks: `store` (the object store, e.g. `store.resource_version`), `api` (create/patch/delete
     objects without HTTP, e.g. to make a change a client must notice), `compact()` (drop watch history,
-    so the next watch from an older resourceVersion gets 410).
+    so the next watch from an older resourceVersion gets 410), `end_watches()`, `stall_watches()`.
     """
 
     def __init__(
@@ -356,6 +362,7 @@ class Emulator:
         self.bookmark_interval = bookmark_interval
         self.api = Api(Store(history=history))
         self._runner: web.AppRunner | None = None
+        self.watches_stalled = False
 
     @property
     def store(self) -> Store:
@@ -379,6 +386,7 @@ class Emulator:
         log.info("emulator serving", url=self.url)
 
     async def stop(self) -> None:
+        self.watches_stalled = False
         self.store.close_all()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -401,7 +409,17 @@ class Emulator:
         return kubeconfig.kubeconfig(self.url, namespace=namespace)
 
     def compact(self) -> int:
+        """Forget the watch history: a watch from any earlier resourceVersion now gets the 410 event."""
         return self.store.compact()
+
+    def end_watches(self) -> None:
+        """End every open watch stream cleanly (as a real server does at its timeout): clients watch again."""
+        self.store.close_all()
+
+    def stall_watches(self, stalled: bool = True) -> None:
+        """Keep open watch streams open but silent (no events, no bookmarks) until called with False;
+        events made meanwhile are delivered after. For testing a client's stall detection."""
+        self.watches_stalled = stalled
 
     def create_namespace(self, name: str) -> Obj:
         rt = self.api.resource("", "v1", "namespaces")

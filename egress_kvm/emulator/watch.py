@@ -65,8 +65,15 @@ def translate(req: WatchRequest, ev: Event) -> tuple[str, Obj] | None:
 
 
 async def serve(
-    request: web.Request, api: Api, req: WatchRequest, *, bookmark_interval: float
+    request: web.Request,
+    api: Api,
+    req: WatchRequest,
+    *,
+    bookmark_interval: float,
+    stalled: Callable[[], bool] = lambda: False,
 ) -> web.StreamResponse:
+    """Serve one watch. While `stalled()` is true the stream stays open but sends nothing (no events,
+    no bookmarks): a test hook for clients that must notice a silent stream."""
     resp = web.StreamResponse(
         status=200, headers={"Content-Type": "application/json", "Cache-Control": "no-cache, private"}
     )
@@ -121,10 +128,21 @@ async def serve(
             await resp.write(line)
         deadline = time.monotonic() + req.timeout
         next_bookmark = time.monotonic() + bookmark_interval
+        held: list[Event] = []
         while True:
             now = time.monotonic()
             if now >= deadline:
                 break
+            if stalled():
+                if request.transport is None or request.transport.is_closing():
+                    break
+                await asyncio.sleep(0.05)
+                next_bookmark = time.monotonic() + bookmark_interval
+                continue
+            while held:
+                out = translate(req, held.pop(0))
+                if out is not None:
+                    await resp.write(render(*out))
             if req.bookmarks and now >= next_bookmark:
                 await resp.write(bookmark())
                 next_bookmark = now + bookmark_interval
@@ -137,12 +155,15 @@ async def serve(
                 continue
             if ev is None:  # server shutting down
                 break
+            if stalled():
+                held.append(ev)  # arrived as the stall began: deliver after it
+                continue
             out = translate(req, ev)
             if out is not None:
                 await resp.write(render(*out))
         await resp.write_eof()
-    except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
-        pass
+    except ConnectionError:
+        pass  # the client went away
     finally:
         store.unsubscribe(sub)
     return resp

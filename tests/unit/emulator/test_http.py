@@ -41,6 +41,18 @@ async def _lines(resp: aiohttp.ClientResponse, n: int, limit: float = 5.0) -> li
     return out
 
 
+async def _collect(resp: aiohttp.ClientResponse, seconds: float) -> list[dict[str, Any]]:
+    """Whatever events arrive within `seconds`."""
+    out: list[dict[str, Any]] = []
+    try:
+        async with asyncio.timeout(seconds):
+            while line := await resp.content.readline():
+                out.append(json.loads(line))
+    except TimeoutError:
+        pass
+    return out
+
+
 async def test_errors_are_status_objects(http: aiohttp.ClientSession) -> None:
     async with http.get(f"{PX}/missing") as r:
         body = await r.json()
@@ -191,3 +203,30 @@ async def test_stop_ends_open_watches(emu: Emulator, http: aiohttp.ClientSession
         assert await _lines(r, 1) == []
     await asyncio.sleep(0.1)
     assert emu.store.subscriptions == 0
+
+
+async def test_stalled_watch_sends_nothing_then_delivers(emu: Emulator, http: aiohttp.ClientSession) -> None:
+    params = {"watch": "1", "resourceVersion": str(emu.store.resource_version), "allowWatchBookmarks": "true"}
+    async with http.get(PX, params=params) as r:
+        assert (await _lines(r, 1))[0]["type"] == "BOOKMARK"  # the stream is up
+        emu.stall_watches()
+        await http.post(PX, json=proxy("quiet"))
+        quiet = await _collect(r, 0.6)  # three bookmark intervals
+        assert "ADDED" not in [e["type"] for e in quiet]  # (a bookmark already in flight may arrive)
+        emu.stall_watches(False)
+        types = []
+        while "ADDED" not in types:
+            types += [e["type"] for e in await _lines(r, 1)]
+    assert set(types) <= {"BOOKMARK", "ADDED"}
+
+
+async def test_end_watches_closes_streams_and_new_ones_work(
+    emu: Emulator, http: aiohttp.ClientSession
+) -> None:
+    async with http.get(PX, params={"watch": "1", "resourceVersion": "1"}) as r:
+        await asyncio.sleep(0.1)
+        emu.end_watches()
+        assert await _lines(r, 1) == []
+    async with http.get(PX, params={"watch": "1", "resourceVersion": str(emu.store.resource_version)}) as r:
+        await http.post(PX, json=proxy("after"))
+        assert (await _lines(r, 1))[0]["type"] == "ADDED"
