@@ -166,10 +166,11 @@ async def test_vm_found_shut_off_is_started_again_with_an_event(
     kube.create_proxy("px1", spec_for(proxy_server))
     await eventually(lambda: phase(kube) == "Ready")
     name = kube.status(KEY)["instance"]["name"]
-    for state in (PowerState.STOPPED, PowerState.CRASHED, PowerState.PAUSED):
+    for i, state in enumerate((PowerState.STOPPED, PowerState.CRASHED, PowerState.PAUSED)):
         provider.power(name, state, "I/O error" if state is PowerState.PAUSED else "")
         c.enqueue(KEY)
-        await eventually(lambda: provider.vms[("nas1", name)].power_state is PowerState.RUNNING)
+        await eventually(lambda i=i: kube.reasons("px1").count("Restarted") == i + 1)
+        assert provider.vms[("nas1", name)].power_state is PowerState.RUNNING
     restarted = [m for t, r, m in kube.events_for("px1") if r == "Restarted"]
     assert len(restarted) == 3 and all(t == "Warning" for t, r, _ in kube.events_for("px1")
                                        if r == "Restarted")
@@ -186,8 +187,8 @@ async def test_vm_that_vanished_is_recreated_with_a_warning(
     name = kube.status(KEY)["instance"]["name"]
     provider.vanish(name)
     c.enqueue(KEY)
-    await eventually(lambda: name in provider.names(), what="recreated")
-    assert "Recreated" in kube.reasons("px1")
+    await eventually(lambda: "Recreated" in kube.reasons("px1"), what="Recreated event")
+    assert name in provider.names()
     await eventually(lambda: phase(kube) == "Ready")
 
 
