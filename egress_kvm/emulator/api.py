@@ -91,7 +91,7 @@ class Api:
         obj = self.store.get(rt.key, ns if rt.namespaced else "", name)
         if obj is None:
             raise errors.not_found(rt.group_resource, name)
-        return self._served(rt, obj)
+        return self.served(rt, obj)
 
     def list(
         self,
@@ -103,10 +103,10 @@ class Api:
     ) -> tuple[list[Obj], str]:
         labels = label_matcher(label_selector)
         fields = field_matcher(field_selector, kind=rt.kind)
-        items = [self._served(rt, o) for o in self.store.list(rt.key, ns if rt.namespaced else None)]
+        items = [self.served(rt, o) for o in self.store.list(rt.key, ns if rt.namespaced else None)]
         return [o for o in items if labels(o) and fields(o)], str(self.store.resource_version)
 
-    def _served(self, rt: ResourceType, obj: Obj) -> Obj:
+    def served(self, rt: ResourceType, obj: Obj) -> Obj:
         """As read back: apiVersion of the requested version, and schema defaults (the real server
         defaults on read too, so a default added to a CRD later shows on old objects)."""
         obj["apiVersion"] = rt.api_version
@@ -158,7 +158,7 @@ class Api:
         stored = self.store.put(rt.key, obj, event="ADDED")
         if rt.key == CRD_KEY:
             self._rebuild_registry()
-        return self._served(rt, stored), warnings
+        return self.served(rt, stored), warnings
 
     def _check_body(self, rt: ResourceType, body: Any) -> Obj:
         if not isinstance(body, dict):
@@ -321,7 +321,7 @@ class Api:
         current = self.store.get(rt.key, ns, name)
         if current is None:
             raise errors.not_found(rt.group_resource, name)
-        base = self._served(rt, copy.deepcopy(current))
+        base = self.served(rt, copy.deepcopy(current))
         if content_type == "application/merge-patch+json":
             if not isinstance(body, dict):
                 raise errors.bad_request("merge patch: the body must be a JSON object")
@@ -409,17 +409,17 @@ class Api:
         if not meta.get("finalizers"):
             meta.pop("finalizers", None)
         if self._same(current, new):
-            return self._served(rt, copy.deepcopy(current)), warnings
+            return self.served(rt, copy.deepcopy(current)), warnings
         if dry_run:
-            return self._served(rt, new), warnings
+            return self.served(rt, new), warnings
         if meta.get("deletionTimestamp") and not meta.get("finalizers") and self._may_vanish(rt, new):
             final = self.store.remove(rt.key, new)
             self._after_remove(rt, final)
-            return self._served(rt, final), warnings
+            return self.served(rt, final), warnings
         stored = self.store.put(rt.key, new, event="MODIFIED")
         if rt.key == CRD_KEY:
             self._rebuild_registry()
-        return self._served(rt, stored), warnings
+        return self.served(rt, stored), warnings
 
     @staticmethod
     def _same(a: Obj, b: Obj) -> bool:
@@ -464,9 +464,9 @@ class Api:
         if rt.key == NAMESPACE_KEY and name in PROTECTED_NAMESPACES:
             raise errors.forbidden(rt.group_resource, name, "this namespace may not be deleted")
         if dry_run:
-            return self._served(rt, current), not meta.get("finalizers")
+            return self.served(rt, current), not meta.get("finalizers")
         if meta.get("deletionTimestamp"):
-            return self._served(rt, current), False
+            return self.served(rt, current), False
         cascades = rt.key in (NAMESPACE_KEY, CRD_KEY)
         if meta.get("finalizers") or cascades:
             meta["deletionTimestamp"] = self.now()
@@ -480,12 +480,12 @@ class Api:
                 self._cascade(rt, stored)
                 again = self.store.get(rt.key, ns, name)
                 if again is None:
-                    return self._served(rt, stored), True
+                    return self.served(rt, stored), True
                 stored = again
-            return self._served(rt, stored), False
+            return self.served(rt, stored), False
         final = self.store.remove(rt.key, current)
         self._after_remove(rt, final)
-        return self._served(rt, final), True
+        return self.served(rt, final), True
 
     def delete_collection(
         self,

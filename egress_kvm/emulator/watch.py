@@ -10,6 +10,7 @@ selection into ADDED or DELETED, as the real watch cache does.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 from collections.abc import Callable
@@ -83,7 +84,7 @@ async def serve(
 
     def render(kind: str, obj: Obj) -> bytes:
         nonlocal first_table
-        served = api._served(req.rt, obj)
+        served = api.served(req.rt, copy.deepcopy(obj))  # events share the stored dicts
         if req.table:
             served = tables.table(
                 req.rt,
