@@ -44,7 +44,8 @@ class Controller:
             raise ValueError(f"workers: {workers} must be at least 1")
         self.kube = kube
         self.store = store
-        self.namespace = namespace or None
+        # The informer knows its watch scope; use it when the caller did not say.
+        self.namespace = namespace or getattr(store, "namespace", None) or None
         self.log = logger or get_logger("controller")
         self.workers = workers
         self.resync_period = resync_period
