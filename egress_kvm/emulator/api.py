@@ -61,16 +61,15 @@ def rfc3339(t: datetime) -> str:
 
 
 class Api:
+    """One emulated cluster's objects and verbs. Methods raise ApiError as the real server answers."""
+
     def __init__(self, store: Store | None = None, *, clock: Callable[[], datetime] | None = None) -> None:
         self.store = store or Store()
         self.registry = Registry()
         self._clock = clock or (lambda: datetime.now(UTC))
+        namespaces = self.resource("", "v1", "namespaces")
         for ns in INITIAL_NAMESPACES:
-            self.create(
-                self.registry.get("", "v1", "namespaces"),
-                "",  # type: ignore[arg-type]
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-            )
+            self.create(namespaces, "", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
 
     def now(self) -> str:
         return rfc3339(self._clock())
