@@ -310,22 +310,27 @@ class Reconciler:
 
     async def _unreachable(self, ctx: _Ctx, err: TransientError, *, target: Ref) -> Result:
         """The host did not answer: say so, keep everything as it is; never recreate on this."""
+        status = self._held_status(ctx, message=f"zone {target.zone} unreachable: {err}",
+                                   reason="HostUnreachable")
+        set_condition(status, type_=COND_HOST, value="False", reason="Unreachable", message=str(err),
+                      generation=ctx.generation)
+        await self._write(ctx, status)
+        return Result(retry=TRANSIENT)
+
+    def _held_status(self, ctx: _Ctx, *, message: str, reason: str) -> Obj:
+        """The current status with a new message: nothing observed, so the phase stays, except that
+        Running/Ready still follow the probes (which reach the VM directly), so Ready stays == Healthy."""
         status = dict(ctx.status)
         phase = status.get("phase") or PROVISIONING
         health = self.prober.health(ctx.key)
-        if phase in (RUNNING, READY):
-            phase = READY if health is not None and health.healthy else RUNNING
-            if health is not None:
-                status = self._probe_fields(status, health, probing=True)
+        if phase in (RUNNING, READY) and health is not None:
+            phase = READY if health.healthy else RUNNING
+            status = self._probe_fields(status, health, probing=True)
         status["phase"] = phase
-        status["message"] = f"zone {target.zone} unreachable: {err}"
+        status["message"] = message
         status["observedGeneration"] = ctx.generation
-        set_condition(status, type_=COND_HOST, value="False", reason="Unreachable", message=str(err),
-                      generation=ctx.generation)
-        self._ready_condition(status, phase=phase, reason="HostUnreachable", message=status["message"],
-                              generation=ctx.generation)
-        await self._write(ctx, status)
-        return Result(retry=TRANSIENT)
+        self._ready_condition(status, phase=phase, reason=reason, message=message, generation=ctx.generation)
+        return status
 
     # --- External ------------------------------------------------------------------------------------
 
@@ -422,16 +427,11 @@ class Reconciler:
                        event: Event | None = None) -> Result:
         """A retryable error: keep the phase, say what went wrong, back off."""
         ctx.log.info("reconcile will be retried", reason=reason, message=message)
-        status = dict(ctx.status)
-        phase = status.get("phase") or PROVISIONING
-        status["phase"] = phase
-        changed = status.get("message") != message
-        status["message"] = message
-        status["observedGeneration"] = ctx.generation
+        changed = ctx.status.get("message") != message
+        status = self._held_status(ctx, message=message, reason=reason)
         if retry == TRANSIENT and reason == "TransientError":
             set_condition(status, type_=COND_HOST, value="False", reason="Unreachable", message=message,
                           generation=ctx.generation)
-        self._ready_condition(status, phase=phase, reason=reason, message=message, generation=ctx.generation)
         if event is not None and changed:
             ctx.events.append(event)
         try:

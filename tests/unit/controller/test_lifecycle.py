@@ -207,6 +207,10 @@ async def test_unreachable_host_sets_a_condition_and_never_recreates(
     st = kube.status(KEY)
     assert "zone nas1 unreachable" in st["message"]
     assert st["phase"] == "Ready"  # the VM still answers its probes directly
+    await proxy_server.stop()  # ...until it does not: Ready follows Healthy even while the host is away
+    await eventually(lambda: phase(kube) == "Running")
+    assert cond(kube, "HostReachable")["status"] == "False"
+    await proxy_server.start()
     provider.unreachable.clear()
     await eventually(lambda: cond(kube, "HostReachable").get("status") == "True")
     assert provider.names() == {name}
