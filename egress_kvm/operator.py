@@ -180,7 +180,7 @@ class Operator:
                 self.log.info("stop signal received, shutting down")
         finally:
             stop_wait.cancel()
-            await self._shutdown(release=exit_code == 0)
+            await self._shutdown(lost=exit_code != 0)
         return exit_code
 
     async def _start_http(self, stack: contextlib.AsyncExitStack) -> None:
@@ -200,12 +200,15 @@ class Operator:
             stack.push_async_callback(self.metrics_server.close)
             self.log.info("serving metrics", address=str(opts.metrics_bind_address))
 
-    async def _shutdown(self, *, release: bool) -> None:
+    async def _shutdown(self, *, lost: bool) -> None:
+        """Stop in dependency order. The lease is renewed until the controller has stopped, so no
+        successor reconciles while our in-flight work finishes; after a lost lease there is no grace
+        (someone else may already lead) and nothing to release."""
         self._stopping = True
         controller_task = self._tasks.get("controller")
         if controller_task is not None and self.controller is not None:
             try:
-                await self.controller.stop(timeout=self.options.graceful_shutdown_timeout)
+                await self.controller.stop(timeout=0 if lost else self.options.graceful_shutdown_timeout)
             except Exception as exc:
                 self.log.error(exc, "controller stop failed")
             await _finish(controller_task, grace=5.0)
@@ -220,7 +223,7 @@ class Operator:
         informer_task = self._tasks.get("informer")
         if informer_task is not None:
             await _finish(informer_task, grace=5.0)
-        if self.elector is not None and release:
+        if self.elector is not None and not lost:
             await self.elector.release()
         self.log.info("operator stopped")
 

@@ -10,20 +10,17 @@ point a process at any server regardless of where it runs.
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import ConfigException
-from kubernetes_asyncio.config.incluster_config import (
-    SERVICE_CERT_FILENAME,
-    SERVICE_HOST_ENV_NAME,
-    SERVICE_TOKEN_FILENAME,
-    load_incluster_config,
-)
+from kubernetes_asyncio.config.incluster_config import SERVICE_HOST_ENV_NAME, InClusterConfigLoader
 from kubernetes_asyncio.config.kube_config import load_kube_config
 
-SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SERVICE_ACCOUNT_NAMESPACE_FILE = f"{SERVICE_ACCOUNT_DIR}/namespace"
 DEFAULT_KUBECONFIG = "~/.kube/config"
 
 
@@ -39,31 +36,42 @@ class ClientSource:
     path: str = ""
 
 
-async def new_api_client(*, kubeconfig: str | None = None,
-                         environ: dict[str, str] | None = None) -> tuple[ApiClient, ClientSource]:
+async def new_api_client(*, kubeconfig: str | None = None, environ: dict[str, str] | None = None,
+                         service_account_dir: str = SERVICE_ACCOUNT_DIR,
+                         ) -> tuple[ApiClient, ClientSource]:
     """An ApiClient for the first credentials source that applies (see the module docstring)."""
     env = dict(os.environ if environ is None else environ)
     configuration = Configuration()
     if kubeconfig:
         await _load_kubeconfig(kubeconfig, configuration, what="--kubeconfig")
-        return ApiClient(configuration), ClientSource("kubeconfig", kubeconfig)
+        return _client(configuration, ClientSource("kubeconfig", kubeconfig))
     if env.get("KUBECONFIG"):
         await _load_kubeconfig(env["KUBECONFIG"], configuration, what="KUBECONFIG")
-        return ApiClient(configuration), ClientSource("kubeconfig", env["KUBECONFIG"])
+        return _client(configuration, ClientSource("kubeconfig", env["KUBECONFIG"]))
     if env.get(SERVICE_HOST_ENV_NAME):
         try:
-            load_incluster_config(client_configuration=configuration,
-                                  token_filename=SERVICE_TOKEN_FILENAME,
-                                  cert_filename=SERVICE_CERT_FILENAME)
+            InClusterConfigLoader(token_filename=f"{service_account_dir}/token",
+                                  cert_filename=f"{service_account_dir}/ca.crt",
+                                  environ=env).load_and_set(configuration)
         except ConfigException as exc:
             raise KubeConfigError(f"in-cluster service account: {exc}") from None
-        return ApiClient(configuration), ClientSource("in-cluster")
+        return _client(configuration, ClientSource("in-cluster", service_account_dir))
     default = _existing(DEFAULT_KUBECONFIG)
     if default:
         await _load_kubeconfig(default, configuration, what="default kubeconfig")
-        return ApiClient(configuration), ClientSource("kubeconfig", default)
+        return _client(configuration, ClientSource("kubeconfig", default))
     raise KubeConfigError("no Kubernetes credentials: pass --kubeconfig, set KUBECONFIG, or run in a pod "
                           f"with a service account ({DEFAULT_KUBECONFIG} does not exist either)")
+
+
+def _client(configuration: Configuration, source: ClientSource) -> tuple[ApiClient, ClientSource]:
+    # The TLS context (CA bundle, client certificate) is built here: a bad file must name itself.
+    try:
+        return ApiClient(configuration), source
+    except (ssl.SSLError, OSError) as exc:
+        raise KubeConfigError(f"{source.kind} {source.path}: TLS material unusable "
+                              f"(ca {configuration.ssl_ca_cert!r}, cert {configuration.cert_file!r}): "
+                              f"{exc}") from None
 
 
 async def _load_kubeconfig(paths: str, configuration: Configuration, *, what: str) -> None:

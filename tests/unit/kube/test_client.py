@@ -1,0 +1,97 @@
+"""Where credentials come from: --kubeconfig, KUBECONFIG, the pod's service account, in that order."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import pytest
+
+from egress_kvm.emulator import Emulator
+from egress_kvm.kube.client import KubeConfigError, new_api_client, pod_namespace
+from egress_kvm.kube.rest import request_json
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def self_signed_ca() -> bytes:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def service_account(tmp_path: Path, token: str = "tok-123", ca: bytes | None = None) -> Path:
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text(token)
+    (sa / "ca.crt").write_bytes(ca if ca is not None else self_signed_ca())
+    (sa / "namespace").write_text("ops-ns\n")
+    return sa
+
+
+async def test_kubeconfig_flag_and_env_reach_the_server(tmp_path: Path) -> None:
+    async with Emulator.running(port=0) as emu:
+        kc = emu.write_kubeconfig(tmp_path / "kc")
+        for kwargs in ({"kubeconfig": str(kc), "environ": {}}, {"environ": {"KUBECONFIG": str(kc)}}):
+            client, source = await new_api_client(**kwargs)  # type: ignore[arg-type]
+            async with client:
+                assert source.kind == "kubeconfig" and source.path == str(kc)
+                ns = await request_json(client, "GET", "/api/v1/namespaces/kube-system")
+                assert ns["metadata"]["name"] == "kube-system"
+
+
+async def test_the_flag_wins_over_env_and_env_over_in_cluster(tmp_path: Path) -> None:
+    async with Emulator.running(port=0) as emu:
+        kc = emu.write_kubeconfig(tmp_path / "kc")
+        sa = service_account(tmp_path)
+        env = {"KUBECONFIG": str(tmp_path / "missing"), "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+               "KUBERNETES_SERVICE_PORT": "443"}
+        client, source = await new_api_client(kubeconfig=str(kc), environ=env, service_account_dir=str(sa))
+        await client.close()
+        assert source.path == str(kc)
+        with pytest.raises(KubeConfigError, match=r"KUBECONFIG: .*missing.* does not exist"):
+            await new_api_client(environ=env, service_account_dir=str(sa))
+
+
+async def test_in_cluster_uses_the_service_account(tmp_path: Path) -> None:
+    sa = service_account(tmp_path)
+    env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"}
+    client, source = await new_api_client(environ=env, service_account_dir=str(sa))
+    async with client:
+        assert source.kind == "in-cluster"
+        conf = client.configuration
+        assert conf.host == "https://[fd00::1]:6443"
+        assert conf.api_key["BearerToken"] == "Bearer tok-123"
+        assert conf.ssl_ca_cert == f"{sa}/ca.crt"
+    assert pod_namespace(str(sa / "namespace")) == "ops-ns"
+    assert pod_namespace(str(tmp_path / "nope")) is None
+
+
+async def test_in_cluster_without_a_token_names_the_problem(tmp_path: Path) -> None:
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    with pytest.raises(KubeConfigError, match=r"in-cluster service account: .*token"):
+        await new_api_client(environ=env, service_account_dir=str(tmp_path / "empty"))
+
+
+async def test_a_kubeconfig_that_is_not_one_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "kc"
+    bad.write_text("just: [a, list]\n")
+    with pytest.raises(KubeConfigError, match="--kubeconfig"):
+        await new_api_client(kubeconfig=str(bad), environ={})
+
+
+async def test_a_corrupt_ca_bundle_names_the_file(tmp_path: Path) -> None:
+    sa = service_account(tmp_path, ca=b"-----BEGIN CERTIFICATE-----\ngarbage\n-----END CERTIFICATE-----\n")
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    with pytest.raises(KubeConfigError, match=r"ca\.crt"):
+        await new_api_client(environ=env, service_account_dir=str(sa))
