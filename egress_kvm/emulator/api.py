@@ -332,7 +332,8 @@ class Api:
                 raise errors.bad_request("strategic merge patch: the body must be a JSON object")
             patched = patch.strategic_merge_patch(base, body)
         else:
-            raise errors.unsupported_media_type(content_type)
+            accepted = PATCH_TYPES[:2] if rt.custom else PATCH_TYPES
+            raise errors.unsupported_media_type(accepted)
         if not isinstance(patched, dict):
             raise errors.bad_request("the patch does not leave an object")
         meta = patched.setdefault("metadata", {})

@@ -160,13 +160,13 @@ def method_not_allowed(
     return ApiError(405, "MethodNotAllowed", message)
 
 
-def unsupported_media_type(content_type: str) -> ApiError:
+def unsupported_media_type(accepted: tuple[str, ...]) -> ApiError:
+    """A PATCH body type the resource does not take (kubectl reports it as "not supported by <kind>")."""
     return ApiError(
         415,
         "UnsupportedMediaType",
-        f"the body of the request was in an unknown format - accepted media types include: "
-        f"application/json-patch+json, application/merge-patch+json, "
-        f"application/strategic-merge-patch+json (got {content_type!r})",
+        "the body of the request was in an unknown format - accepted media types include: "
+        + ", ".join(accepted),
     )
 
 

@@ -71,3 +71,7 @@ def test_custom_resources_refuse_strategic_merge(api: Api, proxies: ResourceType
     with pytest.raises(ApiError) as e:
         api.patch(proxies, "default", "a", "application/strategic-merge-patch+json", {"spec": {"port": 1}})
     assert e.value.code == 415
+    assert e.value.message == (
+        "the body of the request was in an unknown format - accepted media types include: "
+        "application/json-patch+json, application/merge-patch+json"
+    )
