@@ -100,7 +100,13 @@ class _Stream:
 
     def on_event(self, ev: StreamData | StreamFinished | StreamFailed) -> None:
         if type(ev) is StreamData:
-            if ev.data:
+            if self.proc.stream == "upload":
+                # Nobody would ever consume it, and buffering it could stall the reader: refuse.
+                if self.error is None:
+                    self.error = ProtocolError(f"{self.proc.method}: the server sent data on an upload stream")
+            elif self.eof:
+                pass  # nothing may follow the end of data; ignore rather than buffer
+            elif ev.data:
                 self.chunks.append(ev.data)
                 self.buffered += len(ev.data)
             else:

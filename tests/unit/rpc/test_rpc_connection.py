@@ -660,3 +660,23 @@ async def test_a_broken_observer_does_not_break_calls(server: FakeServer) -> Non
     client = await open_client(server, observer=observer)
     assert await client.connect_get_hostname() == "h"
     await client.close()
+
+
+async def test_data_pushed_on_an_upload_stream_is_refused_not_buffered(server: FakeServer) -> None:
+    server.handlers[208] = lambda vol, offset, length, flags: None
+    client = await open_client(server)
+
+    async def source() -> AsyncIterator[bytes]:
+        yield b"a" * 100
+        rec = await next_call_stream(server)
+        for _ in range(20):
+            server.send_stream(rec, MessageStatus.CONTINUE, b"\0" * STREAM_CHUNK)
+        await asyncio.sleep(0.1)
+        yield b"b" * 100
+
+    with pytest.raises(rpc.ProtocolError, match="data on an upload stream"):
+        await client.storage_vol_upload(VOL, 0, 0, 0, source())
+    assert client._streams == {} and client._throttle is None
+    server.handlers[59] = lambda: "alive"
+    assert await client.connect_get_hostname() == "alive"
+    await client.close()
