@@ -238,23 +238,25 @@ class Operator:
         path = self.options.providers_config
         assert self.loaded is not None
         current = self.loaded.digest
+        last_error = ""
         while True:
             await asyncio.sleep(max(0.5, self.options.providers_poll_interval))
             try:
                 digest = file_digest(path)
-            except ConfigError as exc:
-                self.log.error(exc, "providers config unreadable; keeping the current providers", path=path)
-                continue
-            if digest == current:
-                continue
-            try:
+                if digest == current:
+                    last_error = ""
+                    continue
                 loaded = read_providers(path)
                 providers = await build(loaded, cluster_id=cluster_id)
-            except ConfigError as exc:
-                self.log.error(exc, "providers config changed but is invalid; keeping the current providers",
-                               path=path)
-                current = digest  # do not re-log the same bad file every poll
+            except Exception as exc:  # ConfigError, or a provider refusing its config: keep the old ones
+                # Retried every poll (a key file may appear after the file that names it, e.g. a Secret
+                # created after the ConfigMap edit), but logged once per distinct problem.
+                if str(exc) != last_error:
+                    self.log.error(exc, "providers config changed but is invalid; keeping the current "
+                                        "providers", path=path)
+                    last_error = str(exc)
                 continue
+            last_error = ""
             old, self.providers, self.loaded, current = self.providers, providers, loaded, loaded.digest
             self.controller.update_providers(providers, loaded.digest)
             self.log.info("providers config reloaded", path=path,

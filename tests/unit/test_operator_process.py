@@ -220,11 +220,20 @@ async def test_providers_file_changes_are_picked_up_and_bad_edits_keep_the_old_o
             "      hosts: [{name: h, address: '127.0.0.1:1', user: u, bridge: br0}]\n")
     async with operators(tmp_path, 1, "--providers-poll-interval=0.5") as (_emu, _client, (op,)):
         await op.wait_log("controller started")
-        (tmp_path / "providers.yaml").write_text(good)
+        (tmp_path / "providers.yaml").write_text(good.replace("id_ed25519", "later_ed25519"))
+        invalid = "providers config changed but is invalid; keeping the current providers"
+        first = await op.wait_log(invalid)
+        assert "later_ed25519" in first["error"] and "sshKeyFile" in first["error"]
+        await asyncio.sleep(1.5)  # three more polls: retried, but the same problem is logged once
+        assert len(op.logged(invalid)) == 1
+        # The key appears after the file that names it (a Secret created after the ConfigMap edit):
+        # the next poll picks the unchanged file up.
+        (tmp_path / "later_ed25519").write_bytes(key.export_private_key())
         reloaded = await op.wait_log("providers config reloaded")
         assert reloaded["providers"] == ["kvm-home"]
         (tmp_path / "providers.yaml").write_text("providers: [{name: BAD NAME}]\n")
-        await op.wait_log("providers config changed but is invalid; keeping the current providers")
+        await until(lambda: len(op.logged(invalid)) == 2)
+        assert "providers[0]" in op.logged(invalid)[1]["error"]
         assert (await op.get(op.health, "/healthz"))[0] == 200
         assert await op.terminate() == 0
 
