@@ -103,7 +103,7 @@ class _Stream:
             if self.proc.stream == "upload":
                 # Nobody would ever consume it, and buffering it could stall the reader: refuse.
                 if self.error is None:
-                    self.error = ProtocolError(f"{self.proc.method}: the server sent data on an upload stream")
+                    self.error = ProtocolError(f"{self.proc.method}: server sent data on an upload stream")
             elif self.eof:
                 pass  # nothing may follow the end of data; ignore rather than buffer
             elif ev.data:

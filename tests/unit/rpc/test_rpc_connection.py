@@ -674,7 +674,7 @@ async def test_data_pushed_on_an_upload_stream_is_refused_not_buffered(server: F
         await asyncio.sleep(0.1)
         yield b"b" * 100
 
-    with pytest.raises(rpc.ProtocolError, match="data on an upload stream"):
+    with pytest.raises(rpc.ProtocolError, match="sent data on an upload stream"):
         await client.storage_vol_upload(VOL, 0, 0, 0, source())
     assert client._streams == {} and client._throttle is None
     server.handlers[59] = lambda: "alive"
