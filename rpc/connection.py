@@ -406,7 +406,11 @@ class Connection:
                 return
             if idle >= interval and now - last_ping >= interval:
                 last_ping = now
-                self._link.write(PING)
+                try:
+                    self._link.write(PING)
+                except ConnectionLost as e:
+                    self._fail(e)
+                    return
             wake_in = min(
                 interval - (now - last_ping) if idle >= interval else interval - idle, dead_after - idle
             )
@@ -427,7 +431,8 @@ class Connection:
 
     def _close_stream(self, stream: _Stream, *, abort: bool) -> None:
         if self._streams.pop(stream.serial, None) is not None and abort and self._lost is None:
-            self._link.write(encode_stream_abort(proc=stream.proc.number, serial=stream.serial))
+            with contextlib.suppress(ConnectionLost):  # the link is gone: nothing left to abort
+                self._link.write(encode_stream_abort(proc=stream.proc.number, serial=stream.serial))
         stream.chunks.clear()
         stream.buffered = 0
         self._release_throttle()

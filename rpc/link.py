@@ -13,6 +13,8 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .errors import ConnectionLost
+
 #: Write buffer limits: big enough to keep an upload's pipe full between drains, small enough to bound memory.
 WRITE_HIGH_WATER = 2 * 1024 * 1024
 WRITE_LOW_WATER = 512 * 1024
@@ -35,6 +37,7 @@ class Link:
         self._on_close = on_close
         self._closed = False
         self._batch: list[bytes] | None = None
+        self._loop = asyncio.get_running_loop()
         transport = getattr(writer, "transport", None) or getattr(writer, "channel", None)
         self._transport = transport
         if transport is not None and hasattr(transport, "set_write_buffer_limits"):
@@ -50,9 +53,12 @@ class Link:
         calls become one SSH packet / one send() instead of 64 (plus asyncssh's IGNORE packet each)."""
         batch = self._batch
         if batch is None:
-            self._writer.write(data)
+            try:
+                self._writer.write(data)
+            except Exception as e:  # the link died under us; the reader will fail everyone else too
+                raise ConnectionLost(f"connection to {self.description} lost: {e or type(e).__name__}") from e
             self._batch = []
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
         else:
             batch.append(data)
 
