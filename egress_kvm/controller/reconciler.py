@@ -133,6 +133,8 @@ class Reconciler:
         try:
             return await self._reconcile(ctx)
         except LookupError:
+            if await self.kube.get_proxy(*key) is not None:
+                raise  # not a vanished Proxy (a KeyError is a LookupError too): a real error
             self.forget(key)  # deleted under us
             return Result()
         except (SpecError, PermanentError) as e:
@@ -364,13 +366,13 @@ class Reconciler:
             self.forget(ctx.key)
             return Result()
         self.prober.unwatch(ctx.key)
-        refs = [r for r in (Ref.from_status(ctx.status.get("instance")),
-                            Ref.from_status(ctx.status.get("previousInstance"))) if r is not None]
+        instance = Ref.from_status(ctx.status.get("instance"))
+        previous = Ref.from_status(ctx.status.get("previousInstance"))
+        refs = [r for r in (instance, previous) if r is not None]
         await self._write(ctx, self._compose(ctx, phase=DELETING, reason="Deleting",
                                              message="deleting " + (", ".join(r.name for r in refs) or
                                                                     "(no instance)"),
-                                             instance=refs[0] if refs else None,
-                                             previous=refs[1] if len(refs) > 1 else None))
+                                             instance=instance, previous=previous))
         provider_name = str((ctx.proxy.get("spec") or {}).get("provider") or "")
         for ref in refs:
             provider = self._provider_for_ref(provider_name, ref)

@@ -125,3 +125,23 @@ async def test_stop_before_run(kube: FakeKube) -> None:
     c = Controller(kube=kube, store=kube, providers={})
     await c.stop(timeout=1)
     await asyncio.wait_for(c.run(), 1)
+
+
+async def test_a_keyerror_bug_is_retried_not_mistaken_for_a_vanished_proxy(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller, logs) -> None:
+    c = make_controller({"kvm-home": provider})
+    real = c.reconciler._managed
+    calls = 0
+
+    async def buggy(ctx: object, spec: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise KeyError("status")
+        return await real(ctx, spec)
+
+    c.reconciler._managed = buggy  # type: ignore[method-assign]
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    assert calls >= 3
+    assert '"msg":"reconcile failed"' in logs.getvalue() and "KeyError" in logs.getvalue()
