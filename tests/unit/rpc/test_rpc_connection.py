@@ -680,3 +680,27 @@ async def test_data_pushed_on_an_upload_stream_is_refused_not_buffered(server: F
     server.handlers[59] = lambda: "alive"
     assert await client.connect_get_hostname() == "alive"
     await client.close()
+
+
+@pytest.mark.parametrize("seed", range(40))
+async def test_random_bytes_from_the_server_end_the_call_with_an_rpc_error(seed: int) -> None:
+    """Garbage (sometimes after a valid header prefix) never hangs a call or raises anything else."""
+    import random
+
+    rnd = random.Random(seed)
+    server = FakeServer(handlers={59: lambda: NO_REPLY})
+    client = await open_client(server, call_timeout=5)
+    try:
+        task = asyncio.create_task(client.connect_get_hostname())
+        rec = await next_call(server, 59)
+        body = rnd.randbytes(rnd.randint(0, 300))
+        if seed % 2:  # a plausible header with a random length word and payload
+            header = struct.pack(">IIiiII", 0x20008086, 1, 59, 1, rec.serial, rnd.choice([0, 1, 2]))
+            body = struct.pack(">I", rnd.choice([28, 32, 40, len(body) + 28, 1 << 30])) + header + body
+        server.send_raw(body)
+        server.close()
+        result = await asyncio.gather(task, return_exceptions=True)
+        assert isinstance(result[0], rpc.RpcError | str), result
+    finally:
+        await client.close()
+        await server.stop()
