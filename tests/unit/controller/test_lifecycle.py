@@ -311,3 +311,17 @@ async def test_create_progress_shows_in_message(
     assert kube.status(KEY)["instance"]["name"].startswith("proxy-")  # recorded before the create
     provider.hold_create.set()
     await eventually(lambda: phase(kube) == "Ready")
+
+
+async def test_switching_managed_to_external_deletes_the_vm(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    name = kube.status(KEY)["instance"]["name"]
+    kube.set_spec(KEY, {"mode": "External", "external": {"address": f"127.0.0.1:{proxy_server.port}"},
+                        "healthCheck": {"intervalSeconds": 1}})
+    await eventually(lambda: "instance" not in kube.status(KEY) and phase(kube) == "Ready")
+    assert provider.names() == set()
+    assert ("Normal", "Deleted", f"deleted instance {name} on nas1") in kube.events_for("px1")
+    assert cond(kube, "HostReachable") == {}
