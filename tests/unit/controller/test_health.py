@@ -100,7 +100,7 @@ async def test_prober_notifies_on_verdict_changes_and_stops_cleanly(proxy_server
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("probe ")]
 
 
-async def test_prober_refreshes_periodically_so_last_probe_time_stays_current(proxy_server: MiniProxy) -> None:
+async def test_prober_refreshes_so_last_probe_time_stays_current(proxy_server: MiniProxy) -> None:
     changes: list[object] = []
     p = Prober(kube=FakeKube(), on_change=changes.append, time_scale=0.01, refresh=3)  # 30 ms scaled
     p.watch("k", ProbeTarget("127.0.0.1", proxy_server.port, HealthCheck(interval_seconds=1)))
