@@ -17,9 +17,7 @@ from typing import Any
 import aiohttp
 import asyncssh
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent / "kube"))
-from kube_emulator_fixtures import create_namespace, create_proxy, emulator_with_crd
+from kube.kube_emulator_fixtures import create_namespace, create_proxy, emulator_with_crd
 
 from egress_kvm.kube.api import KubeApiClient
 from egress_kvm.kube.interfaces import FINALIZER

@@ -8,11 +8,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from kube_scripted_api import ScriptedApi, WatchStream, proxy, status_plan
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from egress_kvm.kube.backoff import Backoff
 from egress_kvm.kube.informer import ProxyInformer
+
+from .kube_scripted_api import ScriptedApi, WatchStream, proxy, status_plan
 
 pytestmark = pytest.mark.timeout(30)
 

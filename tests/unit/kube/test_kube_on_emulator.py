@@ -6,7 +6,14 @@ import asyncio
 from typing import Any
 
 import pytest
-from kube_emulator_fixtures import (
+
+from egress_kvm.kube.api import KubeApiClient, namespace_uid
+from egress_kvm.kube.backoff import Backoff
+from egress_kvm.kube.informer import ProxyInformer
+from egress_kvm.kube.interfaces import FINALIZER
+from egress_kvm.kube.rest import KubeApiError, request_json
+
+from .kube_emulator_fixtures import (
     create_namespace,
     create_proxy,
     create_secret,
@@ -15,12 +22,6 @@ from kube_emulator_fixtures import (
     patch_proxy,
     until,
 )
-
-from egress_kvm.kube.api import KubeApiClient, namespace_uid
-from egress_kvm.kube.backoff import Backoff
-from egress_kvm.kube.informer import ProxyInformer
-from egress_kvm.kube.interfaces import FINALIZER
-from egress_kvm.kube.rest import KubeApiError, request_json
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 
 import pytest
-from kube_emulator_fixtures import create_namespace, emulator_with_crd
 
 from egress_kvm.kube.leader import LeaderElector, LeadershipLost, lease_namespace
 from egress_kvm.kube.rest import request_json
+
+from .kube_emulator_fixtures import create_namespace, emulator_with_crd
 
 pytestmark = pytest.mark.timeout(60)
 NS = "egress-proxies-operator-system"
