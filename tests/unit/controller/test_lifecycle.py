@@ -7,6 +7,7 @@ the Proxy's status and Events the way `kubectl get px -w` and `kubectl describe 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -325,3 +326,19 @@ async def test_switching_managed_to_external_deletes_the_vm(
     assert provider.names() == set()
     assert ("Normal", "Deleted", f"deleted instance {name} on nas1") in kube.events_for("px1")
     assert cond(kube, "HostReachable") == {}
+
+
+async def test_the_ip_is_re_read_on_every_reconcile(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    name = kube.status(KEY)["instance"]["name"]
+    # a new DHCP lease after a host reboot: nothing listens there yet
+    provider.vms[("nas1", name)] = dataclasses.replace(provider.vms[("nas1", name)], ip="127.0.0.3")
+    c.enqueue(KEY)
+    await eventually(lambda: kube.status(KEY).get("ip") == "127.0.0.3")
+    st = kube.status(KEY)
+    assert st["endpoint"] == f"http://127.0.0.3:{proxy_server.port}"
+    assert st["phase"] == "Running"  # probes start over at the new address
+    assert c.prober.target(KEY).host == "127.0.0.3"
