@@ -61,6 +61,7 @@ class Controller:
         self._stopping = False
         self._stopped: asyncio.Event | None = None
         self._last_gc: list[Collected] = []
+        self._seen: dict[Key, tuple[object, ...]] = {}  # key -> what of metadata last triggered a reconcile
 
     # --- what the process calls ----------------------------------------------------------------------
 
@@ -72,7 +73,18 @@ class Controller:
         if kind == "DELETED":
             self.reconciler.forget(key)
             self.queue.drop(key)
+            self._seen.pop(key, None)
             return
+        # Like controller-runtime's GenerationChangedPredicate (plus deletion and finalizers): a MODIFIED
+        # that only changed status is almost always our own write, and reconciling it again would cost a
+        # provider round trip for nothing. Anything else a status change could matter for is covered by
+        # the prober's enqueues, requeues and the periodic resync.
+        meta = obj.get("metadata") or {}
+        fingerprint = (meta.get("uid"), meta.get("generation"), meta.get("deletionTimestamp"),
+                       tuple(meta.get("finalizers") or ()))
+        if kind == "MODIFIED" and self._seen.get(key) == fingerprint:
+            return
+        self._seen[key] = fingerprint
         self.enqueue(key)
 
     def update_providers(self, providers: Mapping[str, Provider], providers_hash: str) -> None:

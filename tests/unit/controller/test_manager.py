@@ -145,3 +145,25 @@ async def test_a_keyerror_bug_is_retried_not_mistaken_for_a_vanished_proxy(
     await eventually(lambda: phase(kube) == "Ready")
     assert calls >= 3
     assert '"msg":"reconcile failed"' in logs.getvalue() and "KeyError" in logs.getvalue()
+
+
+async def test_status_only_changes_do_not_trigger_a_reconcile(kube: FakeKube) -> None:
+    c = Controller(kube=kube, store=kube, providers={})
+    obj = kube.create_proxy("px1", {"mode": "Managed", "provider": "p"})
+    c.on_event("ADDED", obj)
+    assert len(c.queue) == 1
+    await c.queue.get()
+    c.queue.done(KEY)
+    c.on_event("MODIFIED", obj | {"status": {"phase": "Running"}})  # our own status write
+    assert len(c.queue) == 0
+    for change in ({"generation": 2}, {"deletionTimestamp": "2026-01-01T00:00:00Z"},
+                   {"finalizers": ["egressproxies.io/finalizer"]}):
+        obj = {**obj, "metadata": {**obj["metadata"], **change}}
+        c.on_event("MODIFIED", obj)
+        assert len(c.queue) == 1, change
+        await c.queue.get()
+        c.queue.done(KEY)
+    c.on_event("DELETED", obj)
+    c.on_event("ADDED", obj)  # recreated under the same name: always reconciled
+    assert len(c.queue) == 1
+    await c.stop(timeout=0)
