@@ -93,6 +93,7 @@ async def discover(host: Host, dom: Any, *, mac: str, bridge: str, name: str) ->
                  error=(result.stderr.strip() or f"ip exited {result.exit_status}")[:300])
         return None
     ip = pick_neighbour(result.stdout, mac)
-    if ip and log.enabled(1):
-        log.v(1).info("address from the host's neighbour table", addresses=[ip], mac=mac)
+    if ip:
+        extra = {"addresses": [ip]} if log.enabled(1) else {}  # addresses are V(2) detail
+        log.info("address from the host's neighbour table", mac=mac, bridge=bridge, **extra)
     return ip
