@@ -211,7 +211,7 @@ class Prober:
         async with self._session.get(url, proxy=target.endpoint, timeout=timeout, allow_redirects=False,
                                      headers=None if https else auth_header,
                                      proxy_headers=auth_header if https else None) as resp:
-            await resp.read()
+            await resp.content.read(64 * 1024)  # enough to see it answer; a huge page is not our business
             return resp.status
 
     async def _auth(self, target: ProbeTarget) -> str | None:

@@ -505,6 +505,7 @@ class Reconciler:
                           generation=generation)
 
     async def _write(self, ctx: _Ctx, status: Obj) -> None:
+        _cap_messages(status)
         old = ctx.status
         events = transition_events(old_phase=old.get("phase"), new_phase=status["phase"],
                                    message=status.get("message", ""), endpoint=status.get("endpoint"),
@@ -519,6 +520,21 @@ class Reconciler:
         self.phases[ctx.key] = status["phase"]
         for ev in events:
             await self.kube.record_event(ctx.proxy, type_=ev.type_, reason=ev.reason, message=ev.message)
+
+
+MAX_MESSAGE = 1024
+
+
+def _cap_messages(status: Obj) -> None:
+    """Provider errors can be long (a libvirt XML error, a stack of causes): keep status readable."""
+    def cap(text: str) -> str:
+        return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 3] + "..."
+
+    if isinstance(status.get("message"), str):
+        status["message"] = cap(status["message"])
+    for c in status.get("conditions") or []:
+        if isinstance(c.get("message"), str):
+            c["message"] = cap(c["message"])
 
 
 def _reason_for(phase: str, health: Health | None) -> str:

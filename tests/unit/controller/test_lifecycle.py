@@ -13,7 +13,7 @@ import pytest
 
 from egress_kvm.controller.status import get_condition
 from egress_kvm.kube.interfaces import FINALIZER
-from egress_kvm.providers.base import PowerState
+from egress_kvm.providers.base import PowerState, QuotaError
 
 from .conftest import eventually
 from .fakekube import FakeKube
@@ -342,3 +342,17 @@ async def test_the_ip_is_re_read_on_every_reconcile(
     assert st["endpoint"] == f"http://127.0.0.3:{proxy_server.port}"
     assert st["phase"] == "Running"  # probes start over at the new address
     assert c.prober.target(KEY).host == "127.0.0.3"
+
+
+async def test_long_provider_errors_are_capped_in_status(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    async def wordy_create(request: object, *, progress: object = None) -> None:
+        raise QuotaError("no room: " + "x" * 5000)
+
+    provider.create = wordy_create  # type: ignore[method-assign]
+    make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: "no room" in kube.status(KEY).get("message", ""))
+    st = kube.status(KEY)
+    assert len(st["message"]) <= 1024 and st["message"].endswith("...")
+    assert all(len(c["message"]) <= 1024 for c in st["conditions"])
