@@ -158,8 +158,12 @@ class FakeHypervisor:
         dom.state, dom.reason = DomainState.PAUSED, DOMAIN_PAUSED_IOERROR
 
     def drop_connections(self, reason: str = "connection reset by peer") -> None:
+        """The SSH connections die now (the provider hears of it like from asyncssh's connection_lost)."""
         for s in self.sessions:
-            s.lost = reason
+            if s.lost is None:
+                s.lost = reason
+                for cb in s.callbacks:
+                    cb(reason)
 
     def volume_names(self) -> set[str]:
         return set(self.volumes)
@@ -587,7 +591,11 @@ class FakeSession:
     def __init__(self, hyp: FakeHypervisor, observer: Observer | None) -> None:
         self.hyp = hyp
         self.lost: str | None = None
+        self.callbacks: list[Any] = []
         self.libvirt = FakeLibvirtClient(hyp, self, observer)
+
+    def on_close(self, callback: Any) -> None:
+        self.callbacks.append(callback)
 
     @property
     def closed_reason(self) -> str | None:

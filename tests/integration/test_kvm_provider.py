@@ -12,6 +12,9 @@ import asyncio
 import hashlib
 import io
 import json
+import os
+import signal
+import subprocess
 import time
 import urllib.request
 import uuid
@@ -54,10 +57,14 @@ class Logs:
 
 @pytest.fixture
 def logs() -> Iterator[Logs]:
+    """The provider's JSON log lines. KVM_TEST_LOG_LEVEL (default 1; 2 adds XML, metadata, addresses)
+    sets the verbosity; the trace is printed after each test (shown with -s, -rP, or on failure)."""
     cap = Logs()
-    log.configure("debug", stream=cap.stream)
+    level = max(1, int(os.environ.get("KVM_TEST_LOG_LEVEL", "1")))  # the tests read V(1) lines
+    log.configure(str(level), stream=cap.stream)
     yield cap
     log.configure("info")
+    print(cap.stream.getvalue(), end="")
 
 
 def provider_for(info: Any, *, cluster_id: str, **host_overrides: Any) -> KvmProvider:
@@ -299,3 +306,36 @@ async def test_unreachable_host_is_transient_and_recovers(lab: Any, logs: Logs) 
     finally:
         await bad.close()
         await good.close()
+
+
+def session_sshd_pids(info: Any) -> set[int]:
+    """PIDs of sshd processes serving `virt` sessions in this lab's host0 namespace (ours to kill)."""
+    pids = set()
+    out = subprocess.run(["ip", "netns", "pids", info.hosts[0].netns], capture_output=True, text=True,
+                         check=True).stdout
+    for pid in out.split():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if cmdline.startswith("sshd: virt"):
+            pids.add(int(pid))
+    return pids
+
+
+async def test_ssh_drop_is_logged_and_the_next_call_redials(lab: Any, logs: Logs) -> None:
+    info = lab
+    before = session_sshd_pids(info)
+    provider = provider_for(info, cluster_id="it-drop")
+    try:
+        assert await provider.get("proxy-it-none", "host0") is None
+        ours = session_sshd_pids(info) - before
+        assert ours, "no sshd session process appeared for the provider's connection"
+        for pid in ours:
+            os.kill(pid, signal.SIGTERM)
+        await wait_until(lambda: bool(logs.lines("libvirt connection dropped")), 30, "the drop to be noticed")
+        assert logs.lines("libvirt connection dropped")[0]["host"] == "host0"
+        assert await provider.get("proxy-it-none", "host0") is None  # re-dialled
+        assert len(logs.lines("libvirt host connected")) == 2
+    finally:
+        await provider.close()

@@ -53,6 +53,7 @@ class Host:
         self._last_error = ""
         # Per-host single-flight locks (e.g. one download per base image), created on demand.
         self.locks: dict[str, _KeyLock] = {}
+        self._closing: set[asyncio.Task[None]] = set()
 
     @property
     def log(self) -> Logger:
@@ -91,9 +92,18 @@ class Host:
             self._backoff = 0.0
             self._retry_at = 0.0
             self._session = session
+            session.on_close(lambda reason, s=session: self._dropped_while_idle(s, reason))
             self._log.v(1).info("libvirt host connected", address=address, user=self.config.user,
                                 socket=self.config.socket)
             return session
+
+    def _dropped_while_idle(self, session: Session, reason: str) -> None:
+        """The link died between calls: log it now, and let the next call re-dial."""
+        if self._session is session:
+            self._forget(reason)
+            task = asyncio.get_running_loop().create_task(session.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     def _forget(self, reason: str) -> None:
         if self._session is not None:
@@ -169,6 +179,9 @@ class Host:
             await session.close()
 
     async def close(self) -> None:
+        for task in list(self._closing):
+            with contextlib.suppress(Exception):
+                await task
         async with self._lock:
             session, self._session = self._session, None
         if session is not None:

@@ -59,18 +59,25 @@ class Session(Protocol):
 
     async def close(self) -> None: ...
 
+    def on_close(self, callback: Callable[[str], None]) -> None:
+        """Register `callback(reason)` for a drop noticed while idle (a session may also never call it)."""
+        ...
+
 
 Dialer = Callable[[HostConfig, DialOptions], Awaitable[Session]]
 
 
 class _TrackingClient(asyncssh.SSHClient):
-    """Remembers why the SSH connection ended, so the host can log `libvirt connection dropped` with it."""
+    """Remembers why the SSH connection ended, and tells the host at once (to log the drop with it)."""
 
     def __init__(self) -> None:
         self.lost: str | None = None
+        self.callbacks: list[Callable[[str], None]] = []
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = str(exc) if exc else "SSH connection closed"
+        self.lost = str(exc) if exc else "SSH connection closed by the host"
+        for cb in self.callbacks:
+            cb(self.lost)
 
 
 class SshSession:
@@ -79,6 +86,10 @@ class SshSession:
         self._tracker = tracker
         self.libvirt = client
         self._closed_by_us = False
+
+    def on_close(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(reason)` when the SSH connection drops (not when we close it)."""
+        self._tracker.callbacks.append(lambda reason: None if self._closed_by_us else callback(reason))
 
     @property
     def closed_reason(self) -> str | None:

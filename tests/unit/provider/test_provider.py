@@ -235,9 +235,10 @@ async def test_dropped_connection_is_transient_then_redialled_after_backoff(logs
         assert await provider.get(NAME, "host0") is not None  # re-dialled
         assert hv.dials == ["host0", "host0"]
         assert len(logs.lines("libvirt host connected")) == 2
-        h.drop_connections("keepalive timeout")  # noticed before the next call: re-dial, no failure
-        assert await provider.get(NAME, "host0") is not None
+        h.drop_connections("keepalive timeout")  # dies while idle: logged at once, next call re-dials
         assert logs.lines("libvirt connection dropped")[-1]["reason"] == "keepalive timeout"
+        assert await provider.get(NAME, "host0") is not None
+        assert len(logs.lines("libvirt connection dropped")) == 2
         assert hv.dials == ["host0", "host0", "host0"]
 
         hv.set_unreachable("host0")
