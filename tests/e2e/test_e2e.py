@@ -1,0 +1,247 @@
+"""End to end: the real operator process + the Kubernetes API emulator + the hypervisor lab.
+
+Nothing is faked below the Kubernetes API: `egress-kvm emulator` serves the API, real kubectl applies
+and watches, `egress-kvm run` reconciles over SSH into the lab's libvirtd, real VMs boot under QEMU and
+the test fetches a page through their tinyproxy. The seven steps run in order and share one stack;
+each prints its duration (`pytest -s` shows them, and the session ends with a summary table).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e_stack import CRD, Emulator, Kubectl, Operator, log_records, wait_until
+
+from egress_kvm import lab as labmod
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
+
+BOOT_TIMEOUT = 600  # one software-emulated boot is about a minute here; leave room for a slow CI machine
+OPERATOR_FLAGS = ["--metrics-bind-address", "0", "--health-probe-bind-address", "0",
+                  "--gc-interval", "5s", "--gc-grace-period", "30s", "--providers-poll-interval", "2s"]
+CANARY = f"e2e-user-data-canary-{uuid.uuid4().hex}"  # in every Proxy's user-data; must never be logged
+FIRST, SECOND, FIXME = "lab-proxy-host0", "lab-proxy-host0-b", "lab-proxy-fixme"
+BAD_MACHINE_TYPE = "huge-e2e"
+
+
+class Stack:
+    def __init__(self, lab: labmod.LabInfo, workdir: Path) -> None:
+        self.lab = lab
+        self.workdir = workdir
+        self.emulator: Emulator | None = None
+        self.kubectl: Kubectl | None = None
+        self.operators: list[Operator] = []
+        self.times: dict[str, float] = {}
+        self.failed: str | None = None
+        self.sample = yaml.safe_load(Path(lab.proxy_manifests[0]).read_text())
+        self.sample["spec"]["cloudInit"]["userData"] += f"# {CANARY}\n"
+
+    @property
+    def operator(self) -> Operator:
+        return self.operators[-1]
+
+    def start_operator(self) -> Operator:
+        assert self.emulator is not None
+        n = len(self.operators) + 1
+        op = Operator(kubeconfig=self.emulator.kubeconfig, providers=self.lab.providers_file,
+                      log_path=self.workdir / f"operator-{n}.log", extra=OPERATOR_FLAGS)
+        self.operators.append(op)
+        return op
+
+    def all_log_lines(self) -> list[str]:
+        return [line for op in self.operators for line in op.log_lines()]
+
+    def proxy(self, name: str, *, zone: str = "host0", machine_type: str = "small") -> dict[str, Any]:
+        doc = copy.deepcopy(self.sample)
+        doc["metadata"] = {"name": name, "namespace": "default"}
+        doc["spec"]["placement"]["zone"] = zone
+        doc["spec"]["placement"]["machineType"] = machine_type
+        doc["spec"]["healthCheck"]["url"] = self.lab.host(zone).http_target
+        return doc
+
+    def status(self, name: str) -> dict[str, Any]:
+        assert self.kubectl is not None
+        obj = self.kubectl.get("px", name)
+        return (obj or {}).get("status") or {}
+
+    def wait_ready(self, name: str) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            st = self.status(name)
+            healthy = [c for c in st.get("conditions", []) if c.get("type") == "Healthy"]
+            if st.get("phase") == "Ready" and st.get("ip") and healthy and healthy[0]["status"] == "True":
+                return st
+            return None
+        return wait_until(ready, timeout=BOOT_TIMEOUT, what=f"Proxy {name} Ready and HEALTHY=True",
+                          interval=2)
+
+    def phases_logged(self, name: str) -> list[str]:
+        return [r["new"] for r in log_records(self.all_log_lines())
+                if r.get("msg") == "phase changed" and r.get("proxy") == f"default/{name}"]
+
+    def log_msgs(self, msg: str, **fields: str) -> list[dict[str, Any]]:
+        return [r for r in log_records(self.all_log_lines())
+                if r.get("msg") == msg and all(r.get(k) == v for k, v in fields.items())]
+
+
+def domains(lab: labmod.LabInfo, host: str) -> list[str]:
+    return labmod.virsh(lab, host, "list", "--all", "--name").split()
+
+
+def volumes(lab: labmod.LabInfo, host: str) -> list[str]:
+    listing = labmod.virsh(lab, host, "vol-list", "default")
+    return [line.split()[0] for line in listing.splitlines() if line.strip()]
+
+
+def reset_hosts(lab: labmod.LabInfo) -> None:
+    """Start from empty pools (a reused lab may hold earlier tests' VMs and a cached base image)."""
+    for h in lab.hosts:
+        virsh = ["virsh", "-c", "qemu:///system"]
+        for d in domains(lab, h.name):
+            labmod.host_run(lab, h.name, [*virsh, "destroy", d], check=False)
+            labmod.host_run(lab, h.name, [*virsh, "undefine", d, "--nvram"], check=False)
+        for v in volumes(lab, h.name):
+            labmod.virsh(lab, h.name, "vol-delete", "--pool", "default", v)
+
+
+def image_downloads(lab: labmod.LabInfo) -> int:
+    log = Path(lab.state_dir) / "host0" / "http-image.log"
+    return sum('"GET /' in line for line in log.read_text().splitlines()) if log.exists() else 0
+
+
+@pytest.fixture(scope="module")
+def stack(lab, tmp_path_factory):
+    st = Stack(lab, tmp_path_factory.mktemp("e2e"))
+    reset_hosts(lab)
+    st.emulator = Emulator(st.workdir)
+    st.kubectl = Kubectl(st.emulator.kubeconfig)
+    st.kubectl("apply", "-f", str(CRD))
+    wait_until(lambda: st.kubectl("get", "px", check=False).returncode == 0, timeout=30, what="the Proxy CRD")
+    st.start_operator()
+    yield st
+    for op in st.operators:
+        op.stop()
+    st.emulator.stop()
+    reset_hosts(lab)
+    print("\n=== e2e step times ===")
+    for step, seconds in st.times.items():
+        print(f"  {step:<66} {seconds:7.1f}s")
+    print(f"  logs: {st.workdir}")
+
+
+@pytest.fixture
+def step(stack, request):
+    """Skip once an earlier step failed (they build on each other); time and record this one."""
+    if stack.failed:
+        pytest.skip(f"an earlier step failed ({stack.failed})")
+    t0 = time.monotonic()
+    yield stack
+    name = request.node.name
+    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+        stack.failed = name
+    stack.times[name] = time.monotonic() - t0
+    print(f"\ne2e {name}: {stack.times[name]:.1f}s")
+
+
+def test_step1_sample_proxy_goes_provisioning_running_ready(step):
+    step.kubectl.apply(step.proxy(FIRST))
+    st = step.wait_ready(FIRST)
+    phases = step.phases_logged(FIRST)
+    assert [p for p in phases if p in ("Provisioning", "Running", "Ready")][:3] == [
+        "Provisioning", "Running", "Ready"], phases
+    assert st["instance"]["zone"] == "host0"
+    assert st["ip"] in Path(step.lab.hosts[0].dnsmasq_leases).read_text()
+    wanted = ["fetching base image into host pool", "base image cached"]
+    msgs = [r["msg"] for r in log_records(step.all_log_lines())
+            if r.get("msg") in wanted and r.get("host") == "host0"]
+    assert msgs == wanted, msgs
+    table = step.kubectl("get", "px", FIRST).stdout
+    assert "Ready" in table and "True" in table and st["ip"] in table
+
+
+def test_step2_fetch_through_the_vms_proxy(step):
+    st = step.status(FIRST)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://{st['ip']}:3128"}))
+    with opener.open(step.lab.http_target, timeout=30) as resp:
+        body = resp.read().decode()
+        via = resp.headers.get("Via", "")
+    assert body == step.lab.http_target_body
+    assert "egress-kvm-lab" in via  # tinyproxy as the user-data configured it, not a stray default
+
+
+def test_step3_second_proxy_reuses_the_cached_base(step):
+    downloads = image_downloads(step.lab)
+    step.kubectl.apply(step.proxy(SECOND))
+    st = step.wait_ready(SECOND)
+    assert st["instance"]["zone"] == "host0"
+    assert st["instance"]["name"] != step.status(FIRST)["instance"]["name"]
+    assert len(step.log_msgs("fetching base image into host pool", host="host0")) == 1
+    assert image_downloads(step.lab) == downloads  # the lab's image server saw no second GET
+
+
+def test_step4_unknown_machine_type_fails_then_a_fixed_spec_is_ready(step):
+    zone = "host1" if len(step.lab.hosts) > 1 else "host0"
+    step.kubectl.apply(step.proxy(FIXME, zone=zone, machine_type=BAD_MACHINE_TYPE))
+    st = wait_until(lambda: (s := step.status(FIXME)).get("phase") == "Failed" and s, timeout=120,
+                    what=f"Proxy {FIXME} Failed", interval=1)
+    assert BAD_MACHINE_TYPE in st.get("message", ""), st
+    assert not [d for d in domains(step.lab, zone) if d not in {step.status(n)["instance"]["name"]
+                                                                for n in (FIRST, SECOND)}]
+    step.kubectl("patch", "px", FIXME, "--type=merge", "-p", '{"spec":{"placement":{"machineType":"small"}}}')
+    st = step.wait_ready(FIXME)
+    assert st["instance"]["zone"] == zone
+    assert st["instance"]["name"] in domains(step.lab, zone)
+
+
+def test_step5_orphan_gc_removes_a_vm_whose_proxy_vanished(step):
+    inst = step.status(FIXME)["instance"]
+    name, zone = inst["name"], inst["zone"]
+    assert step.operator.stop() == 0
+    step.kubectl("patch", "px", FIXME, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+    step.kubectl("delete", "px", FIXME, "--wait=false")
+    wait_until(lambda: step.kubectl.get("px", FIXME) is None, timeout=30, what=f"Proxy {FIXME} gone")
+    assert name in domains(step.lab, zone)  # nobody has touched the VM yet
+    step.start_operator()
+
+    def collected() -> bool:
+        vols = volumes(step.lab, zone)
+        gone = name not in domains(step.lab, zone)
+        return gone and f"{name}.qcow2" not in vols and f"{name}-seed.iso" not in vols
+    wait_until(collected, timeout=300, what=f"orphan GC of {name} on {zone}", interval=2)
+    for other in (FIRST, SECOND):  # live Proxies' VMs are untouched
+        assert step.status(other)["instance"]["name"] in domains(step.lab, "host0")
+
+
+def test_step6_deleting_proxies_removes_vms_keeps_the_base(step):
+    names = {n: step.status(n)["instance"]["name"] for n in (FIRST, SECOND)}
+    step.kubectl("delete", "px", "--all", "--wait=true", "--timeout=300s", timeout=330)
+    wait_until(lambda: not step.kubectl("get", "px", "-o", "name").stdout.strip(), timeout=60,
+               what="all Proxies gone")
+    for h in step.lab.hosts:
+        assert domains(step.lab, h.name) == []
+        vols = set(volumes(step.lab, h.name))
+        assert not {v for v in vols if any(v.startswith(n) for n in names.values())}, vols
+        assert vols <= {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256"}, vols
+    assert set(volumes(step.lab, "host0")) == {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256"}
+
+
+def test_step7_debug_logs_have_rpc_lines_and_never_the_user_data(step):
+    assert step.operator.stop() == 0
+    lines = step.all_log_lines()
+    records = log_records(lines)
+    rpc = [r for r in records if r.get("logger") == "kvm.libvirt" and r.get("msg") == "libvirt call"]
+    assert rpc, "no per-RPC debug lines"
+    assert all("method" in r and "duration" in r for r in rpc)
+    methods = {r["method"] for r in rpc}
+    assert {"domain_define_xml", "storage_vol_upload"} & methods or len(methods) > 5, methods
+    user_data = step.sample["spec"]["cloudInit"]["userData"]
+    secret_lines = [ln.strip() for ln in user_data.splitlines() if len(ln.strip()) > 12]
+    leaks = [ln for ln in lines if CANARY in ln or any(s in ln for s in secret_lines)]
+    assert not leaks, leaks[:3]
+    print(f"\n{len(lines)} operator log lines, {len(rpc)} libvirt call lines, methods: {sorted(methods)}")
