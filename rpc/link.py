@@ -36,7 +36,9 @@ class Link:
         self.description = description
         self._on_close = on_close
         self._closed = False
-        self._batch: list[bytes] | None = None
+        self._batch: list[bytes] = []  # packets waiting for the end of the loop turn
+        self._dirty = False  # a packet went out directly since the last read or flush
+        self._flush_scheduled = False
         self._loop = asyncio.get_running_loop()
         transport = getattr(writer, "transport", None) or getattr(writer, "channel", None)
         self._transport = transport
@@ -45,25 +47,32 @@ class Link:
                 transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
 
     async def read(self, n: int) -> bytes:
-        return await self._reader.read(n)
+        data = await self._reader.read(n)
+        if not self._batch:
+            self._dirty = False  # a new turn with nothing queued: the next write may go out at once
+        return data
 
     def write(self, data: bytes) -> None:
-        """Write one whole packet. The first write of a loop turn goes out at once (no added latency);
-        later ones in the same turn are joined and written together at the end of it, so 64 pipelined
-        calls become one SSH packet / one send() instead of 64 (plus asyncssh's IGNORE packet each)."""
-        batch = self._batch
-        if batch is None:
+        """Write one whole packet, in order. A write goes out at once unless another one already went
+        out since the last read (or a batch is queued): then it joins a batch written at the end of the
+        loop turn. So a sequential caller pays no added latency, and 64 pipelined calls written in one
+        turn become one send() / one SSH packet instead of 64 (plus asyncssh's IGNORE packet each)."""
+        if not self._dirty and not self._batch:
             try:
                 self._writer.write(data)
             except Exception as e:  # the link died under us; the reader will fail everyone else too
                 raise ConnectionLost(f"connection to {self.description} lost: {e or type(e).__name__}") from e
-            self._batch = []
+            self._dirty = True
+            return
+        self._batch.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
             self._loop.call_soon(self._flush)
-        else:
-            batch.append(data)
 
     def _flush(self) -> None:
-        batch, self._batch = self._batch, None
+        self._flush_scheduled = False
+        batch, self._batch = self._batch, []
+        self._dirty = False
         if batch:
             with contextlib.suppress(Exception):  # a dead link: the reader reports it
                 self._writer.write(batch[0] if len(batch) == 1 else b"".join(batch))
@@ -82,7 +91,7 @@ class Link:
         """Close now, without waiting (used when the link is already known dead or hostile)."""
         if self._closed:
             return
-        self._batch = None
+        self._batch = []
         with contextlib.suppress(Exception):
             self._writer.close()
 

@@ -1,0 +1,68 @@
+"""Link: packets keep their order; a burst in one loop turn is joined, a lone write goes out at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import rpc
+from rpc.link import Link
+
+
+class Writer:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.broken = False
+
+    def write(self, data: bytes) -> None:
+        if self.broken:
+            raise BrokenPipeError("gone")
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        pass
+
+
+class Reader:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def read(self, n: int) -> bytes:
+        return await self.queue.get()
+
+
+async def test_lone_writes_go_out_at_once_and_bursts_are_joined_in_order() -> None:
+    w, r = Writer(), Reader()
+    link = Link(r, w, description="t")
+    link.write(b"a")
+    assert w.writes == [b"a"]  # immediately, no loop turn needed
+    link.write(b"b")
+    link.write(b"c")
+    assert w.writes == [b"a"]  # queued behind the first until the end of the turn
+    await asyncio.sleep(0)
+    assert w.writes == [b"a", b"bc"]
+    r.queue.put_nowait(b"reply")
+    await link.read(10)
+    link.write(b"d")  # after a read: straight out again
+    assert w.writes == [b"a", b"bc", b"d"]
+
+
+async def test_a_read_while_a_batch_is_queued_keeps_the_order() -> None:
+    w, r = Writer(), Reader()
+    link = Link(r, w, description="t")
+    link.write(b"1")
+    link.write(b"2")  # queued
+    r.queue.put_nowait(b"x")
+    await link.read(10)  # must not let "3" overtake "2"
+    link.write(b"3")
+    await asyncio.sleep(0)
+    assert b"".join(w.writes) == b"123"
+
+
+async def test_write_on_a_dead_transport_is_connection_lost() -> None:
+    w, r = Writer(), Reader()
+    link = Link(r, w, description="t")
+    w.broken = True
+    with pytest.raises(rpc.ConnectionLost, match="gone"):
+        link.write(b"x")
