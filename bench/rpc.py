@@ -212,6 +212,7 @@ async def main() -> None:
     ap.add_argument("--tput", type=int, default=12800, help="calls per throughput measurement")
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds; the best of each side counts")
     ap.add_argument("--upload-mib", type=int, default=512)
+    ap.add_argument("--upload-rounds", type=int, default=2)
     args = ap.parse_args()
 
     owned = None
@@ -316,7 +317,7 @@ async def main() -> None:
                     "<target><format type='raw'/></target></volume>",
                 )
             ciphers = {"chacha": "chacha20-poly1305@openssh.com", "aes": "aes128-gcm@openssh.com"}
-            for rnd in range(args.rounds):
+            for rnd in range(args.upload_rounds):
                 print(f"upload round {rnd + 1} ...", file=sys.stderr)
                 for tag, cipher in ciphers.items():
                     async with await rpc.connect_ssh(h.ip, encryption_algs=[cipher], **ssh_kw) as c:
@@ -379,7 +380,7 @@ async def main() -> None:
     load = os.getloadavg()
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"\n{when}, {os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
-          f"best of {args.rounds} alternating rounds\n")  # fmt: skip
+          f"best of {args.rounds} alternating rounds ({args.upload_rounds} for uploads)\n")  # fmt: skip
     print("| measurement | rpc (this package) | libvirt-python / virsh / ssh | ratio |")
     print("|---|---|---|---|")
     for row in rows:
