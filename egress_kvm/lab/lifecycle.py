@@ -8,10 +8,13 @@ layout.json, written before anything is created, so it can clean up after a cras
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from egress_kvm.lab.layout import (
     SOCKET,
     SSH_PORT,
     SSH_USER,
+    STATE_ROOT,
     LabLayout,
     check_index,
     default_state_dir,
@@ -57,6 +61,30 @@ def _require_root() -> None:
         raise LabError("the lab needs root (network namespaces, sshd, libvirtd)")
     if shutil.which("ip") is None:
         raise LabError("`ip` (iproute2) is not installed (run scripts/setup)")
+
+
+_held: dict[int, int] = {}  # index -> nesting depth in this process (up() calls down())
+
+
+@contextlib.contextmanager
+def _index_lock(index: int) -> Iterator[None]:
+    """One `up`/`down` per lab index at a time on this machine: two sessions racing on the same index
+    would otherwise interleave creating and deleting the same namespaces."""
+    if _held.get(index):
+        _held[index] += 1
+        try:
+            yield
+        finally:
+            _held[index] -= 1
+        return
+    STATE_ROOT.mkdir(parents=True, exist_ok=True)
+    with (STATE_ROOT / f".lab{index}.lock").open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        _held[index] = 1
+        try:
+            yield
+        finally:
+            _held[index] = 0
 
 
 def _layout_from_state(state_dir: Path) -> LabLayout | None:
@@ -114,11 +142,18 @@ def down(state_dir: Path | str | None = None, *, index: int | None = None) -> No
     lab = _layout_from_state(state)
     if lab is None and index is not None:
         lab = LabLayout.make(index=index, hosts=1, state_dir=state)
-    if lab is not None:
+    if lab is None:
+        _remove_state(state)
+        return
+    with _index_lock(lab.index):
         for h in lab.every_possible_host:
             if h.dir.exists() or netns_inode(h.netns) is not None:
                 host_mod.host_down(h)
         host_mod.authorized_keys_path(lab).unlink(missing_ok=True)
+        _remove_state(state)
+
+
+def _remove_state(state: Path) -> None:
     if state.is_dir():
         for child in state.iterdir():
             if child.is_dir() and (child.name.startswith("host") or child.name in _STATE_DIRS):
@@ -133,6 +168,12 @@ def up(state_dir: Path | str | None = None, index: int = 0, hosts: int = 1, imag
     """Bring the lab up (or reuse a healthy one) and return what lab.json says."""
     _require_root()
     lab = LabLayout.make(index=check_index(index), hosts=hosts, state_dir=state_dir)
+    with _index_lock(lab.index):
+        return _up_locked(lab, image=image)
+
+
+def _up_locked(lab: LabLayout, *, image: bool) -> LabInfo:
+    index, hosts = lab.index, lab.hosts
     if not problems(lab.state_dir):
         info = LabInfo.load(lab.state_dir)
         if info.index == index and len(info.hosts) == hosts:
