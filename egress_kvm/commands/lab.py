@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from egress_kvm.lab.layout import MAX_HOSTS, MAX_INDEX, default_state_dir
@@ -69,7 +70,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help=f"lab number 0..{MAX_INDEX}: keeps labs apart (names, subnets derive from it)")
 
 
-def _run(func):  # type: ignore[no-untyped-def]
+def _run(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Lab failures end as one line naming the step, exit 1 (not a traceback)."""
     def wrapper(args: argparse.Namespace) -> int:
         from egress_kvm.lab import LabError
         from egress_kvm.log import configure

@@ -232,7 +232,7 @@ def host_problems(host: HostLayout) -> list[str]:
     problems = []
     for daemon in (*DAEMONS, "http-target"):
         pid = read_pid(host.pidfile(daemon))
-        if not (alive(pid) and in_netns(pid, inode)):  # type: ignore[arg-type]
+        if pid is None or not (alive(pid) and in_netns(pid, inode)):
             problems.append(f"{host.name}: {daemon} not running")
     if not problems and not _socket_ready(host):
         problems.append(f"{host.name}: libvirt socket missing")

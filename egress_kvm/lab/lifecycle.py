@@ -33,7 +33,7 @@ from egress_kvm.lab.layout import (
     check_index,
     default_state_dir,
 )
-from egress_kvm.lab.procs import LabError, netns_inode, read_pid, run
+from egress_kvm.lab.procs import LabError, alive, in_netns, netns_inode, read_pid, run
 from egress_kvm.log import get_logger
 
 log = get_logger("lab")
@@ -118,11 +118,9 @@ def problems(state_dir: Path | str) -> list[str]:
 
 
 def _alive_in(host: host_mod.HostLayout, name: str) -> bool:
-    from egress_kvm.lab.procs import alive, in_netns
-
     inode = netns_inode(host.netns)
     pid = read_pid(host.pidfile(name))
-    return inode is not None and alive(pid) and in_netns(pid, inode)  # type: ignore[arg-type]
+    return inode is not None and pid is not None and alive(pid) and in_netns(pid, inode)
 
 
 def _clean_index(lab: LabLayout) -> None:
