@@ -19,6 +19,7 @@ from egress_kvm.log import Logger
 from egress_kvm.providers.base import TransientError
 from rpc.errors import ConnectFailed, ConnectionLost, DeadlineExceeded, LibvirtError, ProtocolError
 
+from .calllog import current_instance
 from .session import Dialer, DialOptions, ExecNotAllowed, ExecResult, Session
 
 BACKOFF_INITIAL = 0.5
@@ -57,7 +58,9 @@ class Host:
 
     @property
     def log(self) -> Logger:
-        return self._log
+        """The host's logger, with `name` when called on behalf of one instance (every operation sets it)."""
+        name = current_instance.get()
+        return self._log.with_values(name=name) if name else self._log
 
     @property
     def connected(self) -> bool:
@@ -85,7 +88,7 @@ class Host:
                 self._backoff = min(BACKOFF_MAX, self._backoff * 2) if self._backoff else BACKOFF_INITIAL
                 self._retry_at = self._clock() + self._backoff
                 self._last_error = _describe(exc)
-                self._log.v(1).info("libvirt host dial failed", address=address, error=self._last_error,
+                self.log.v(1).info("libvirt host dial failed", address=address, error=self._last_error,
                                     retryIn=round(self._backoff, 2))
                 raise TransientError(
                     f"host {self.name!r} ({address}) unreachable: {self._last_error}") from None
@@ -93,7 +96,7 @@ class Host:
             self._retry_at = 0.0
             self._session = session
             session.on_close(lambda reason, s=session: self._dropped_while_idle(s, reason))
-            self._log.v(1).info("libvirt host connected", address=address, user=self.config.user,
+            self.log.v(1).info("libvirt host connected", address=address, user=self.config.user,
                                 socket=self.config.socket)
             return session
 
@@ -107,7 +110,7 @@ class Host:
 
     def _forget(self, reason: str) -> None:
         if self._session is not None:
-            self._log.v(1).info("libvirt connection dropped", reason=reason)
+            self.log.v(1).info("libvirt connection dropped", reason=reason)
             self._session = None
 
     @contextlib.asynccontextmanager

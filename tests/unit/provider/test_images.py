@@ -93,6 +93,7 @@ async def test_first_create_streams_the_image_and_writes_the_marker_last(server:
         fetching = logs.lines("fetching base image into host pool")
         cached = logs.lines("base image cached")
         assert fetching[0]["image"] == "debian-12" and fetching[0]["host"] == "host0"
+        assert fetching[0]["name"] == cached[0]["name"] == "proxy-abc"
         assert cached[0]["size"] == len(IMAGE) and cached[0]["duration"] >= 0
         assert cached[0]["sha256"] == DIGEST
 
