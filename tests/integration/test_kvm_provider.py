@@ -337,5 +337,8 @@ async def test_ssh_drop_is_logged_and_the_next_call_redials(lab: Any, logs: Logs
         assert logs.lines("libvirt connection dropped")[0]["host"] == "host0"
         assert await provider.get("proxy-it-none", "host0") is None  # re-dialled
         assert len(logs.lines("libvirt host connected")) == 2
+        assert session_sshd_pids(info) - before
     finally:
         await provider.close()
+    # close() ends the SSH connection: its sshd session process goes away (nothing leaked).
+    await wait_until(lambda: not (session_sshd_pids(info) - before), 30, "the SSH session to end")

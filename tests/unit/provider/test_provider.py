@@ -454,9 +454,14 @@ async def test_verbose_lines_carry_xml_metadata_addresses_but_never_cloud_init(l
         await provider.close()
 
 
-async def test_close_releases_sessions() -> None:
+async def test_close_releases_sessions_and_leaves_no_task() -> None:
+    before = asyncio.all_tasks()
     provider, hv = fake_kvm_provider()
     await provider.create(request())
-    session = hv["host0"].sessions[0]
+    hv["host0"].drop_connections("gone")  # schedules the dropped session's close
+    await provider.get(NAME, "host0")
+    session = hv["host0"].sessions[-1]
     await provider.close()
     assert session.closed_reason is not None
+    assert all(s.closed_reason is not None for s in hv["host0"].sessions)
+    assert asyncio.all_tasks() == before
