@@ -112,6 +112,7 @@ class FakeHypervisor:
         self.pool_active = True
         self.pool_capacity = pool_capacity
         self.memory = memory
+        self.page_cache = 0  # reclaimable memory: in /proc/meminfo's MemAvailable, not in libvirt's free
         self.bridges = list(bridges)
         self.lib_version = lib_version
         self.domains: dict[str, FakeDomain] = {}
@@ -136,8 +137,9 @@ class FakeHypervisor:
         return max(0, self.pool_capacity - sum(v.allocation for v in self.volumes.values()))
 
     def free_memory(self) -> int:
+        """What libvirt's NODE_GET_FREE_MEMORY reports (MemFree): page cache is not free."""
         used = sum(d.memory_mib * 1024 * 1024 for d in self.domains.values() if d.id != -1)
-        return max(0, self.memory - used)
+        return max(0, self.memory - used - self.page_cache)
 
     def set_vm_ip(self, name: str, ip: str, *, agent: bool = True, bridge: str | None = None) -> None:
         """Make the VM's address visible: to the guest agent (agent=True) and/or the neighbour table."""
@@ -383,7 +385,7 @@ class FakeLibvirtClient:
             vol = src.get("volume") if src is not None else None
             if vol and vol not in self.hyp.volumes:
                 raise no_vol(vol)
-        if dom.memory_mib * 1024 * 1024 > self.hyp.free_memory():
+        if dom.memory_mib * 1024 * 1024 > self.hyp.free_memory() + self.hyp.page_cache:
             raise lv_error(ErrorCode.INTERNAL_ERROR, "process exited while connecting to monitor: "
                                                      "cannot allocate memory")
         dom.state, dom.reason, dom.id = DomainState.RUNNING, 1, self.hyp.next_id()
@@ -613,6 +615,11 @@ class FakeSession:
             if argv[5] not in self.hyp.bridges:
                 return ExecResult(1, "", f'Cannot find device "{argv[5]}"\n')
             return ExecResult(0, json.dumps(self.hyp.neighbours.get(argv[5], [])), "")
+        if argv == ["cat", "/proc/meminfo"]:
+            free_kb = self.hyp.free_memory() // 1024
+            avail_kb = (self.hyp.free_memory() + self.hyp.page_cache) // 1024
+            return ExecResult(0, f"MemTotal: {self.hyp.memory // 1024} kB\nMemFree: {free_kb} kB\n"
+                                 f"MemAvailable: {avail_kb} kB\n", "")
         if argv[:3] == ["ip", "link", "show"] and len(argv) == 4:
             if argv[3] not in self.hyp.bridges:
                 return ExecResult(1, "", f'Device "{argv[3]}" does not exist.\n')

@@ -9,6 +9,8 @@ what to free: pool space below what the overlay and seed need (the overlay count
 
 from __future__ import annotations
 
+from typing import Any
+
 from egress_kvm.providers.base import QuotaError
 from rpc.errors import LibvirtError
 
@@ -48,3 +50,22 @@ def paused_on_io_error(*, host: str, pool: str, name: str, available: int | None
     figures = f" (pool available {fmt_bytes(available)})" if available is not None else ""
     return QuotaError(f"VM {name!r} on host {host!r} is paused on an I/O error, usually a full pool "
                       f"{pool!r}{figures}; free space, then resume it")
+
+
+async def mem_available(host: Any) -> int | None:
+    """MemAvailable (bytes) from the host's /proc/meminfo over SSH exec; None if it cannot be read."""
+    from .session import ExecNotAllowed
+
+    try:
+        result = await host.exec(["cat", "/proc/meminfo"])
+    except ExecNotAllowed:
+        return None
+    if result.exit_status != 0:
+        return None
+    for line in result.stdout.splitlines():
+        key, _, value = line.partition(":")
+        if key == "MemAvailable":
+            parts = value.split()
+            if parts and parts[0].isdigit():
+                return int(parts[0]) * 1024 if parts[1:] == ["kB"] else int(parts[0])
+    return None

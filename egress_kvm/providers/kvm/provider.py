@@ -231,9 +231,7 @@ class KvmProvider:
             raise
         log.v(1).info("seed ISO uploaded", pool=pool.name, volume=naming.seed_volume(name), length=len(iso))
 
-        free = await host.call("node_get_free_memory")
-        capacity.check_free_memory(host=host.name, free_bytes=free, memory_mib=mtype.memory_mib,
-                                   machine_type=resolved.machine_type)
+        await self._check_memory(host, memory_mib=mtype.memory_mib, machine_type=resolved.machine_type)
         meta = metadata.InstanceMetadata(
             cluster_id=self.cluster_id, owner_uid=request.owner_uid, created_at=self._now(),
             owner_namespace=request.owner_namespace, owner_name=request.owner_name, zone=resolved.zone,
@@ -318,10 +316,22 @@ class KvmProvider:
             return
         mtype = self.config.machine_types.get(machine_type)
         if mtype is not None:
-            free = await host.call("node_get_free_memory")
-            capacity.check_free_memory(host=host.name, free_bytes=free, memory_mib=mtype.memory_mib,
-                                       machine_type=machine_type)
+            await self._check_memory(host, memory_mib=mtype.memory_mib, machine_type=machine_type)
         await self._start(host, dom, name)
+
+    async def _check_memory(self, host: Host, *, memory_mib: int, machine_type: str) -> None:
+        """QuotaError when the host cannot hold the VM's memory.
+
+        libvirt's free memory is the kernel's MemFree, which leaves out page cache the kernel would give
+        back; on a file server it is often far below what is really available. So a shortfall is checked
+        again against MemAvailable from /proc/meminfo (over SSH exec, when the host allows it).
+        """
+        free = await host.call("node_get_free_memory")
+        if free >= memory_mib * capacity.MIB:
+            return
+        available = await capacity.mem_available(host)
+        capacity.check_free_memory(host=host.name, free_bytes=max(free, available or 0),
+                                   memory_mib=memory_mib, machine_type=machine_type)
 
     async def _start(self, host: Host, dom: Any, name: str) -> Any:
         try:

@@ -351,6 +351,21 @@ async def test_quota_host_memory() -> None:
         with pytest.raises(QuotaError, match=r"host 'host0' has 256\.0 MiB free memory.*512 MiB"):
             await provider.create(request())
         assert NAME not in hv["host0"].domains
+        hv["host0"].exec_allowed = False  # MemAvailable unreadable: libvirt's figure decides
+        with pytest.raises(QuotaError, match="free memory"):
+            await provider.create(request())
+    finally:
+        await provider.close()
+
+
+async def test_page_cache_is_not_a_memory_shortage() -> None:
+    """libvirt reports MemFree; a host whose memory is mostly page cache can still start the VM."""
+    provider, hv = fake_kvm_provider(host_kwargs={"memory": 4 * 1024**3})
+    hv["host0"].page_cache = 4 * 1024**3 - 100 * 1024**2  # 100 MiB "free", the rest reclaimable
+    try:
+        await provider.create(request())
+        assert hv["host0"].domains[NAME].state == DomainState.RUNNING
+        assert ["cat", "/proc/meminfo"] in hv["host0"].exec_log
     finally:
         await provider.close()
 
