@@ -151,12 +151,13 @@ class KvmProvider:
             if dom is not None:
                 meta = await self._metadata(host, dom)
                 self._check_ours(host, name, meta, action="delete")
-                try:
-                    await host.call("domain_destroy_flags", dom, 0)
-                    log.v(1).info("domain destroyed")
-                except LibvirtError as exc:
-                    if exc.code not in (ErrorCode.OPERATION_INVALID, ErrorCode.NO_DOMAIN):
-                        raise  # 55: not running, which is what we want
+                if dom.id != -1:  # running (the lookup's id is -1 for an inactive domain)
+                    try:
+                        await host.call("domain_destroy_flags", dom, 0)
+                        log.v(1).info("domain destroyed")
+                    except LibvirtError as exc:
+                        if exc.code not in (ErrorCode.OPERATION_INVALID, ErrorCode.NO_DOMAIN):
+                            raise  # 55: it stopped meanwhile, which is what we want
                 with contextlib.suppress(NotFoundError):
                     await host.call("domain_undefine_flags", dom,
                                     DOMAIN_UNDEFINE_NVRAM | DOMAIN_UNDEFINE_MANAGED_SAVE)

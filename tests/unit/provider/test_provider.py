@@ -287,8 +287,10 @@ async def test_delete_removes_domain_overlay_and_seed_but_keeps_the_base() -> No
         assert h.volume_names() == {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256"}
         await provider.create(request())
         h.shut_off(NAME)  # a stopped domain is undefined without a destroy
+        h.calls.clear()
         await provider.delete(NAME, "host0")
         assert NAME not in h.domains
+        assert "domain_destroy_flags" not in h.calls and "domain_undefine_flags" in h.calls
     finally:
         await provider.close()
 
