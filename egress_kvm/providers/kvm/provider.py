@@ -43,6 +43,7 @@ from rpc.constants import (
     ErrorCode,
 )
 from rpc.errors import LibvirtError, NotFoundError
+from rpc.types import DomainGetStateRet
 
 from . import capacity, metadata, naming, placement, seed
 from .addresses import discover
@@ -120,8 +121,8 @@ class KvmProvider:
             if dom is not None:
                 meta = await self._metadata(host, dom)
                 self._check_ours(host, name, meta, action="reuse")
-                await self._ensure_running(host, dom, name, machine_type=resolved.machine_type)
-                return await self._instance(host, dom, name, meta)
+                st = await self._ensure_running(host, dom, name, machine_type=resolved.machine_type)
+                return await self._instance(host, dom, name, meta, state=st)
             return await self._create_new(host, request, resolved, progress=progress)
 
     async def get(self, name: str, zone: str) -> Instance | None:
@@ -309,16 +310,18 @@ class KvmProvider:
             raise PermanentError(f"domain {name!r} on host {host.name!r} belongs to cluster "
                                  f"{meta.cluster_id!r}, not {self.cluster_id!r}; refusing to {action} it")
 
-    async def _ensure_running(self, host: Host, dom: Any, name: str, *, machine_type: str) -> None:
+    async def _ensure_running(self, host: Host, dom: Any, name: str, *, machine_type: str) -> Any:
+        """Start the domain unless it runs (or is paused); returns its state as it is now."""
         st = await host.call("domain_get_state", dom, 0)
         if st.state == DomainState.PAUSED and st.reason == DOMAIN_PAUSED_IOERROR:
             raise await self._io_error(host, name)
         if power_state(st.state) in (PowerState.RUNNING, PowerState.PAUSED):
-            return
+            return st
         mtype = self.config.machine_types.get(machine_type)
         if mtype is not None:
             await self._check_memory(host, memory_mib=mtype.memory_mib, machine_type=machine_type)
         await self._start(host, dom, name)
+        return DomainGetStateRet(state=DomainState.RUNNING, reason=1)
 
     async def _check_memory(self, host: Host, *, memory_mib: int, machine_type: str) -> None:
         """QuotaError when the host cannot hold the VM's memory.
@@ -352,8 +355,9 @@ class KvmProvider:
         return capacity.paused_on_io_error(host=host.name, pool=host.config.pool, name=name,
                                            available=available)
 
-    async def _instance(self, host: Host, dom: Any, name: str, meta: Meta | None) -> Instance:
-        st = await host.call("domain_get_state", dom, 0)
+    async def _instance(self, host: Host, dom: Any, name: str, meta: Meta | None, *,
+                        state: Any | None = None) -> Instance:
+        st = state if state is not None else await host.call("domain_get_state", dom, 0)
         if st.state == DomainState.PAUSED and st.reason == DOMAIN_PAUSED_IOERROR:
             raise await self._io_error(host, name)
         state = power_state(st.state)

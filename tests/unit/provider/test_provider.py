@@ -419,6 +419,10 @@ async def test_rpc_counts_for_create_and_get() -> None:
         assert h.calls == ["domain_lookup_by_name", "domain_get_metadata", "domain_get_state",
                            "domain_interface_addresses"]
         assert len(create_calls) == 12, create_calls
+        h.calls.clear()
+        await provider.create(request())  # already there and running: a Get's worth of calls
+        assert h.calls == ["domain_lookup_by_name", "domain_get_metadata", "domain_get_state",
+                           "domain_interface_addresses"]
     finally:
         await provider.close()
 
