@@ -491,10 +491,11 @@ class Connection:
                     if stream.error is not None:
                         raise stream.error
                     self._check_open()
+                    # header + data in one buffer: the one copy of the data this layer makes
                     self._link.write(
                         stream_data_header(proc=procedure.number, serial=stream.serial, length=len(chunk))
+                        + chunk
                     )
-                    self._link.write(chunk)
                     sent += len(chunk)
                     await self._drain_for(stream, wait)
                 if stream.error is not None:
@@ -519,27 +520,35 @@ class Connection:
 
 
 async def _chunks(data: bytes | bytearray | memoryview | AsyncIterable[bytes]) -> Any:
-    """Yield the data in pieces of at most STREAM_CHUNK bytes; small iterable pieces are coalesced."""
+    """Yield the data as read-only views of at most STREAM_CHUNK bytes, copying nothing where it can:
+    big pieces are sliced in place, only small pieces (and a big piece's tail) are gathered."""
     if isinstance(data, bytes | bytearray | memoryview):
         view = memoryview(data).cast("B")
         for i in range(0, len(view), STREAM_CHUNK):
-            yield bytes(view[i : i + STREAM_CHUNK])
+            yield view[i : i + STREAM_CHUNK]
         return
     if not hasattr(data, "__aiter__"):
         raise TypeError(f"data must be bytes or an async iterable of bytes, got {type(data).__name__}")
-    buf = bytearray()
+    pending = bytearray()  # always shorter than STREAM_CHUNK between pieces
     async for piece in data:
         if not isinstance(piece, bytes | bytearray | memoryview):
             raise TypeError(f"data iterable yielded {type(piece).__name__}, expected bytes")
-        if not buf and len(piece) == STREAM_CHUNK:
-            yield bytes(piece)
-            continue
-        buf += piece
-        while len(buf) >= STREAM_CHUNK:
-            yield bytes(buf[:STREAM_CHUNK])
-            del buf[:STREAM_CHUNK]
-    if buf:
-        yield bytes(buf)
+        view = memoryview(piece).cast("B")
+        start = 0
+        if pending:
+            take = min(STREAM_CHUNK - len(pending), len(view))
+            pending += view[:take]
+            start = take
+            if len(pending) < STREAM_CHUNK:
+                continue
+            yield memoryview(bytes(pending))
+            pending = bytearray()
+        while len(view) - start >= STREAM_CHUNK:
+            yield view[start : start + STREAM_CHUNK]
+            start += STREAM_CHUNK
+        pending += view[start:]
+    if pending:
+        yield memoryview(bytes(pending))
 
 
 class Download:

@@ -66,3 +66,34 @@ async def test_write_on_a_dead_transport_is_connection_lost() -> None:
     w.broken = True
     with pytest.raises(rpc.ConnectionLost, match="gone"):
         link.write(b"x")
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [],
+        [1],
+        [262120],
+        [262121],
+        [10, 262120, 5],
+        [8 << 20, 3, 8 << 20],
+        [100_000] * 7,
+        [262119, 1, 262120, 262121, 262119],
+    ],
+)
+async def test_upload_chunking_is_exact_and_full_sized(sizes: list[int]) -> None:
+    from rpc.connection import _chunks
+    from rpc.constants import STREAM_CHUNK
+
+    pieces = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+
+    async def source():  # type: ignore[no-untyped-def]
+        for p in pieces:
+            yield p
+
+    out = [bytes(c) async for c in _chunks(source())]
+    assert b"".join(out) == b"".join(pieces)
+    assert all(len(c) == STREAM_CHUNK for c in out[:-1])
+    assert all(0 < len(c) <= STREAM_CHUNK for c in out)
+    direct = [bytes(c) async for c in _chunks(b"".join(pieces))]
+    assert direct == out
