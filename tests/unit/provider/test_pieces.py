@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from datetime import UTC, datetime
@@ -9,11 +10,13 @@ from pathlib import Path
 
 import pytest
 from fakes import kvm_config, qcow2_image
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lxml import etree
 
-from egress_kvm.config.models import CpuConfig
+from egress_kvm.config.models import CpuConfig, parse_host_port
 from egress_kvm.providers.base import PermanentError, Placement
-from egress_kvm.providers.kvm import metadata, naming, placement, qcow2, seed
+from egress_kvm.providers.kvm import addresses, metadata, naming, placement, qcow2, seed
 from egress_kvm.providers.kvm.domain_xml import DomainSpec, domain_xml, volume_xml
 
 META = metadata.InstanceMetadata(cluster_id="c1", owner_uid="uid-1", created_at=datetime(2026, 1, 2, 3, 4, 5,
@@ -203,3 +206,25 @@ def test_placement_rules() -> None:
             placement.resolve(p, two, provider="p")
     src = placement.image_source(two, url)
     assert src.base_volume == naming.base_volume(url=url) and src.format == "qcow2" and src.sha256 is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(), st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(["dst", "lladdr", "state", "x"]), c,
+                                                       max_size=4), max_leaves=12).map(json.dumps)))
+def test_neighbour_parsing_never_raises(text: str) -> None:
+    """Whatever `ip -j neigh` (or a hostile host) prints, the fallback yields an address or None."""
+    got = addresses.pick_neighbour(text, "52:54:00:aa:bb:cc")
+    assert got is None or addresses.usable_ipv4(got)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=40))
+def test_host_port_parsing_accepts_or_explains(value: str) -> None:
+    try:
+        host, port = parse_host_port(value)
+    except ValueError as exc:
+        assert str(exc)
+    else:
+        assert host and 1 <= port <= 65535
