@@ -241,3 +241,14 @@ async def test_pool_too_small_for_the_image_is_quota(server: ImageServer) -> Non
         assert hv["host0"].volume_names() == set()
     finally:
         await provider.close()
+
+
+async def test_marker_without_base_is_redone(server: ImageServer, logs: LogCapture) -> None:
+    provider, hv = provider_for(server)
+    hv["host0"].put_volume(MARKER, DIGEST.encode())  # someone evicted only the base
+    try:
+        await provider.create(request())
+        assert bytes(hv["host0"].volumes[BASE].data) == IMAGE
+        assert logs.lines("fetching base image into host pool")[0]["reason"] == "marker without base volume"
+    finally:
+        await provider.close()
