@@ -153,3 +153,24 @@ def assert_nothing_left(layout: LabLayout, hosts, pids=()) -> None:  # type: ign
     assert not [p for p in pids if procs.alive(p)]
     assert not layout.state_dir.exists()
     assert not authorized_keys_path(layout).exists()
+
+
+def test_up_clears_leftovers_of_the_same_index_from_elsewhere(tmp_path):
+    """A crash can leave a netns and veth with no state dir at all (or a lab at another state dir):
+    the index names them, so `up` removes them before building."""
+    if lab.unavailable_reason():
+        pytest.skip(lab.unavailable_reason())
+    index = (INDEX + 2) % 8
+    stray = LabLayout.make(index=index, hosts=2, state_dir=tmp_path / "gone").host(1)
+    subprocess.run(["ip", "netns", "add", stray.netns], check=True)
+    subprocess.run(["ip", "link", "add", stray.veth_root, "type", "veth", "peer", "name", stray.veth_host,
+                    "netns", stray.netns], check=True)
+    try:
+        info = lab.up(state_dir=tmp_path / "state", index=index, hosts=1, image=False)
+        assert lab.problems(info.state_dir) == []
+        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert stray.netns not in netns
+        assert not Path(f"/sys/class/net/{stray.veth_root}").exists()
+    finally:
+        lab.down(tmp_path / "state")
+        subprocess.run(["ip", "netns", "del", stray.netns], capture_output=True)
