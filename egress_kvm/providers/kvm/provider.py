@@ -131,8 +131,11 @@ class KvmProvider:
             dom = await self._lookup_domain(host, name)
             if dom is None:
                 return None
-            meta = await self._metadata(host, dom)
-            return await self._instance(host, dom, name, meta)
+            try:
+                meta = await self._metadata(host, dom)
+                return await self._instance(host, dom, name, meta)
+            except NotFoundError:
+                return None  # undefined between our calls: it is gone
 
     async def start(self, name: str, zone: str) -> None:
         host = self.host(zone)
@@ -148,8 +151,10 @@ class KvmProvider:
         host = self.host(zone)
         async with self._operation(host, name, "delete"), host.exclusive(f"instance:{name}"):
             log = host.log.with_values(name=name)
+            removed: list[str] = []
             dom = await self._lookup_domain(host, name)
             if dom is not None:
+                removed.append("domain")
                 meta = await self._metadata(host, dom)
                 self._check_ours(host, name, meta, action="delete")
                 if dom.id != -1:  # running (the lookup's id is -1 for an inactive domain)
@@ -169,8 +174,12 @@ class KvmProvider:
                     vol = await lookup_volume(host, pool, vol_name)
                     if vol is not None:
                         await delete_volume(host, vol)
+                        removed.append(vol_name)
                         log.v(1).info("volume deleted", pool=pool.name, volume=vol_name)
-            log.info("KVM instance deleted")
+            if removed:
+                log.info("KVM instance deleted", removed=removed)
+            else:
+                log.v(1).info("KVM instance already gone")
 
     async def list_managed(self, zone: str | None = None) -> list[Instance]:
         hosts = [self.host(zone)] if zone is not None else list(self._hosts.values())
@@ -179,7 +188,10 @@ class KvmProvider:
             async with self._operation(host, "", "list"):
                 listing = await host.call("connect_list_all_domains", 1, CONNECT_LIST_DOMAINS_PERSISTENT)
                 for dom in listing.domains:
-                    meta = await self._metadata(host, dom)
+                    try:
+                        meta = await self._metadata(host, dom)
+                    except NotFoundError:
+                        continue  # undefined since the listing
                     if meta is None or not meta.managed or meta.cluster_id != self.cluster_id:
                         continue
                     out.append(Instance(
@@ -293,9 +305,9 @@ class KvmProvider:
         try:
             xml = await host.call("domain_get_metadata", dom, DOMAIN_METADATA_ELEMENT, metadata.NAMESPACE, 0)
         except LibvirtError as exc:
-            if exc.code in (ErrorCode.NO_DOMAIN_METADATA, ErrorCode.NO_DOMAIN):
+            if exc.code == ErrorCode.NO_DOMAIN_METADATA:
                 return None
-            raise
+            raise  # NotFoundError (NO_DOMAIN) included: "no element" and "no domain" differ
         try:
             return metadata.parse(xml)
         except metadata.MetadataError as exc:

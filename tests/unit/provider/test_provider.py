@@ -272,7 +272,7 @@ async def test_placement_failures_are_permanent_and_name_the_value() -> None:
         await provider.close()
 
 
-async def test_delete_removes_domain_overlay_and_seed_but_keeps_the_base() -> None:
+async def test_delete_removes_domain_overlay_and_seed_but_keeps_the_base(logs: LogCapture) -> None:
     provider, hv = fake_kvm_provider()
     h = hv["host0"]
     try:
@@ -280,7 +280,10 @@ async def test_delete_removes_domain_overlay_and_seed_but_keeps_the_base() -> No
         await provider.delete(NAME, "host0")
         assert NAME not in h.domains
         assert h.volume_names() == {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256"}
-        await provider.delete(NAME, "host0")  # already gone: success
+        await provider.delete(NAME, "host0")  # already gone: success, quietly
+        assert [r["removed"] for r in logs.lines("KVM instance deleted")] == [
+            ["domain", "proxy-abc.qcow2", "proxy-abc-seed.iso"]]
+        assert logs.lines("KVM instance already gone")
         h.put_volume("proxy-abc.qcow2", b"orphan", fmt="qcow2")  # crash before define left volumes
         h.put_volume("proxy-abc-seed.iso", b"orphan")
         await provider.delete(NAME, "host0")
@@ -486,3 +489,18 @@ async def test_close_releases_sessions_and_leaves_no_task() -> None:
     assert session.closed_reason is not None
     assert all(s.closed_reason is not None for s in hv["host0"].sessions)
     assert asyncio.all_tasks() == before
+
+
+async def test_a_domain_vanishing_between_calls_is_gone_not_foreign() -> None:
+    provider, hv = fake_kvm_provider()
+    try:
+        await provider.create(request())
+        hv["host0"].fail["domain_get_metadata"] = lv_error(ErrorCode.NO_DOMAIN, "Domain not found")
+        assert await provider.get(NAME, "host0") is None
+        hv["host0"].fail["domain_get_metadata"] = lv_error(ErrorCode.NO_DOMAIN, "Domain not found")
+        assert await provider.list_managed() == []
+        hv["host0"].fail["domain_get_metadata"] = lv_error(ErrorCode.NO_DOMAIN, "Domain not found")
+        with pytest.raises(TransientError, match="NO_DOMAIN"):
+            await provider.delete(NAME, "host0")
+    finally:
+        await provider.close()
