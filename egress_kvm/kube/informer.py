@@ -127,19 +127,24 @@ class ProxyInformer:
             self._task.cancel()
 
     async def _loop(self) -> None:
+        expired_in_a_row = 0
         while not self._stopping:
             progressed = False
             try:
                 if self._rv is None:
                     await self._relist()
                 progressed = await self._watch_once()
+                expired_in_a_row = 0
                 self._log.v(1).info("watch stream closed by the server, watching again",
                                     resourceVersion=self._rv)
             except _Expired as exc:
                 self._log.info("watch resourceVersion expired (410 Gone), relisting",
                                resourceVersion=self._rv)
                 self._rv = None
-                progressed = exc.progressed
+                # Relist at once after a 410 (the normal case after a long disconnect); only a server
+                # answering 410 to the version its own list just gave backs off.
+                expired_in_a_row = 0 if exc.progressed else expired_in_a_row + 1
+                progressed = exc.progressed or expired_in_a_row == 1
             except _Stalled:
                 self._log.info("watch stream silent, reconnecting", seconds=self.stall_timeout,
                                resourceVersion=self._rv)

@@ -221,3 +221,22 @@ async def test_namespace_scope_uses_the_namespaced_path() -> None:
         assert inf.keys() == [("team-a", "n")]
         inf.stop()
         await asyncio.wait_for(task, 5)
+
+
+async def test_a_first_410_relists_at_once_but_a_410_loop_backs_off() -> None:
+    class Counting(Backoff):
+        calls = 0
+
+        def next(self) -> float:
+            Counting.calls += 1
+            return super().next()
+
+    # Every watch is refused with 410, even from the version the fresh list just returned.
+    api = ScriptedApi(plans=[status_plan(410) for _ in range(4)])
+    async with informer_on(api, backoff=Counting(base=0.01, cap=0.05, jitter=0)) as (inf, _rec, _):
+        await until(lambda: len(api.watch_queries) >= 4)
+        # First 410: relist immediately (no backoff); each later one in a row: backoff.
+        assert api.lists >= 4
+        assert Counting.calls >= 2
+        assert Counting.calls <= len(api.watch_queries) - 1
+        assert inf.healthy()
