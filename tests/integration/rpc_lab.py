@@ -111,6 +111,21 @@ def stopped(pid: int) -> Iterator[None]:
             os.kill(pid, signal.SIGCONT)
 
 
+@contextlib.contextmanager
+def small_pool(info: lab.LabInfo, name: str, *, mib: int) -> Iterator[None]:
+    """A transient dir pool on a `mib`-MiB tmpfs in the host's mount namespace: a pool that fills up."""
+    target = f"/var/lib/libvirt/{name}"
+    lab.host_run(info, HOST, ["mkdir", "-p", target])
+    lab.host_run(info, HOST, ["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", target])
+    try:
+        virsh(info, "pool-create-as", name, "dir", "--target", target)
+        yield
+    finally:
+        virsh_try(info, "pool-destroy", name)
+        lab.host_run(info, HOST, ["umount", target], check=False)
+        lab.host_run(info, HOST, ["rmdir", target], check=False)
+
+
 def keygen(path: Path) -> None:
     """A fresh ed25519 key pair at path / path.pub (a key the lab does not know)."""
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)

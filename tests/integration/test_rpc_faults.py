@@ -103,3 +103,23 @@ async def test_killing_libvirtd_mid_call_is_connection_lost_on_every_transport(l
         await asyncio.to_thread(L.restart_libvirtd, lab_host)
     async with await L.connect_ssh(lab_host) as again:
         assert await again.connect_get_lib_version() > 0
+
+
+async def test_a_full_pool_mid_upload_ends_the_upload_at_once_with_the_daemons_error(lab_host) -> None:  # type: ignore[no-untyped-def]
+    """libvirtd reports ENOSPC as an unasked STREAM/ERROR and drops everything after it: the upload must
+    raise that error promptly (not hang waiting for a confirmation that never comes)."""
+    pool_name, size = L.unique("small"), 64 << 20
+    with L.small_pool(lab_host, pool_name, mib=16):
+        async with await L.connect_ssh(lab_host) as client:
+            pool = await client.storage_pool_lookup_by_name(pool_name)
+            vol = await client.storage_vol_create_xml(
+                pool,
+                f"<volume><name>big.raw</name><capacity unit='bytes'>{size}</capacity>"
+                "<allocation>0</allocation><target><format type='raw'/></target></volume>",
+            )
+            with pytest.raises(rpc.LibvirtError, match="No space left on device") as ei:
+                await client.storage_vol_upload(vol, 0, size, 0, os.urandom(size), timeout=DEADLINE)
+            assert ei.value.code_name == "SYSTEM_ERROR"
+            assert client._streams == {}
+            assert await client.connect_get_lib_version() > 0  # the connection is fine
+            await client.storage_vol_delete(vol)
