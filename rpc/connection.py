@@ -24,7 +24,7 @@ from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .constants import STREAM_CHUNK
+from .constants import STREAM_CHUNK, MessageType
 from .errors import (
     ConnectionLost,
     DeadlineExceeded,
@@ -33,7 +33,7 @@ from .errors import (
     RpcError,
     error_from_remote,
 )
-from .framing import PacketDecoder
+from .framing import Header, PacketDecoder
 from .link import WRITE_HIGH_WATER, Link
 from .messages import (
     PING,
@@ -281,7 +281,13 @@ class Connection:
                     raise ConnectionLost(f"connection closed by {link.description}{where}")
                 self._last_rx = loop.time()
                 for packet in decoder.feed(data):
-                    dispatch(classify(packet))
+                    try:
+                        event = classify(packet)
+                    except ProtocolError as e:
+                        if self._fail_one(packet.header, e):
+                            continue  # framing is intact: only that call (or stream) is lost
+                        raise
+                    dispatch(event)
                 while self._throttle is not None:
                     await self._throttle
                     self._last_rx = loop.time()
@@ -292,6 +298,21 @@ class Connection:
             self._fail(e)
         except Exception as e:
             self._fail(ConnectionLost(f"connection to {link.description} lost: {e or type(e).__name__}"))
+
+    def _fail_one(self, header: Header, exc: ProtocolError) -> bool:
+        """A malformed body (e.g. a remote_error) in a reply or stream packet: fail just its owner."""
+        if header.type == MessageType.REPLY:
+            p = self._pending.pop(header.serial, None)
+            if p is not None and not p.fut.done():
+                p.fut.set_exception(exc)
+                self._streams.pop(header.serial, None)
+                return True
+        elif header.type == MessageType.STREAM:
+            stream = self._streams.get(header.serial)
+            if stream is not None:
+                stream.fail(exc)
+                return True
+        return False
 
     def _dispatch(self, ev: Any) -> None:
         kind = type(ev)

@@ -704,3 +704,16 @@ async def test_random_bytes_from_the_server_end_the_call_with_an_rpc_error(seed:
     finally:
         await client.close()
         await server.stop()
+
+
+async def test_malformed_remote_error_fails_only_that_call(server: FakeServer) -> None:
+    server.handlers[59] = lambda: NO_REPLY
+    client = await open_client(server)
+    task = asyncio.create_task(client.connect_get_hostname())
+    rec = await next_call(server, 59)
+    server.send_packet(proc=59, type=MessageType.REPLY, serial=rec.serial, status=1, payload=b"\0\0\0\x01")
+    with pytest.raises(rpc.ProtocolError, match="remote_error"):
+        await task
+    server.handlers[59] = lambda: "fine"
+    assert await client.connect_get_hostname() == "fine"
+    await client.close()
