@@ -1,8 +1,8 @@
 """The lab's own proof for its hosts: real netns, sshd, libvirtd, dnsmasq; reachable over real SSH with
 the host key checked; idempotent `up`; a crashed lab cleaned and rebuilt; `down` leaves nothing behind.
 
-Uses its own lab index (EGRESS_LAB_SELFTEST_INDEX, default 5) and state dir, apart from the shared
-session lab that other tests use.
+Uses its own lab index (EGRESS_LAB_SELFTEST_INDEX, default 5), and only that one, with its own state
+dirs, apart from the shared session lab that other tests use.
 """
 
 from __future__ import annotations
@@ -107,36 +107,48 @@ def test_up_again_reuses_a_healthy_lab(own_lab):
     assert [h.libvirtd_pid for h in again.hosts] == [h.libvirtd_pid for h in own_lab.hosts]
 
 
-def test_up_after_a_crash_cleans_and_rebuilds(tmp_path):
+def test_up_after_a_crash_cleans_and_rebuilds(own_lab):
     """A lab whose daemons died (SIGKILL, as in a crash) is detected, cleaned and brought up fresh."""
-    if lab.unavailable_reason():
-        pytest.skip(lab.unavailable_reason())
-    index = (INDEX + 1) % 8
-    first = lab.up(state_dir=tmp_path, index=index, hosts=1, image=False)
+    old = own_lab.hosts[0]
+    os.kill(old.libvirtd_pid, signal.SIGKILL)
+    os.kill(old.sshd_pid, signal.SIGKILL)
+    procs.wait_gone([old.libvirtd_pid, old.sshd_pid], timeout=10)
+    assert any("libvirtd not running" in p for p in lab.problems(own_lab.state_dir))
+    second = lab.up(state_dir=own_lab.state_dir, index=INDEX, hosts=2, image=False)
+    assert second.hosts[0].libvirtd_pid != old.libvirtd_pid
+    assert lab.problems(own_lab.state_dir) == []
+    out = ssh(second, second.hosts[0], "virsh -c qemu:///system pool-list --name")
+    assert out.returncode == 0 and "default" in out.stdout, out.stderr
+    assert not any(procs.alive(h.libvirtd_pid) for h in own_lab.hosts)  # the crashed lab's rest is gone too
+
+
+# The tests below replace the module's lab (same index: this module only ever uses INDEX, so it never
+# touches another developer's lab); keep them last.
+
+def test_up_clears_leftovers_of_the_same_index_from_elsewhere(own_lab, tmp_path):
+    """A crash can leave a netns and veth with no state dir at all (or a lab at another state dir):
+    the index names them, so `up` removes them before building."""
+    stray = LabLayout.make(index=INDEX, hosts=4, state_dir=tmp_path / "gone").host(3)
+    subprocess.run(["ip", "netns", "add", stray.netns], check=True)
+    subprocess.run(["ip", "link", "add", stray.veth_root, "type", "veth", "peer", "name", stray.veth_host,
+                    "netns", stray.netns], check=True)
     try:
-        old = first.hosts[0]
-        os.kill(old.libvirtd_pid, signal.SIGKILL)
-        os.kill(old.sshd_pid, signal.SIGKILL)
-        procs.wait_gone([old.libvirtd_pid, old.sshd_pid], timeout=10)
-        assert any("libvirtd not running" in p for p in lab.problems(tmp_path))
-        second = lab.up(state_dir=tmp_path, index=index, hosts=1, image=False)
-        assert second.hosts[0].libvirtd_pid != old.libvirtd_pid
-        assert lab.problems(tmp_path) == []
-        out = ssh(second, second.hosts[0], "virsh -c qemu:///system pool-list --name")
-        assert out.returncode == 0 and "default" in out.stdout, out.stderr
+        info = lab.up(state_dir=tmp_path / "state", index=INDEX, hosts=1, image=False)
+        assert lab.problems(info.state_dir) == []
+        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert stray.netns not in netns
+        assert not Path(f"/sys/class/net/{stray.veth_root}").exists()
+        assert lab.problems(own_lab.state_dir)  # the other state dir's lab of this index was removed
     finally:
-        lab.down(tmp_path)
-    assert_nothing_left(LabLayout.make(index=index, hosts=1, state_dir=tmp_path), [first.hosts[0]])
+        lab.down(tmp_path / "state")
+        subprocess.run(["ip", "netns", "del", stray.netns], capture_output=True)
 
 
-def test_down_leaves_nothing(tmp_path):
-    if lab.unavailable_reason():
-        pytest.skip(lab.unavailable_reason())
-    index = (INDEX + 2) % 8
-    info = lab.up(state_dir=tmp_path / "state", index=index, hosts=2, image=False)
+def test_down_leaves_nothing(own_lab, tmp_path):
+    info = lab.up(state_dir=tmp_path / "state", index=INDEX, hosts=2, image=False)
     pids = [p for h in info.hosts for p in (h.libvirtd_pid, h.sshd_pid)]
     lab.down(tmp_path / "state")
-    assert_nothing_left(LabLayout.make(index=index, hosts=2, state_dir=tmp_path / "state"), info.hosts, pids)
+    assert_nothing_left(LabLayout.make(index=INDEX, hosts=2, state_dir=tmp_path / "state"), info.hosts, pids)
     lab.down(tmp_path / "state")  # safe to run twice
 
 
@@ -153,24 +165,3 @@ def assert_nothing_left(layout: LabLayout, hosts, pids=()) -> None:  # type: ign
     assert not [p for p in pids if procs.alive(p)]
     assert not layout.state_dir.exists()
     assert not authorized_keys_path(layout).exists()
-
-
-def test_up_clears_leftovers_of_the_same_index_from_elsewhere(tmp_path):
-    """A crash can leave a netns and veth with no state dir at all (or a lab at another state dir):
-    the index names them, so `up` removes them before building."""
-    if lab.unavailable_reason():
-        pytest.skip(lab.unavailable_reason())
-    index = (INDEX + 2) % 8
-    stray = LabLayout.make(index=index, hosts=2, state_dir=tmp_path / "gone").host(1)
-    subprocess.run(["ip", "netns", "add", stray.netns], check=True)
-    subprocess.run(["ip", "link", "add", stray.veth_root, "type", "veth", "peer", "name", stray.veth_host,
-                    "netns", stray.netns], check=True)
-    try:
-        info = lab.up(state_dir=tmp_path / "state", index=index, hosts=1, image=False)
-        assert lab.problems(info.state_dir) == []
-        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert stray.netns not in netns
-        assert not Path(f"/sys/class/net/{stray.veth_root}").exists()
-    finally:
-        lab.down(tmp_path / "state")
-        subprocess.run(["ip", "netns", "del", stray.netns], capture_output=True)
