@@ -197,6 +197,7 @@ async def test_typical_domain_errors(lab_host, client: rpc.Client) -> None:  # t
         assert (ei.value.code, ei.value.code_name) == (86, "AGENT_UNRESPONSIVE")
         ifaces = await client.domain_interface_addresses(dom, rpc.InterfaceAddressesSource.LEASE)
         assert ifaces == ()  # br0 is not a libvirt-managed network: no leases to report
+        assert L.virsh(lab_host, "domifaddr", name, "--source", "lease").strip() == ""  # virsh agrees
         await client.domain_destroy(dom)
         await client.domain_undefine(dom)
     finally:
@@ -405,3 +406,20 @@ async def test_wrong_client_key_is_a_clear_connect_failure(lab_host, tmp_path: P
     L.keygen(tmp_path / "k")
     with pytest.raises(rpc.ConnectFailed, match="authentication failed for user 'virt'"):
         await L.connect_ssh(lab_host, client_keys=[str(tmp_path / "k")])
+
+
+async def test_raw_event_registration_and_connect_close(lab_host) -> None:  # type: ignore[no-untyped-def]
+    client = await L.connect_ssh(lab_host)
+    try:
+        cb = await client.connect_domain_event_callback_register_any(rpc.DomainEventID.LIFECYCLE)
+        assert isinstance(cb, int)
+        await client.connect_domain_event_callback_deregister_any(cb)
+        with pytest.raises(rpc.LibvirtError):
+            await client.connect_domain_event_callback_deregister_any(cb)  # already gone
+        await client.connect_close()  # the daemon answers, then hangs up
+        with pytest.raises(rpc.ConnectionLost):
+            for _ in range(100):
+                await client.connect_get_lib_version()
+                await asyncio.sleep(0.05)
+    finally:
+        await client.close()
