@@ -10,6 +10,7 @@ known_hosts file given; there is no default, so skipping the check is always an 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -146,7 +147,8 @@ async def connect_over(
 
     async def close_ssh() -> None:
         ssh_conn.close()
-        await ssh_conn.wait_closed()
+        with contextlib.suppress(TimeoutError):  # close() already dropped the transport; don't hang on it
+            await asyncio.wait_for(ssh_conn.wait_closed(), 5.0)
 
     link = Link(reader, writer, description=description, on_close=close_ssh if _owns_ssh else None)
     return await _open_client(
@@ -248,5 +250,6 @@ async def connect_ssh(
         )
     except BaseException:
         ssh_conn.close()
-        await ssh_conn.wait_closed()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ssh_conn.wait_closed(), 5.0)
         raise
