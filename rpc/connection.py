@@ -359,7 +359,9 @@ class Connection:
                     sub._push(event)
         elif kind is Ping:
             self.pings_received += 1
-            if self._lost is None:
+            # A peer that pings but never reads would grow our send buffer without bound: answer only
+            # while it is draining (one PONG answers any number of PINGs anyway).
+            if self._lost is None and self._link.write_buffer_size() < WRITE_HIGH_WATER:
                 self._link.write(PONG)
         else:  # Pong: liveness is already recorded
             self.pongs_received += 1

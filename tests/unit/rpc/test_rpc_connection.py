@@ -717,3 +717,19 @@ async def test_malformed_remote_error_fails_only_that_call(server: FakeServer) -
     server.handlers[59] = lambda: "fine"
     assert await client.connect_get_hostname() == "fine"
     await client.close()
+
+
+async def test_a_ping_flood_from_a_peer_that_never_reads_stays_bounded(server: FakeServer) -> None:
+    client = await open_client(server)
+    server.reading.clear()  # the peer stops reading our side
+    for _ in range(200_000):  # 5.6 MB of PINGs
+        server.send_keepalive()
+    await asyncio.sleep(0.5)
+    for _ in range(100):
+        if client.pings_received == 200_000:
+            break
+        await asyncio.sleep(0.05)
+    assert client.pings_received == 200_000
+    assert client._link.write_buffer_size() < 3 * 1024 * 1024  # not 200k PONGs
+    server.reading.set()
+    await client.close()
