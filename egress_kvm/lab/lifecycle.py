@@ -245,12 +245,12 @@ def _host_layout(info: LabInfo, host_name: str) -> host_mod.HostLayout:
     raise LabError(f"lab {info.index} has no host {host_name!r} (hosts: {[h.name for h in info.hosts]})")
 
 
-def host_run(info: LabInfo, host_name: str, argv: list[str], check: bool = True,
+def host_run(info: LabInfo, host_name: str, argv: list[str], check: bool = True, *, timeout: float = 600,
              ) -> subprocess.CompletedProcess[str]:
-    """Run argv "on the hypervisor host": inside its mount + network namespace."""
-    return run(host_mod.host_argv(_host_layout(info, host_name), list(argv)), check=check)
+    """Run argv "on the hypervisor host": inside its mount + network namespace (LabError if check fails)."""
+    return run(host_mod.host_argv(_host_layout(info, host_name), list(argv)), check=check, timeout=timeout)
 
 
-def virsh(info: LabInfo, host_name: str, *args: str) -> str:
+def virsh(info: LabInfo, host_name: str, *args: str, timeout: float = 600) -> str:
     """`virsh -c qemu:///system ARGS` on the host; its stdout (raises LabError on failure)."""
-    return run(host_mod.virsh_argv(_host_layout(info, host_name), *args)).stdout
+    return run(host_mod.virsh_argv(_host_layout(info, host_name), *args), timeout=timeout).stdout
