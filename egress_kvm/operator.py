@@ -28,6 +28,7 @@ from typing import Any
 from . import log
 from .config import ConfigError
 from .kube.api import KubeApiClient, namespace_uid
+from .kube.backoff import Backoff
 from .kube.client import KubeConfigError, new_api_client, pod_namespace
 from .kube.informer import ProxyInformer
 from .kube.interfaces import Obj
@@ -40,6 +41,7 @@ from .operator_providers import LoadedProviders, build, close_all, file_digest, 
 from .providers.base import Provider
 
 OLD_PROVIDERS_CLOSE_DELAY = 60.0  # reconciles still using replaced providers get this long
+CLUSTER_ID_PATIENCE = 30.0  # how long start-up waits for an API server that is not answering yet
 
 
 class Operator:
@@ -109,7 +111,7 @@ class Operator:
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(api_client.close)
             try:
-                cluster_id = opts.cluster_id or await namespace_uid(api_client)
+                cluster_id = opts.cluster_id or await self._cluster_id(api_client)
             except (KubeApiError, OSError, TimeoutError) as exc:
                 return self._fatal(exc, "cannot determine the cluster id (the kube-system Namespace uid); "
                                         "pass --cluster-id")
@@ -122,6 +124,21 @@ class Operator:
                           leaderElect=opts.leader_elect, workers=opts.max_concurrent_reconciles)
             return await self._serve(api_client, stack, cluster_id=cluster_id)
         return 1  # unreachable; keeps type checkers content
+
+    async def _cluster_id(self, api_client: Any) -> str:
+        """The kube-system Namespace's uid. An API server still starting (connection refused, 5xx) is
+        retried for a while; a refusal (403: RBAC, 404) is final at once, as retrying cannot fix it."""
+        backoff = Backoff(base=0.5, cap=5.0)
+        deadline = asyncio.get_running_loop().time() + CLUSTER_ID_PATIENCE
+        while True:
+            try:
+                return await namespace_uid(api_client)
+            except (KubeApiError, OSError, TimeoutError) as exc:
+                final = isinstance(exc, KubeApiError) and 400 <= exc.status < 500 and exc.status != 429
+                if final or asyncio.get_running_loop().time() >= deadline:
+                    raise
+                self.log.error(exc, "reading the cluster id failed, retrying")
+            await asyncio.sleep(backoff.next())
 
     async def _serve(self, api_client: Any, stack: contextlib.AsyncExitStack, *, cluster_id: str) -> int:
         opts = self.options

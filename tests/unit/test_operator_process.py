@@ -305,3 +305,23 @@ async def test_sigterm_mid_reconcile_abandons_the_stuck_call_and_exits_cleanly(t
             w.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_start_up_waits_for_an_api_server_that_is_not_up_yet(tmp_path: Path) -> None:
+    from egress_kvm.emulator import Emulator
+
+    providers = tmp_path / "providers.yaml"
+    providers.write_text("providers: []\n")
+    emu = Emulator(port=free_port())
+    kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig")
+    op = await start_operator(kubeconfig, providers)
+    try:
+        await op.wait_log("reading the cluster id failed, retrying")  # connection refused: not final
+        await emu.start()
+        try:
+            await op.wait_log("controller started")
+            assert await op.terminate() == 0
+        finally:
+            await emu.stop()
+    finally:
+        await op.kill()
