@@ -10,7 +10,6 @@ procedure; transport opens unix-socket and SSH-forwarded links. Nothing here kno
 """
 
 from .client import Client
-from .connection import Download, LifecycleSubscription
 from .constants import (
     AuthType,
     DomainEventID,
@@ -34,7 +33,9 @@ from .errors import (
     ProtocolError,
     RpcError,
 )
+from .events import LifecycleSubscription
 from .observe import CallRecord, Observer
+from .streams import Download
 from .transport import DEFAULT_SOCKET, DEFAULT_URI, connect_over, connect_ssh, connect_unix, open_ssh
 from .types import (
     ConnectListAllDomainsRet,

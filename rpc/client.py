@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterable
 
-from .connection import Connection, Download, LifecycleSubscription
+from .connection import Connection
 from .constants import FEATURE_PROGRAM_KEEPALIVE, AuthType
 from .errors import ConnectFailed, LibvirtError
+from .events import LifecycleSubscription
 from .procedures import BY_NUMBER
+from .streams import Download, upload
 from .types import (
     ConnectListAllDomainsRet,
     ConnectListAllStoragePoolsRet,
@@ -117,7 +119,7 @@ class Client(Connection):
         reply, each drain of the send buffer, the final confirmation), not the whole transfer. A server
         error mid-upload (e.g. "No space left on device") ends the upload at once with that LibvirtError.
         """
-        return await self._upload(BY_NUMBER[208], (vol, offset, length, flags), data, timeout=timeout)
+        return await upload(self, BY_NUMBER[208], (vol, offset, length, flags), data, timeout=timeout)
 
     def storage_vol_download(
         self, vol: StorageVol, offset: int, length: int, flags: int = 0, *, timeout: float | None = None

@@ -17,20 +17,17 @@ Why it is shaped this way:
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import time
-from collections.abc import AsyncIterable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .constants import STREAM_CHUNK, MessageType
+from .constants import MessageType
 from .errors import (
     ConnectionLost,
     DeadlineExceeded,
-    EventsLost,
     ProtocolError,
-    RpcError,
     error_from_remote,
 )
 from .framing import Header, PacketDecoder
@@ -48,13 +45,15 @@ from .messages import (
     classify,
     encode_call,
     encode_stream_abort,
-    encode_stream_finish,
-    stream_data_header,
 )
 from .observe import CallRecord, Observer
 from .procedures import BY_NUMBER, LIFECYCLE_MSG, PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE, Procedure
-from .types import Domain, LifecycleEvent
+from .streams import StreamState
+from .types import LifecycleEvent
 from .xdr import Reader
+
+if TYPE_CHECKING:
+    from .events import LifecycleSubscription
 
 READ_SIZE = 256 * 1024
 DEFAULT_CALL_TIMEOUT = 60.0
@@ -64,8 +63,6 @@ DEFAULT_EVENT_QUEUE = 10000
 #: A download buffers at most this much before the reader waits for its consumer.
 DOWNLOAD_HIGH_WATER = 8 * 1024 * 1024
 
-PROC_REGISTER_ANY = 316
-PROC_DEREGISTER_ANY = 317
 PROC_CONNECT_CLOSE = 2
 
 
@@ -74,53 +71,6 @@ class _Pending:
     proc: Procedure
     fut: asyncio.Future[Any]
     on_reply: Callable[[Any], None] | None
-
-
-class _Stream:
-    """State of one data stream (upload or download), fed by the reader task."""
-
-    def __init__(self, *, proc: Procedure, serial: int) -> None:
-        self.proc = proc
-        self.serial = serial
-        self.chunks: collections.deque[bytes] = collections.deque()
-        self.buffered = 0
-        self.eof = False  # download: the zero-length CONTINUE arrived
-        self.finished = False  # server sent STREAM/OK
-        self.error: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-
-    def wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    def new_waiter(self) -> asyncio.Future[None]:
-        self._waiter = asyncio.get_running_loop().create_future()
-        return self._waiter
-
-    def on_event(self, ev: StreamData | StreamFinished | StreamFailed) -> None:
-        if type(ev) is StreamData:
-            if self.proc.stream == "upload":
-                # Nobody would ever consume it, and buffering it could stall the reader: refuse.
-                if self.error is None:
-                    self.error = ProtocolError(f"{self.proc.method}: server sent data on an upload stream")
-            elif self.eof:
-                pass  # nothing may follow the end of data; ignore rather than buffer
-            elif ev.data:
-                self.chunks.append(ev.data)
-                self.buffered += len(ev.data)
-            else:
-                self.eof = True
-        elif type(ev) is StreamFinished:
-            self.finished = True
-        else:
-            self.error = error_from_remote(ev.error)
-        self.wake()
-
-    def fail(self, exc: BaseException) -> None:
-        if self.error is None:
-            self.error = exc
-        self.wake()
 
 
 class Connection:
@@ -145,7 +95,7 @@ class Connection:
         self._download_high_water = download_high_water
         self._decoder = PacketDecoder()
         self._pending: dict[int, _Pending] = {}
-        self._streams: dict[int, _Stream] = {}
+        self._streams: dict[int, StreamState] = {}
         self._subs: dict[int, LifecycleSubscription] = {}
         self._serial = 0
         self._lost: BaseException | None = None
@@ -213,7 +163,7 @@ class Connection:
         *,
         timeout: float | None,
         on_reply: Callable[[Any], None] | None = None,
-        stream: _Stream | None = None,
+        stream: StreamState | None = None,
     ) -> Any:
         self._check_open()
         payload = procedure.encode_args(args)
@@ -443,8 +393,8 @@ class Connection:
 
     async def _open_stream(
         self, procedure: Procedure, args: Sequence[Any], *, timeout: float | None
-    ) -> _Stream:
-        stream = _Stream(proc=procedure, serial=0)
+    ) -> StreamState:
+        stream = StreamState(proc=procedure, serial=0)
         try:
             await self._roundtrip(procedure, args, timeout=timeout, stream=stream)
         except BaseException:
@@ -452,7 +402,7 @@ class Connection:
             raise
         return stream
 
-    def _close_stream(self, stream: _Stream, *, abort: bool) -> None:
+    def _close_stream(self, stream: StreamState, *, abort: bool) -> None:
         if self._streams.pop(stream.serial, None) is not None and abort and self._lost is None:
             with contextlib.suppress(ConnectionLost):  # the link is gone: nothing left to abort
                 self._link.write(encode_stream_abort(proc=stream.proc.number, serial=stream.serial))
@@ -460,7 +410,7 @@ class Connection:
         stream.buffered = 0
         self._release_throttle()
 
-    async def _wait_stream(self, stream: _Stream, timeout: float, *, what: str) -> None:
+    async def _wait_stream(self, stream: StreamState, timeout: float, *, what: str) -> None:
         waiter = stream.new_waiter()
         try:
             await asyncio.wait_for(waiter, timeout)
@@ -469,7 +419,7 @@ class Connection:
                 f"{stream.proc.method}: {what}: nothing from {self._link.description} within {timeout:g} s"
             ) from None
 
-    async def _drain_for(self, stream: _Stream, timeout: float) -> None:
+    async def _drain_for(self, stream: StreamState, timeout: float) -> None:
         """Wait for the write buffer to drain, but return at once if the server fails the stream."""
         if self._link.write_buffer_size() < WRITE_HIGH_WATER:
             return
@@ -494,256 +444,3 @@ class Connection:
             raise DeadlineExceeded(
                 f"{stream.proc.method}: {self._link.description} accepted no data for {timeout:g} s"
             )
-
-    async def _upload(
-        self,
-        procedure: Procedure,
-        args: Sequence[Any],
-        data: bytes | bytearray | memoryview | AsyncIterable[bytes],
-        *,
-        timeout: float | None,
-    ) -> int:
-        """Run an upload stream; return the bytes sent. `timeout` bounds each wait for progress."""
-        wait = self.call_timeout if timeout is None else timeout
-        started = time.perf_counter()
-        sent = 0
-        try:
-            stream = await self._open_stream(procedure, args, timeout=timeout)
-            try:
-                async for chunk in _chunks(data):
-                    if stream.error is not None:
-                        raise stream.error
-                    self._check_open()
-                    # header + data in one buffer: the one copy of the data this layer makes
-                    self._link.write(
-                        stream_data_header(proc=procedure.number, serial=stream.serial, length=len(chunk))
-                        + chunk
-                    )
-                    sent += len(chunk)
-                    await self._drain_for(stream, wait)
-                if stream.error is not None:
-                    raise stream.error
-                self._check_open()
-                self._link.write(encode_stream_finish(proc=procedure.number, serial=stream.serial))
-                while not stream.finished:
-                    if stream.error is not None:
-                        raise stream.error
-                    await self._wait_stream(stream, wait, what="waiting for the upload to be confirmed")
-            except BaseException:
-                self._close_stream(stream, abort=not stream.finished and stream.error is None)
-                raise
-            self._close_stream(stream, abort=False)
-        except BaseException as e:
-            if self.observer is not None and not isinstance(e, TypeError | ValueError):
-                self._observe(procedure, args, sent, e, started)
-            raise
-        if self.observer is not None:
-            self._observe(procedure, args, sent, None, started)
-        return sent
-
-
-async def _chunks(data: bytes | bytearray | memoryview | AsyncIterable[bytes]) -> Any:
-    """Yield the data as read-only views of at most STREAM_CHUNK bytes, copying nothing where it can:
-    big pieces are sliced in place, only small pieces (and a big piece's tail) are gathered."""
-    if isinstance(data, bytes | bytearray | memoryview):
-        view = memoryview(data).cast("B")
-        for i in range(0, len(view), STREAM_CHUNK):
-            yield view[i : i + STREAM_CHUNK]
-        return
-    if not hasattr(data, "__aiter__"):
-        raise TypeError(f"data must be bytes or an async iterable of bytes, got {type(data).__name__}")
-    pending = bytearray()  # always shorter than STREAM_CHUNK between pieces
-    async for piece in data:
-        if not isinstance(piece, bytes | bytearray | memoryview):
-            raise TypeError(f"data iterable yielded {type(piece).__name__}, expected bytes")
-        view = memoryview(piece).cast("B")
-        start = 0
-        if pending:
-            take = min(STREAM_CHUNK - len(pending), len(view))
-            pending += view[:take]
-            start = take
-            if len(pending) < STREAM_CHUNK:
-                continue
-            yield memoryview(bytes(pending))
-            pending = bytearray()
-        while len(view) - start >= STREAM_CHUNK:
-            yield view[start : start + STREAM_CHUNK]
-            start += STREAM_CHUNK
-        pending += view[start:]
-    if pending:
-        yield memoryview(bytes(pending))
-
-
-class Download:
-    """An async iterator of a download's bytes. Use `async with` (or aclose()) when you may stop early."""
-
-    def __init__(self, conn: Connection, procedure: Procedure, args: Sequence[Any], *, timeout: float | None):
-        self._conn = conn
-        self._proc = procedure
-        self._args = tuple(args)
-        self._timeout = timeout
-        self._stream: _Stream | None = None
-        self._done = False
-        self._received = 0
-        self._started = 0.0
-
-    async def __aenter__(self) -> Download:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    def __aiter__(self) -> Download:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self._done:
-            raise StopAsyncIteration
-        conn = self._conn
-        wait = conn.call_timeout if self._timeout is None else self._timeout
-        try:
-            if self._stream is None:
-                self._started = time.perf_counter()
-                self._stream = await conn._open_stream(self._proc, self._args, timeout=self._timeout)
-            s = self._stream
-            while True:
-                if s.chunks:
-                    chunk = s.chunks.popleft()
-                    s.buffered -= len(chunk)
-                    self._received += len(chunk)
-                    if conn._throttle is not None:
-                        conn._release_throttle()
-                    return chunk
-                if s.error is not None:
-                    raise s.error
-                if s.eof:
-                    conn._check_open()
-                    if not s.finished:
-                        conn._link.write(encode_stream_finish(proc=self._proc.number, serial=s.serial))
-                    while not s.finished:
-                        if s.error is not None:
-                            raise s.error
-                        await conn._wait_stream(s, wait, what="waiting for the end of the download")
-                    self._finish(None)
-                    raise StopAsyncIteration
-                await conn._wait_stream(s, wait, what="waiting for data")
-        except StopAsyncIteration:
-            raise
-        except BaseException as e:
-            self._finish(e)
-            raise
-
-    def _finish(self, error: BaseException | None) -> None:
-        if self._done:
-            return
-        self._done = True
-        if self._stream is not None:
-            self._conn._close_stream(self._stream, abort=error is not None and self._stream.error is None)
-        if self._conn.observer is not None and not isinstance(error, TypeError | ValueError):
-            self._conn._observe(
-                self._proc, self._args, self._received if error is None else None, error, self._started
-            )
-
-    async def aclose(self) -> None:
-        """Stop early: abort the stream on the server (if it was opened) and free its buffers."""
-        if not self._done:
-            if self._stream is None:
-                self._done = True
-                return
-            self._finish(RpcError("download closed before its end"))
-
-    async def read_all(self) -> bytes:
-        """The whole download in memory (convenience for small volumes)."""
-        parts = [chunk async for chunk in self]
-        return b"".join(parts)
-
-
-class LifecycleSubscription:
-    """Lifecycle events of one domain (or all): `async with client.lifecycle_events() as events:`.
-
-    Registration (CONNECT_DOMAIN_EVENT_CALLBACK_REGISTER_ANY) happens on entry, deregistration on exit.
-    Events wait in this subscription's own bounded queue; if the consumer falls behind and it fills,
-    newer events are dropped and the iterator raises EventsLost once after the ones it kept.
-    """
-
-    def __init__(
-        self, conn: Connection, dom: Domain | None, *, timeout: float | None, max_queue: int
-    ) -> None:
-        self._conn = conn
-        self.dom = dom
-        self._timeout = timeout
-        self._max = max_queue
-        self._queue: collections.deque[LifecycleEvent] = collections.deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._error: BaseException | None = None
-        self.callback_id: int | None = None
-        self.dropped = 0
-        self._unreported_drops = 0
-        self._active = False
-        self._closed = False
-
-    async def __aenter__(self) -> LifecycleSubscription:
-        if self._active:
-            raise RuntimeError("this subscription is already registered")
-
-        def install(callback_id: int) -> None:
-            # Runs in the reader before any later packet is dispatched, so no event can slip past.
-            self.callback_id = callback_id
-            self._conn._subs[callback_id] = self
-
-        await self._conn.call(PROC_REGISTER_ANY, (0, self.dom), timeout=self._timeout, on_reply=install)
-        self._active = True
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        if not self._active:
-            return
-        self._active = False
-        cb = self.callback_id
-        if cb is not None and self._conn._subs.pop(cb, None) is not None and self._conn.is_connected:
-            with contextlib.suppress(RpcError):
-                await self._conn.call(PROC_DEREGISTER_ANY, (cb,), timeout=self._timeout)
-        self._closed = True
-        self._wake()
-
-    def __aiter__(self) -> LifecycleSubscription:
-        return self
-
-    async def __anext__(self) -> LifecycleEvent:
-        while True:
-            if self._queue:
-                return self._queue.popleft()
-            if self._unreported_drops:
-                n, self._unreported_drops = self._unreported_drops, 0
-                raise EventsLost(f"{n} lifecycle events dropped: the consumer fell {self._max} events behind")
-            if self._closed:
-                raise StopAsyncIteration
-            if self._error is not None:
-                raise type(self._error)(str(self._error))
-            if not self._active:
-                raise RuntimeError("use the subscription inside `async with` (it registers on entry)")
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    def _push(self, event: LifecycleEvent) -> None:
-        if len(self._queue) >= self._max:
-            self.dropped += 1
-            self._unreported_drops += 1
-        else:
-            self._queue.append(event)
-        self._wake()
-
-    def _fail(self, exc: BaseException) -> None:
-        if self._error is None:
-            self._error = exc
-        self._wake()

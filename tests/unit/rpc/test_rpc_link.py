@@ -82,8 +82,8 @@ async def test_write_on_a_dead_transport_is_connection_lost() -> None:
     ],
 )
 async def test_upload_chunking_is_exact_and_full_sized(sizes: list[int]) -> None:
-    from rpc.connection import _chunks
     from rpc.constants import STREAM_CHUNK
+    from rpc.streams import chunks as _chunks
 
     pieces = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
 

@@ -1,0 +1,113 @@
+"""Lifecycle event subscriptions: registration, a bounded per-subscription queue, deregistration.
+
+The reader task pushes each DOMAIN_EVENT_CALLBACK_LIFECYCLE message into the queue of the subscription
+whose callback id it carries, and never waits: a consumer that falls behind loses the newest events and
+is told so (EventsLost), rather than stalling replies to calls on the same connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from typing import TYPE_CHECKING
+
+from .errors import EventsLost, RpcError
+from .types import Domain, LifecycleEvent
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+PROC_REGISTER_ANY = 316
+PROC_DEREGISTER_ANY = 317
+
+
+class LifecycleSubscription:
+    """Lifecycle events of one domain (or all): `async with client.lifecycle_events() as events:`.
+
+    Registration (CONNECT_DOMAIN_EVENT_CALLBACK_REGISTER_ANY) happens on entry, deregistration on exit.
+    Events wait in this subscription's own bounded queue; if the consumer falls behind and it fills,
+    newer events are dropped and the iterator raises EventsLost once after the ones it kept.
+    """
+
+    def __init__(
+        self, conn: Connection, dom: Domain | None, *, timeout: float | None, max_queue: int
+    ) -> None:
+        self._conn = conn
+        self.dom = dom
+        self._timeout = timeout
+        self._max = max_queue
+        self._queue: collections.deque[LifecycleEvent] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+        self.callback_id: int | None = None
+        self.dropped = 0
+        self._unreported_drops = 0
+        self._active = False
+        self._closed = False
+
+    async def __aenter__(self) -> LifecycleSubscription:
+        if self._active:
+            raise RuntimeError("this subscription is already registered")
+
+        def install(callback_id: int) -> None:
+            # Runs in the reader before any later packet is dispatched, so no event can slip past.
+            self.callback_id = callback_id
+            self._conn._subs[callback_id] = self
+
+        await self._conn.call(PROC_REGISTER_ANY, (0, self.dom), timeout=self._timeout, on_reply=install)
+        self._active = True
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if not self._active:
+            return
+        self._active = False
+        cb = self.callback_id
+        if cb is not None and self._conn._subs.pop(cb, None) is not None and self._conn.is_connected:
+            with contextlib.suppress(RpcError):
+                await self._conn.call(PROC_DEREGISTER_ANY, (cb,), timeout=self._timeout)
+        self._closed = True
+        self._wake()
+
+    def __aiter__(self) -> LifecycleSubscription:
+        return self
+
+    async def __anext__(self) -> LifecycleEvent:
+        while True:
+            if self._queue:
+                return self._queue.popleft()
+            if self._unreported_drops:
+                n, self._unreported_drops = self._unreported_drops, 0
+                raise EventsLost(f"{n} lifecycle events dropped: the consumer fell {self._max} events behind")
+            if self._closed:
+                raise StopAsyncIteration
+            if self._error is not None:
+                raise type(self._error)(str(self._error))
+            if not self._active:
+                raise RuntimeError("use the subscription inside `async with` (it registers on entry)")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _push(self, event: LifecycleEvent) -> None:
+        if len(self._queue) >= self._max:
+            self.dropped += 1
+            self._unreported_drops += 1
+        else:
+            self._queue.append(event)
+        self._wake()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        self._wake()
