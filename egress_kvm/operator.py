@@ -179,9 +179,13 @@ class Operator:
                     acquire.cancel()
                     await asyncio.gather(acquire, return_exceptions=True)
                     return 0  # stopped while a standby: the finally block cleans up
+                if acquire.exception() is not None:  # a bug, not a lost race: never lead after it
+                    self.log.error(acquire.exception(), "leader election failed, exiting")
+                    exit_code = 1
+                    return exit_code
                 self._tasks["leader"] = asyncio.create_task(self.elector.hold(), name="leader-renew")
             self._tasks["controller"] = asyncio.create_task(self.controller.run(), name="controller")
-            self.log.info("controller started")
+            self.log.info("starting controller", leader=self.elector.identity if self.elector else "")
             for key in list(self.informer.keys()):  # a standby's cache was filled before it could reconcile
                 self.controller.enqueue(key)
             waiting: set[asyncio.Task[Any]] = {stop_wait}
