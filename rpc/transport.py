@@ -201,8 +201,24 @@ async def open_ssh(
         raise ConnectFailed(f"{where}: SSH authentication failed for user {username!r}: {e.reason}") from e
     except asyncssh.Error as e:
         raise ConnectFailed(f"{where}: SSH error: {e.reason}") from e
+    except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError) as e:
+        raise ConnectFailed(f"{where}: client_keys {_key_names(client_keys)}: cannot load a key: {e}") from e
     except OSError as e:
-        raise ConnectFailed(f"{where}: {e.strerror or e}") from e
+        if e.filename:
+            what = f"{e.strerror}: {e.filename!r}"
+        elif e.errno and e.strerror and os.strerror(e.errno) not in e.strerror:
+            what = f"{os.strerror(e.errno)} ({e.strerror})"
+        else:
+            what = e.strerror or str(e)
+        raise ConnectFailed(f"{where}: {what}") from e
+
+
+def _key_names(keys: Sequence[Any] | None) -> str:
+    """Key paths as given (never key material) for error messages."""
+    if keys is None:
+        return "(default)"
+    names = [repr(os.fspath(k)) if isinstance(k, str | os.PathLike) else type(k).__name__ for k in keys]
+    return "[" + ", ".join(names) + "]"
 
 
 async def connect_ssh(

@@ -75,3 +75,23 @@ async def test_missing_known_hosts_file_is_named(tmp_path: Path) -> None:
 async def test_bad_timeout_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="call_timeout must be a positive number"):
         await rpc.connect_unix("/nonexistent", call_timeout=0)
+
+
+async def test_unreadable_client_key_is_named(tmp_path: Path) -> None:
+    kh = tmp_path / "known_hosts"
+    kh.write_text("")
+    with pytest.raises(rpc.ConnectFailed, match="No such file or directory: '/nonexistent/key'"):
+        await rpc.connect_ssh(
+            "127.0.0.1", 1, username="virt", client_keys=["/nonexistent/key"], known_hosts=str(kh)
+        )
+    bad = tmp_path / "not-a-key"
+    bad.write_text("hello\n")
+    with pytest.raises(rpc.ConnectFailed, match=r"client_keys \[.*not-a-key'\]: cannot load a key"):
+        await rpc.connect_ssh("127.0.0.1", 1, username="virt", client_keys=[str(bad)], known_hosts=str(kh))
+
+
+async def test_nothing_listening_is_connect_failed(tmp_path: Path) -> None:
+    kh = tmp_path / "known_hosts"
+    kh.write_text("")
+    with pytest.raises(rpc.ConnectFailed, match=r"ssh://virt@127\.0\.0\.1:1: .*refused"):
+        await rpc.connect_ssh("127.0.0.1", 1, username="virt", known_hosts=str(kh), client_keys=[])
