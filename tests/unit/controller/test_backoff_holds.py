@@ -1,0 +1,65 @@
+"""A failing reconcile waits out its backoff: nothing the reconcile itself triggers may bypass it.
+
+Found in the end-to-end run: a Proxy being deleted whose provider.delete kept failing was reconciled
+thousands of times a minute although every attempt logged a multi-second retry delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from egress_kvm.controller.queue import Backoff
+from egress_kvm.kube.rest import request_json
+from egress_kvm.providers.base import PermanentError
+
+from .conftest import eventually
+from .fakekube import FakeKube
+from .fakeprovider import FakeProvider
+from .proxyserver import MiniProxy
+from .test_lifecycle import KEY, phase, spec_for
+from .test_on_emulator import apply, path
+from .test_on_emulator import cluster as cluster  # the fixture, re-exported for this module
+from .test_on_emulator import spec_for as emu_spec_for
+
+
+async def test_failing_delete_is_retried_on_backoff_not_in_a_loop(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    make_controller({"kvm-home": provider}, transient_backoff=Backoff(0.5, 5.0))
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready", what="Ready")
+
+    async def refuse(name: str, zone: str) -> None:
+        provider.calls.append(("delete", name))
+        raise PermanentError(f"domain {name} on {zone} belongs to another cluster")
+
+    provider.delete = refuse  # type: ignore[method-assign]
+    kube.delete(KEY)
+    await eventually(lambda: ("delete", kube.status(KEY).get("instance", {}).get("name")) in provider.calls,
+                     what="first delete attempt")
+    await asyncio.sleep(2.0)
+    attempts = sum(1 for op, _ in provider.calls if op == "delete")
+    # Backoff 0.5, 1, 2 s: at most 3-4 attempts in ~2 s; a hot loop makes hundreds.
+    assert attempts <= 5, f"{attempts} delete attempts in 2 s"
+    assert phase(kube) == "Deleting"
+
+
+async def test_failing_delete_through_the_real_kube_layer_waits_its_backoff(
+        cluster, proxy_server: MiniProxy) -> None:
+    c, hv = cluster
+    c.controller.queue._transient = Backoff(0.5, 5.0)  # slower than the fixture's FAST
+    h = hv["host0"]
+    await apply(c, "px1", emu_spec_for(proxy_server))
+    st = await c.until_status("px1", lambda s: (s.get("instance") or {}).get("name") in h.domains)
+    provider = c.controller.reconciler.providers["kvm-test"]
+    attempts: list[str] = []
+
+    async def refuse(name: str, zone: str) -> None:
+        attempts.append(name)
+        raise PermanentError(f"domain {name} on {zone} belongs to another cluster")
+
+    provider.delete = refuse  # type: ignore[method-assign]
+    await request_json(c.client, "DELETE", path("px1"))
+    await eventually(lambda: attempts, what="first delete attempt")
+    await asyncio.sleep(2.0)
+    assert len(attempts) <= 5, f"{len(attempts)} delete attempts in 2 s"
+    assert st["instance"]["name"] in attempts
