@@ -177,6 +177,14 @@ class Client(Connection):
     async def domain_lookup_by_uuid(self, uuid: bytes, *, timeout: float | None = None) -> Domain:
         return await self.call(24, (uuid,), timeout=timeout)
 
+    async def domain_resume(self, dom: Domain, *, timeout: float | None = None) -> None:
+        """Run a paused domain's vCPUs again; OPERATION_INVALID (55) if it is not paused."""
+        return await self.call(28, (dom,), timeout=timeout)
+
+    async def domain_suspend(self, dom: Domain, *, timeout: float | None = None) -> None:
+        """Pause a running domain's vCPUs (state PAUSED, reason USER); the memory stays allocated."""
+        return await self.call(34, (dom,), timeout=timeout)
+
     async def domain_undefine(self, dom: Domain, *, timeout: float | None = None) -> None:
         return await self.call(35, (dom,), timeout=timeout)
 

@@ -188,6 +188,8 @@ PROCEDURES: tuple[Procedure, ...] = (
     _P(14, "DOMAIN_GET_XML_DESC", _args(_DOM, _FLAGS), _ret(("xml", STRING))),
     _P(23, "DOMAIN_LOOKUP_BY_NAME", _args(("name", STRING)), _ret(_DOM)),
     _P(24, "DOMAIN_LOOKUP_BY_UUID", _args(("uuid", UUID)), _ret(_DOM)),
+    _P(28, "DOMAIN_RESUME", _args(_DOM), None),
+    _P(34, "DOMAIN_SUSPEND", _args(_DOM), None),
     _P(35, "DOMAIN_UNDEFINE", _args(_DOM), None),
     _P(59, "CONNECT_GET_HOSTNAME", None, _ret(("hostname", STRING))),
     _P(60, "CONNECT_SUPPORTS_FEATURE", _args(("feature", INT)), _ret(("supported", INT))),

@@ -259,6 +259,8 @@ class Struct(Codec):
                 codec.pack(p, value)
             except (TypeError, ValueError) as e:
                 raise type(e)(f"{where}: argument {fname}={_short(value)}: {e}") from None
+            except AttributeError as e:  # not the struct the field needs (e.g. a name for a Domain)
+                raise TypeError(f"{where}: argument {fname}={_short(value)}: {e}") from None
 
     def unpack(self, r: Reader) -> Any:
         return self.factory(*[codec.unpack(r) for _, codec in self.fields])
