@@ -127,13 +127,16 @@ class ImageCache:
                 async def stream() -> AsyncIterator[bytes]:
                     nonlocal moved, last_report
                     pending = [head] if head else []
-                    async for chunk in _chain(pending, chunks):
+                    async for chunk in _source(_chain(pending, chunks)):
                         hasher.update(chunk)
                         moved += len(chunk)
                         now = self._clock()
                         if progress is not None and now - last_report >= self._progress_every:
                             last_report = now
-                            await progress(_progress_text(image.label, host.name, moved, length))
+                            try:
+                                await progress(_progress_text(image.label, host.name, moved, length))
+                            except Exception as exc:
+                                raise _SourceError(exc) from exc
                         yield chunk
 
                 try:
@@ -143,6 +146,8 @@ class ImageCache:
                     if isinstance(exc, LibvirtError) and capacity.is_no_space(exc):
                         raise capacity.no_space(exc, host=host.name, pool=pool.name, available=None,
                                                 action=f"downloading image {image.label!r}") from None
+                    if isinstance(exc, _SourceError):
+                        raise exc.cause from None  # handled below as the download's own failure
                     raise
         except aiohttp.ClientError as exc:
             raise TransientError(f"image {image.label!r}: downloading {image.url} failed: {exc}") from None
@@ -169,6 +174,31 @@ class ImageCache:
         log.info("base image cached", size=moved, duration=round(duration, 3), sha256=digest,
                  rateMBps=round(moved / 1e6 / duration, 1) if duration > 0 else None)
         return BaseImage(volume=vol, path=path, format=image.format, downloaded=True)
+
+
+class _SourceError(Exception):
+    """A failure of the HTTP source (or the progress callback) while the upload pulls from it.
+
+    Raised inside the upload's data generator, so it travels up through the rpc stream and `Host.call`.
+    It must not look like a link failure there (aiohttp's timeouts and resets are OSError/TimeoutError,
+    which `Host.call` reads as "libvirt connection lost" and answers by closing the host's shared
+    session), so it is wrapped on the way in and unwrapped once `host.upload` has returned.
+    """
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+async def _source(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    while True:
+        try:
+            chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        except Exception as exc:
+            raise _SourceError(exc) from exc
+        yield chunk
 
 
 async def _discard(host: Host, vol: Any) -> None:

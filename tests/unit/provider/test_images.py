@@ -7,6 +7,7 @@ import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import aiohttp
 import pytest
 from aiohttp import web
 from fakes import fake_kvm_provider, precache_image, qcow2_image
@@ -26,6 +27,9 @@ class ImageServer:
     files: dict[str, bytes]
     requests: list[str] = field(default_factory=list)
     gate: asyncio.Event | None = None
+    cut_after: int | None = None  # close the connection after this many body bytes
+    stall_after: int | None = None  # stop sending (but keep the connection) after this many bytes
+    release: asyncio.Event = field(default_factory=asyncio.Event)  # ends a stall (at teardown)
 
 
 @pytest.fixture
@@ -43,6 +47,12 @@ async def server() -> AsyncIterator[ImageServer]:
         resp = web.StreamResponse(headers={"Content-Length": str(len(body))})
         await resp.prepare(req)
         for i in range(0, len(body), 64 * 1024):  # several writes: the client sees a real stream
+            if srv.cut_after is not None and i >= srv.cut_after:
+                assert req.transport is not None
+                req.transport.close()
+                return resp
+            if srv.stall_after is not None and i >= srv.stall_after:
+                await srv.release.wait()  # set at teardown, so the server's cleanup need not wait
             await resp.write(body[i:i + 64 * 1024])
         await resp.write_eof()
         return resp
@@ -58,6 +68,7 @@ async def server() -> AsyncIterator[ImageServer]:
     try:
         yield srv
     finally:
+        srv.release.set()
         await runner.cleanup()
 
 
@@ -250,5 +261,34 @@ async def test_marker_without_base_is_redone(server: ImageServer, logs: LogCaptu
         await provider.create(request())
         assert bytes(hv["host0"].volumes[BASE].data) == IMAGE
         assert logs.lines("fetching base image into host pool")[0]["reason"] == "marker without base volume"
+    finally:
+        await provider.close()
+
+
+@pytest.mark.parametrize("how", ["cut", "stall"])
+async def test_a_dropped_download_is_transient_leaves_nothing_and_keeps_the_host_session(
+        server: ImageServer, logs: LogCapture, how: str) -> None:
+    """The HTTP source failing mid-body is the download's failure, not the libvirt link's: the host's
+    shared session stays up (one dial), nothing says `libvirt connection dropped`, the partial base goes."""
+    if how == "cut":
+        server.cut_after = 1024 * 1024
+    else:
+        server.stall_after = 1024 * 1024
+    provider, hv = provider_for(server)
+    provider._http_timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=0.3)
+    h = hv["host0"]
+    try:
+        with pytest.raises(TransientError, match=r"image 'debian-12': downloading .* (failed|timed out)"):
+            await provider.create(request())
+        assert h.volume_names() == set()
+        assert "storage_vol_upload" in h.calls  # it failed mid-upload, not before
+        assert logs.lines("libvirt connection dropped") == []
+        assert hv.dials == ["host0"]
+        assert provider._hosts["host0"].connected
+
+        server.cut_after = server.stall_after = None
+        await provider.create(request())  # the same session serves the retry
+        assert bytes(h.volumes[BASE].data) == IMAGE
+        assert hv.dials == ["host0"]
     finally:
         await provider.close()
