@@ -99,21 +99,21 @@ class ImageCache:
     async def _fetch(self, host: Host, pool: Any, image: ImageSource, *, reason: str,
                      progress: ProgressCallback | None) -> BaseImage:
         log = host.log.with_values(image=image.label, pool=pool.name, volume=image.base_volume)
-        log.info("fetching base image into host pool", url=image.url, reason=reason)
+        log.info("fetching base image into host pool", url=image.shown_url, reason=reason)
         started = self._clock()
         http = await self._http()
         try:
             async with http.get(image.url) as resp:
                 if resp.status != 200:
                     raise TransientError(
-                        f"image {image.label!r}: GET {image.url} answered HTTP {resp.status}")
+                        f"image {image.label!r}: GET {image.shown_url} answered HTTP {resp.status}")
                 length = resp.content_length
                 chunks = resp.content.iter_chunked(self._chunk)
                 head = await _read_head(chunks)
                 try:
                     qcow2.check_header(head, fmt=image.format)
                 except qcow2.UnsafeImageError as exc:
-                    raise PermanentError(f"image {image.label!r} ({image.url}) {exc}") from None
+                    raise PermanentError(f"image {image.label!r} ({image.shown_url}) {exc}") from None
                 if length:
                     info = await host.call("storage_pool_get_info", pool)
                     capacity.check_pool_space(host=host.name, pool=pool.name, available=info.available,
@@ -150,14 +150,15 @@ class ImageCache:
                         raise exc.cause from None  # handled below as the download's own failure
                     raise
         except aiohttp.ClientError as exc:
-            raise TransientError(f"image {image.label!r}: downloading {image.url} failed: {exc}") from None
+            raise TransientError(
+                f"image {image.label!r}: downloading {image.shown_url} failed: {exc}") from None
         except TimeoutError:
-            raise TransientError(f"image {image.label!r}: downloading {image.url} timed out") from None
+            raise TransientError(f"image {image.label!r}: downloading {image.shown_url} timed out") from None
         IMAGE_BYTES_FETCHED.labels(host.name, image.label).inc(moved)
         digest = hasher.hexdigest()
         if image.sha256 is not None and digest != image.sha256:
             await _discard(host, vol)
-            raise PermanentError(f"image {image.label!r} ({image.url}): sha256 mismatch: configured "
+            raise PermanentError(f"image {image.label!r} ({image.shown_url}): sha256 mismatch: configured "
                                  f"{image.sha256}, downloaded {digest}; the volume was deleted")
         # libvirt re-probes the file: the pool now reports the base's real format and virtual size.
         await host.call("storage_pool_refresh", pool, 0)

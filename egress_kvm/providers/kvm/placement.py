@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from egress_kvm.config.models import HostConfig, KvmConfig, MachineType, check_http_url
+from egress_kvm.config.urls import display_url
 from egress_kvm.providers.base import PermanentError, Placement, ResolvedPlacement
 
 from . import naming
@@ -18,8 +19,8 @@ from . import naming
 class ImageSource:
     """Where a base image comes from and what it is called on the host."""
 
-    label: str  # the image key, or the URL when used directly (for logs and messages)
-    url: str
+    label: str  # the image key, or the URL as shown (display_url) when used directly (logs, messages)
+    url: str  # only ever fetched, never printed: it may hold credentials or a signature
     sha256: str | None
     format: str
     base_volume: str
@@ -27,6 +28,10 @@ class ImageSource:
     @property
     def marker_volume(self) -> str:
         return naming.marker_volume(self.base_volume)
+
+    @property
+    def shown_url(self) -> str:
+        return display_url(self.url)
 
 
 def _pick(kind: str, value: str | None, known: list[str], provider: str) -> str:
@@ -50,10 +55,10 @@ def resolve(placement: Placement, kvm: KvmConfig, *, provider: str) -> ResolvedP
         try:
             check_http_url(image)
         except ValueError as exc:
-            raise PermanentError(f"placement.image {image!r} {exc}") from None
+            raise PermanentError(f"placement.image {display_url(image)!r} {exc}") from None
     elif image and image not in kvm.images:
         raise PermanentError(
-            f"unknown placement.image {image!r} for provider {provider!r}: not a key of images "
+            f"unknown placement.image {display_url(image)!r} for provider {provider!r}: not a key of images "
             f"({', '.join(kvm.images) or 'none'}) nor an http(s):// URL")
     else:
         image = _pick("image", image, list(kvm.images), provider)
@@ -78,5 +83,5 @@ def image_source(kvm: KvmConfig, image: str) -> ImageSource:
     if entry is not None:
         return ImageSource(label=image, url=entry.url, sha256=entry.sha256, format=entry.format,
                            base_volume=naming.base_volume(key=image))
-    return ImageSource(label=image, url=image, sha256=None, format="qcow2",
+    return ImageSource(label=display_url(image), url=image, sha256=None, format="qcow2",
                        base_volume=naming.base_volume(url=image))

@@ -292,3 +292,28 @@ async def test_a_dropped_download_is_transient_leaves_nothing_and_keeps_the_host
         assert hv.dials == ["host0"]
     finally:
         await provider.close()
+
+
+@pytest.mark.parametrize("as_placement", [False, True])
+async def test_image_url_credentials_and_signature_never_reach_logs_or_errors(
+        server: ImageServer, logs: LogCapture, as_placement: bool) -> None:
+    port = server.url.rsplit(":", 1)[1]
+    url = f"http://user:tok3n-secret@127.0.0.1:{port}/gone.qcow2?X-Amz-Signature=sig-secret"
+    if as_placement:  # a URL used directly in placement.image
+        provider, _ = provider_for(server)
+        req = request(image=url)
+    else:
+        provider, _ = fake_kvm_provider(images={"debian-12": {"url": url}}, precache=False)
+        req = request()
+    try:
+        with pytest.raises(TransientError, match="HTTP 404") as info:
+            await provider.create(req)
+        msg = str(info.value)
+        assert f"127.0.0.1:{port}/gone.qcow2?..." in msg
+        fetching = logs.lines("fetching base image into host pool")
+        assert fetching[0]["url"] == f"http://127.0.0.1:{port}/gone.qcow2?..."
+        for text in (msg, logs.text):
+            assert "secret" not in text and "user:" not in text
+        assert server.requests == ["/gone.qcow2"]  # the real URL was fetched
+    finally:
+        await provider.close()
