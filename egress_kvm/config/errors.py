@@ -10,6 +10,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from .urls import display_url
+
+# Fields whose values are never echoed: vendorData is cloud-init, which is never logged at any level.
+_SECRET_KEYS = frozenset({"vendorData", "vendor_data"})
+
 
 class ConfigError(ValueError):
     """The providers file (or a file it points at) is unusable; the message says where and why."""
@@ -25,8 +30,22 @@ def field_path(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
+def _shown(loc: tuple[int | str, ...], value: Any) -> str | None:
+    """The value as it may be printed, or None when it must not be.
+
+    Only scalars are echoed: a mapping or list input is a whole section (for a model-level error, the
+    entire `kvm` entry with its vendorData), and anything under a secret key stays out. Strings that look
+    like URLs lose userinfo and query (credentials, signatures).
+    """
+    if any(part in _SECRET_KEYS for part in loc):
+        return None
+    if isinstance(value, str):
+        shown = display_url(value) if "://" in value or "@" in value else value
+    elif isinstance(value, bool | int | float) or (isinstance(value, dict | list) and not value):
+        shown = value  # scalars, and empty sections (which hold nothing to leak)
+    else:
+        return None
+    text = repr(shown)
     return text if len(text) <= 120 else text[:117] + "..."
 
 
@@ -45,8 +64,9 @@ def format_validation_error(exc: ValidationError, *, source: str) -> ConfigError
     for err in exc.errors(include_url=False):
         path = field_path(tuple(err.get("loc", ())))
         reason = _reason(err)
-        if err.get("type") == "missing":
+        shown = None if err.get("type") == "missing" else _shown(tuple(err.get("loc", ())), err.get("input"))
+        if shown is None:
             lines.append(f"{path}: {reason}")
         else:
-            lines.append(f"{path}: {reason} (value: {_short(err.get('input'))})")
+            lines.append(f"{path}: {reason} (value: {shown})")
     return ConfigError(f"{source}: invalid providers config:\n  " + "\n  ".join(lines))

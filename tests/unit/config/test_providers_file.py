@@ -205,3 +205,17 @@ def test_start_up_file_checks(tmp_path: Path) -> None:
     insecure = parse_providers([entry(sshKeyFile=str(key_path), knownHostsFile=str(tmp_path / "gone"),
                                       insecureIgnoreHostKey=True)]).providers[0].kvm
     check_kvm_files(insecure, prefix="p")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d["kvm"].pop("knownHostsFile"),  # a model-level error: its input is the whole kvm mapping
+    lambda d: d["kvm"].update(vendorData=["#cloud-config", "password: hunter2"]),  # wrong type
+    lambda d: d["kvm"].update(diskSizeGb=0),
+    lambda d: d["kvm"]["images"]["debian-13"].update(url="gopher://u:hunter2@x/y?sig=hunter2"),
+])
+def test_errors_never_echo_vendor_data_sections_or_url_credentials(mutate: Any) -> None:
+    doc = entry(vendorData="#cloud-config\npassword: hunter2\n")
+    mutate(doc)
+    msg = error_of([doc])
+    assert "providers[0].kvm" in msg
+    assert "hunter2" not in msg
