@@ -6,11 +6,12 @@ import asyncio
 import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
-from fakes import fake_kvm_provider, precache_image, qcow2_image
+from fakes import FakeHypervisor, FakeLibvirtClient, fake_kvm_provider, precache_image, qcow2_image
 from provider_helpers import LogCapture, request
 
 from egress_kvm.providers.base import PermanentError, QuotaError, TransientError
@@ -79,8 +80,47 @@ def provider_for(srv: ImageServer, *, sha256: str | None = DIGEST, fmt: str = "q
     return fake_kvm_provider(images={"debian-12": image}, precache=False, **kw)  # type: ignore[arg-type]
 
 
-async def test_first_create_streams_the_image_and_writes_the_marker_last(server: ImageServer,
-                                                                       logs: LogCapture) -> None:
+def _record_volume_calls(monkeypatch: pytest.MonkeyPatch, h: FakeHypervisor
+                         ) -> tuple[list[tuple[str, str]], list[set[str]]]:
+    """Record (create|upload|refresh, volume) on `h` in order, and the pool's volumes at every piece of
+    the base's upload (to see that no marker exists while the base is still being written)."""
+    order: list[tuple[str, str]] = []
+    during: list[set[str]] = []
+    create, upload, refresh = (FakeLibvirtClient.storage_vol_create_xml, FakeLibvirtClient.storage_vol_upload,
+                               FakeLibvirtClient.storage_pool_refresh)
+
+    async def create_xml(self: FakeLibvirtClient, pool: Any, xml: str, flags: int = 0) -> Any:
+        vol = await create(self, pool, xml, flags)
+        if self.hyp is h:
+            order.append(("create", vol.name))
+        return vol
+
+    async def vol_upload(self: FakeLibvirtClient, vol: Any, offset: int, length: int, flags: int,
+                         data: Any) -> int:
+        if self.hyp is h and vol.name == BASE and not isinstance(data, bytes | bytearray | memoryview):
+            async def watched(src: Any = data) -> AsyncIterator[bytes]:
+                async for piece in src:
+                    during.append(set(h.volumes))
+                    yield piece
+            data = watched()
+        n = await upload(self, vol, offset, length, flags, data)
+        if self.hyp is h:
+            order.append(("upload", vol.name))
+        return n
+
+    async def pool_refresh(self: FakeLibvirtClient, pool: Any, flags: int = 0) -> None:
+        await refresh(self, pool, flags)
+        if self.hyp is h:
+            order.append(("refresh", ""))
+
+    monkeypatch.setattr(FakeLibvirtClient, "storage_vol_create_xml", create_xml)
+    monkeypatch.setattr(FakeLibvirtClient, "storage_vol_upload", vol_upload)
+    monkeypatch.setattr(FakeLibvirtClient, "storage_pool_refresh", pool_refresh)
+    return order, during
+
+
+async def test_first_create_streams_the_image_and_writes_the_marker_last(
+        server: ImageServer, logs: LogCapture, monkeypatch: pytest.MonkeyPatch) -> None:
     provider, hv = provider_for(server)
     h = hv["host0"]
     progress: list[str] = []
@@ -89,6 +129,7 @@ async def test_first_create_streams_the_image_and_writes_the_marker_last(server:
         progress.append(text)
 
     provider._images._progress_every = 0  # report on every chunk, to see it at all in a small image
+    order, seen_during_base_upload = _record_volume_calls(monkeypatch, h)
     try:
         await provider.create(request(), progress=on_progress)
         assert bytes(h.volumes[BASE].data) == IMAGE
@@ -97,8 +138,10 @@ async def test_first_create_streams_the_image_and_writes_the_marker_last(server:
         assert h.upload_pieces[BASE] > 1  # streamed in pieces, not one buffered blob
         creates = [c for c in h.calls if c == "storage_vol_create_xml"]
         assert len(creates) == 4  # base, marker, overlay, seed
-        marker_at = h.calls.index("storage_vol_upload", h.calls.index("storage_pool_refresh"))
-        assert h.calls.index("storage_pool_refresh") < marker_at
+        assert order.index(("create", MARKER)) > max(i for i, c in enumerate(order) if c == ("upload", BASE))
+        assert order.index(("create", MARKER)) > order.index(("refresh", ""))
+        assert order.index(("upload", MARKER)) > order.index(("create", MARKER))
+        assert seen_during_base_upload and not any(MARKER in names for names in seen_during_base_upload)
         assert server.requests == ["/debian-12.qcow2"]
         assert progress and "debian-12" in progress[-1] and "host0" in progress[-1]
         fetching = logs.lines("fetching base image into host pool")
