@@ -4,9 +4,11 @@ Bytes stream from the URL through this process into the pool (aiohttp -> storage
 running sha256; nothing is buffered beyond one chunk, and the image's first bytes are checked before any
 volume exists (a qcow2 naming a backing or external data file is refused: qemu would open that host
 path). The marker volume `<base>.sha256` is written last and holds the digest, so a crash mid-download
-leaves a base without a marker, which the next attempt deletes and redoes. A re-download happens when
-the marker is missing or `sha256` is configured and differs from it; otherwise the cached copy is used
-for as long as it exists (a `latest` URL is pinned at its first fetch, per host).
+leaves a base without a marker, which the next attempt deletes and redoes. The marker itself is created
+empty and reaches the digest's 64 bytes with its upload, so one left empty by a crash between the two
+is seen (by its size, one cheap RPC) and redone too. A re-download happens when the marker is missing or
+holds no digest, or `sha256` is configured and differs from it; otherwise the cached copy is used for as
+long as it exists (a `latest` URL is pinned at its first fetch, per host).
 
 Two Proxies needing the same missing image on the same host share one download: the host's per-image
 lock makes the second wait and then find the marker.
@@ -34,6 +36,7 @@ from .placement import ImageSource
 
 CHUNK = 1024 * 1024
 MARKER_MAX = 128
+DIGEST_LEN = 64  # a sha256 in hex: the marker's content, and so its size once written
 PROGRESS_EVERY = 5.0
 
 
@@ -76,11 +79,18 @@ class ImageCache:
             reason = "not cached"
             if base is not None and marker is not None:
                 if image.sha256 is None:
-                    return await self._cached(host, base, image)
-                cached = (await host.download(marker, limit=MARKER_MAX)).decode(errors="replace").strip()
-                if cached == image.sha256:
-                    return await self._cached(host, base, image)
-                reason = f"configured sha256 {image.sha256} differs from cached {cached}"
+                    # The marker is created empty and grows to the digest's length with its upload, so
+                    # a crash between the two leaves a marker whose size says it holds no digest.
+                    info = await host.call("storage_vol_get_info", marker)
+                    if info.capacity == DIGEST_LEN:
+                        return await self._cached(host, base, image)
+                    reason = f"marker holds no digest ({info.capacity} bytes; an interrupted write)"
+                else:
+                    cached = (await host.download(marker, limit=MARKER_MAX)).decode(errors="replace").strip()
+                    if cached == image.sha256:
+                        return await self._cached(host, base, image)
+                    shown = cached or "(empty marker)"
+                    reason = f"configured sha256 {image.sha256} differs from cached {shown}"
             elif base is not None:
                 reason = "base volume without marker (an interrupted download)"
             elif marker is not None:
@@ -163,8 +173,9 @@ class ImageCache:
         # libvirt re-probes the file: the pool now reports the base's real format and virtual size.
         await host.call("storage_pool_refresh", pool, 0)
         vol = await host.call("storage_vol_lookup_by_name", pool, image.base_volume)
+        # Created empty: its size reaches DIGEST_LEN only once the digest is written (see ensure).
         marker = await host.call("storage_vol_create_xml", pool,
-                                 volume_xml(name=image.marker_volume, capacity=len(digest), fmt="raw"), 0)
+                                 volume_xml(name=image.marker_volume, capacity=0, fmt="raw"), 0)
         try:
             await host.upload(marker, digest.encode())
         except BaseException:

@@ -210,6 +210,25 @@ async def test_no_sha256_configured_keeps_the_cached_copy(server: ImageServer) -
         await provider.close()
 
 
+@pytest.mark.parametrize("sha256", [None, DIGEST])
+async def test_an_empty_marker_left_by_a_crash_is_not_a_valid_cache(
+        server: ImageServer, logs: LogCapture, sha256: str | None) -> None:
+    provider, hv = provider_for(server, sha256=sha256)
+    h = hv["host0"]
+    h.put_volume(BASE, IMAGE, fmt="qcow2")
+    h.put_volume(MARKER, b"")  # created, then the process died before the digest was written
+    try:
+        await provider.create(request())
+        assert server.requests == ["/debian-12.qcow2"]
+        assert bytes(h.volumes[MARKER].data).decode() == DIGEST
+        reason = logs.lines("fetching base image into host pool")[0]["reason"]
+        assert ("holds no digest" if sha256 is None else "(empty marker)") in reason
+        await provider.create(request(name="proxy-second"))  # now a valid cache: no second download
+        assert server.requests == ["/debian-12.qcow2"]
+    finally:
+        await provider.close()
+
+
 async def test_sha256_mismatch_is_permanent_and_leaves_nothing(server: ImageServer) -> None:
     wrong = "0" * 64
     provider, hv = provider_for(server, sha256=wrong)
