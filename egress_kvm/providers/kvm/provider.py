@@ -1,6 +1,6 @@
 """KvmProvider: the Provider interface over libvirt on the user's own hypervisors.
 
-Create (for a name with no domain yet): image cache -> pool space -> overlay -> seed ISO -> free memory
+Create (for a name with no domain yet): image cache -> pool space -> free memory -> overlay -> seed ISO
 -> define (with the metadata element) -> start. About a dozen RPCs with a cached base; see
 docs/kvm-provider.md for the measured counts. Get is four: lookup, state, metadata, agent addresses
 (plus the ARP / neighbour-table fallbacks while the agent is not up yet).
@@ -226,6 +226,9 @@ class KvmProvider:
         info = await host.call("storage_pool_get_info", pool)
         capacity.check_pool_space(host=host.name, pool=pool.name, available=info.available,
                                   needed=disk_bytes + len(iso), what=f"VM {name!r} (overlay + seed)")
+        # Before any volume: a host short of memory must not hold (or, on every retry, rewrite) this
+        # VM's overlay and its user-data-bearing seed while the Proxy waits for room.
+        await self._check_memory(host, memory_mib=mtype.memory_mib, machine_type=resolved.machine_type)
 
         overlay_xml = volume_xml(name=naming.overlay_volume(name), capacity=disk_bytes, fmt="qcow2",
                                  backing_path=base.path, backing_format=base.format)
@@ -245,7 +248,6 @@ class KvmProvider:
             raise
         log.v(1).info("seed ISO uploaded", pool=pool.name, volume=naming.seed_volume(name), length=len(iso))
 
-        await self._check_memory(host, memory_mib=mtype.memory_mib, machine_type=resolved.machine_type)
         meta = metadata.InstanceMetadata(
             cluster_id=self.cluster_id, owner_uid=request.owner_uid, created_at=self._now(),
             owner_namespace=request.owner_namespace, owner_name=request.owner_name, zone=resolved.zone,

@@ -356,9 +356,13 @@ async def test_quota_host_memory() -> None:
         with pytest.raises(QuotaError, match=r"host 'host0' has 256\.0 MiB free memory.*512 MiB"):
             await provider.create(request())
         assert NAME not in hv["host0"].domains
+        # Checked before any volume: no overlay or user-data seed waits on the host for memory.
+        assert not {v for v in hv["host0"].volume_names() if v.startswith(NAME)}
+        assert "storage_vol_create_xml" not in hv["host0"].calls
         hv["host0"].exec_allowed = False  # MemAvailable unreadable: libvirt's figure decides
         with pytest.raises(QuotaError, match="free memory"):
             await provider.create(request())
+        assert not {v for v in hv["host0"].volume_names() if v.startswith(NAME)}
     finally:
         await provider.close()
 
