@@ -152,10 +152,9 @@ class KvmProvider:
         async with self._operation(host, name, "delete"), host.exclusive(f"instance:{name}"):
             log = host.log.with_values(name=name)
             removed: list[str] = []
-            dom = await self._lookup_domain(host, name)
+            dom, meta = await self._lookup_with_metadata(host, name)
             if dom is not None:
                 removed.append("domain")
-                meta = await self._metadata(host, dom)
                 self._check_ours(host, name, meta, action="delete")
                 if dom.id != -1:  # running (the lookup's id is -1 for an inactive domain)
                     try:
@@ -302,6 +301,24 @@ class KvmProvider:
             return await host.call("domain_lookup_by_name", name)
         except NotFoundError:
             return None
+
+    async def _lookup_with_metadata(self, host: Host, name: str) -> tuple[Any | None, Meta | None]:
+        """The domain of that name and its metadata; (None, None) when there is none.
+
+        A domain undefined between the lookup and the metadata read (NO_DOMAIN on the latter, which goes
+        by UUID) is looked up once more: gone means gone, and a new one of the same name is judged on
+        its own metadata.
+        """
+        for attempt in (1, 2):
+            dom = await self._lookup_domain(host, name)
+            if dom is None:
+                return None, None
+            try:
+                return dom, await self._metadata(host, dom)
+            except NotFoundError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     async def _metadata(self, host: Host, dom: Any) -> metadata.InstanceMetadata | None:
         try:

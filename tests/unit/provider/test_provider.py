@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
-from fakes import fake_kvm_provider
+from fakes import FakeLibvirtClient, fake_kvm_provider
 from fakes.libvirt import lv_error
 from lxml import etree
 from provider_helpers import SECRET, LogCapture, request
@@ -504,7 +505,29 @@ async def test_a_domain_vanishing_between_calls_is_gone_not_foreign() -> None:
         hv["host0"].fail["domain_get_metadata"] = lv_error(ErrorCode.NO_DOMAIN, "Domain not found")
         assert await provider.list_managed() == []
         hv["host0"].fail["domain_get_metadata"] = lv_error(ErrorCode.NO_DOMAIN, "Domain not found")
-        with pytest.raises(TransientError, match="NO_DOMAIN"):
-            await provider.delete(NAME, "host0")
+        await provider.delete(NAME, "host0")  # looked up again: still there, so deleted as usual
+        assert NAME not in hv["host0"].domains
+        assert not {v for v in hv["host0"].volume_names() if v.startswith(NAME)}
+    finally:
+        await provider.close()
+
+
+async def test_delete_of_a_domain_undefined_between_lookup_and_metadata_succeeds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deleting something already gone succeeds, also when it goes between two of delete's own calls."""
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    get_metadata = FakeLibvirtClient.domain_get_metadata
+
+    async def undefined_meanwhile(self: FakeLibvirtClient, dom: Any, *args: Any) -> str:
+        h.domains.pop(dom.name, None)  # someone undefined it just now; its volumes are still there
+        return await get_metadata(self, dom, *args)
+
+    try:
+        await provider.create(request())
+        monkeypatch.setattr(FakeLibvirtClient, "domain_get_metadata", undefined_meanwhile)
+        await provider.delete(NAME, "host0")
+        assert not {v for v in h.volume_names() if v.startswith(NAME)}
+        assert NAME not in h.domains
     finally:
         await provider.close()
