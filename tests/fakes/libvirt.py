@@ -4,7 +4,8 @@
 memory, a neighbour table, a bridge list); `FakeLibvirtClient` exposes it through the same methods the
 rpc client has (`domain_lookup_by_name`, `storage_vol_upload`, ...), returning rpc.types values and
 raising rpc.errors with the codes a real libvirtd uses (NO_DOMAIN 42, NO_STORAGE_VOL 50,
-OPERATION_INVALID 55, OPERATION_FAILED 9 for a second define, NO_DOMAIN_METADATA 80,
+OPERATION_INVALID 55 (also for resuming a domain that is not paused, as libvirt 9.0 does), OPERATION_FAILED
+9 for a second define, NO_DOMAIN_METADATA 80,
 STORAGE_VOL_EXIST 90, AGENT_UNRESPONSIVE 86, INTERNAL_ERROR "wrong nlmsg len" for the ARP source), and
 feeding the same `observer` with rpc.observe.CallRecord values, so the provider cannot tell it from the
 real client. Every call is also appended to `FakeHypervisor.calls` for counting.
@@ -40,6 +41,9 @@ from rpc.procedures import BY_NAME
 GIB = 1024**3
 ERROR_DOMAIN_QEMU = 10
 ERROR_DOMAIN_STORAGE = 18
+ERROR_DOMAIN_DOMAIN = 20  # VIR_FROM_DOMAIN: libvirtd's "domain is not running" checks
+DOMAIN_PAUSED_USER = 1  # virDomainPausedReason
+DOMAIN_RUNNING_UNPAUSED = 5  # virDomainRunningReason
 
 
 def lv_error(code: int, message: str, *, domain: int = ERROR_DOMAIN_QEMU) -> LibvirtError:
@@ -58,8 +62,8 @@ def no_vol(name: str) -> LibvirtError:
                     f"'{name}'", domain=ERROR_DOMAIN_STORAGE)
 
 
-def invalid(what: str) -> LibvirtError:
-    return lv_error(ErrorCode.OPERATION_INVALID, f"Requested operation is not valid: {what}")
+def invalid(what: str, *, domain: int = ERROR_DOMAIN_QEMU) -> LibvirtError:
+    return lv_error(ErrorCode.OPERATION_INVALID, f"Requested operation is not valid: {what}", domain=domain)
 
 
 def no_space(what: str) -> LibvirtError:
@@ -111,6 +115,10 @@ class FakeHypervisor:
         self.pool_uuid = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"pool:{name}:{pool}").bytes
         self.pool_active = True
         self.pool_capacity = pool_capacity
+        # Bytes taken on the pool's filesystem by what libvirt does not count as volumes (other files,
+        # another tenant). The kernel's ENOSPC sees it at once; libvirt's pool info only after a refresh.
+        self.outside_usage = 0
+        self._outside_seen = 0
         self.memory = memory
         self.page_cache = 0  # reclaimable memory: in /proc/meminfo's MemAvailable, not in libvirt's free
         self.bridges = list(bridges)
@@ -133,8 +141,10 @@ class FakeHypervisor:
 
     # -- staging helpers for tests -------------------------------------------------------------
 
-    def pool_available(self) -> int:
-        return max(0, self.pool_capacity - sum(v.allocation for v in self.volumes.values()))
+    def pool_available(self, *, as_libvirt_sees: bool = False) -> int:
+        """Free bytes in the pool: the filesystem's truth, or libvirt's figure as of its last refresh."""
+        outside = self._outside_seen if as_libvirt_sees else self.outside_usage
+        return max(0, self.pool_capacity - outside - sum(v.allocation for v in self.volumes.values()))
 
     def free_memory(self) -> int:
         """What libvirt's NODE_GET_FREE_MEMORY reports (MemFree): page cache is not free."""
@@ -155,9 +165,22 @@ class FakeHypervisor:
         dom = self.domains[name]
         dom.state, dom.reason, dom.id = DomainState.SHUTOFF, 1, -1
 
-    def pause_on_io_error(self, name: str) -> None:
+    def pause_on_io_error(self, name: str, *, fill_pool: bool = True) -> None:
+        """The VM's disk write failed and QEMU paused it; by default because the pool filled up (something
+        outside libvirt took the rest, which libvirt's pool info shows only after a refresh)."""
         dom = self.domains[name]
         dom.state, dom.reason = DomainState.PAUSED, DOMAIN_PAUSED_IOERROR
+        if fill_pool:
+            self.outside_usage += self.pool_available()
+
+    def free_pool_space(self, nbytes: int | None = None) -> None:
+        """Free `nbytes` (default: all) of what took the pool's space outside libvirt."""
+        self.outside_usage = 0 if nbytes is None else max(0, self.outside_usage - nbytes)
+
+    def pause(self, name: str, reason: int = DOMAIN_PAUSED_USER) -> None:
+        """Pause a running VM with a virDomainPausedReason (USER: `virsh suspend`)."""
+        dom = self.domains[name]
+        dom.state, dom.reason = DomainState.PAUSED, reason
 
     def drop_connections(self, reason: str = "connection reset by peer") -> None:
         """The SSH connections die now (the provider hears of it like from asyncssh's connection_lost)."""
@@ -405,6 +428,31 @@ class FakeLibvirtClient:
         if not dom.persistent:
             del self.hyp.domains[dom.name]
 
+    async def domain_suspend(self, dom: t.Domain) -> None:
+        def fn() -> None:
+            d = self.hyp.domain(dom)
+            if d.id == -1:
+                raise invalid("domain is not running", domain=ERROR_DOMAIN_DOMAIN)
+            if d.state == DomainState.PMSUSPENDED:
+                raise invalid("domain is pmsuspended")
+            if d.state != DomainState.PAUSED:  # suspending a paused domain is a no-op, as in libvirt
+                d.state, d.reason = DomainState.PAUSED, DOMAIN_PAUSED_USER
+        await self._call("domain_suspend", (dom,), fn)
+
+    async def domain_resume(self, dom: t.Domain) -> None:
+        def fn() -> None:
+            d = self.hyp.domain(dom)
+            if d.id == -1:
+                raise invalid("domain is not running", domain=ERROR_DOMAIN_DOMAIN)
+            if d.state == DomainState.PMSUSPENDED:
+                raise invalid("domain is pmsuspended")
+            if d.state != DomainState.PAUSED:
+                raise invalid("domain is already running")
+            if d.reason == DOMAIN_PAUSED_IOERROR and self.hyp.pool_available() == 0:
+                return  # QEMU retries the failed write, which fails again: paused on I/O error at once
+            d.state, d.reason = DomainState.RUNNING, DOMAIN_RUNNING_UNPAUSED
+        await self._call("domain_resume", (dom,), fn)
+
     async def domain_undefine_flags(self, dom: t.Domain, flags: int = 0) -> None:
         def fn() -> None:
             d = self.hyp.domain(dom)
@@ -487,7 +535,7 @@ class FakeLibvirtClient:
         def fn() -> t.StoragePoolGetInfoRet:
             if pool.name != self.hyp.pool_name:
                 raise no_pool(pool.name)
-            avail = self.hyp.pool_available()
+            avail = self.hyp.pool_available(as_libvirt_sees=True)
             state = StoragePoolState.RUNNING if self.hyp.pool_active else StoragePoolState.INACTIVE
             return t.StoragePoolGetInfoRet(state=int(state), capacity=self.hyp.pool_capacity,
                                            allocation=self.hyp.pool_capacity - avail, available=avail)
@@ -496,6 +544,7 @@ class FakeLibvirtClient:
     async def storage_pool_refresh(self, pool: t.StoragePool, flags: int = 0) -> None:
         def fn() -> None:
             self.hyp.check_pool(pool)
+            self.hyp._outside_seen = self.hyp.outside_usage  # statvfs again
             for vol in self.hyp.volumes.values():  # libvirt re-probes formats on refresh
                 if vol.data[:4] == b"QFI\xfb":
                     vol.format = "qcow2"

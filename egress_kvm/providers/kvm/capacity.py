@@ -46,10 +46,14 @@ def check_free_memory(*, host: str, free_bytes: int, memory_mib: int, machine_ty
                          f"{machine_type!r} needs {memory_mib} MiB")
 
 
-def paused_on_io_error(*, host: str, pool: str, name: str, available: int | None) -> QuotaError:
-    figures = f" (pool available {fmt_bytes(available)})" if available is not None else ""
+def paused_on_io_error(*, host: str, pool: str, name: str, available: int | None,
+                       needed: int | None = None) -> QuotaError:
+    figures = f"pool available {fmt_bytes(available)}" if available is not None else ""
+    if needed is not None:
+        figures += f"{', ' if figures else ''}resuming needs {fmt_bytes(needed)}"
+    figures = f" ({figures})" if figures else ""
     return QuotaError(f"VM {name!r} on host {host!r} is paused on an I/O error, usually a full pool "
-                      f"{pool!r}{figures}; free space, then resume it")
+                      f"{pool!r}{figures}; free space in the pool and the operator resumes it")
 
 
 async def mem_available(host: Any) -> int | None:

@@ -5,6 +5,11 @@ Create (for a name with no domain yet): image cache -> pool space -> free memory
 docs/kvm-provider.md for the measured counts. Get is four: lookup, state, metadata, agent addresses
 (plus the ARP / neighbour-table fallbacks while the agent is not up yet).
 
+A paused domain is resumed by start (and by create's ensure-running path), except while an operation of
+libvirt's own holds it paused (migration, save, dump, shutdown, snapshot, start-up). One paused on an I/O
+error is resumed only once the pool has room again (see `_resume_room`); until then it is the QuotaError
+naming the figures.
+
 Every public method sorts failures into the base module's three kinds: PermanentError (placement names
 something the config lacks, or a domain of that name belongs to someone else), QuotaError (capacity, see
 capacity.py) and TransientError (host unreachable, link dropped, any other libvirt error).
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -54,7 +60,28 @@ from .images import ImageCache, delete_volume, lookup_volume
 from .session import Dialer, DialOptions, ssh_dial
 
 GIB = 1024**3
+MIB = 1024**2
 Meta = metadata.InstanceMetadata
+
+#: virDomainPausedReason names, for messages and log lines.
+PAUSED_REASONS = {
+    0: "unknown", 1: "user", 2: "migration", 3: "save", 4: "dump", 5: "I/O error", 6: "watchdog",
+    7: "from snapshot", 8: "shutting down", 9: "snapshot", 10: "crashed", 11: "starting up",
+    12: "post-copy migration", 13: "failed post-copy migration", 14: "API error",
+}
+#: Paused reasons that mean an operation of libvirt's own holds the domain paused and will unpause (or stop)
+#: it: resuming would race that operation (libvirtd would make us wait for its state lock, then refuse).
+PAUSED_BY_JOB = {2: "a migration", 3: "a save", 4: "a core dump", 8: "its shutdown", 9: "a snapshot",
+                 11: "its start-up", 12: "a post-copy migration"}
+#: virDomainRunningReason UNPAUSED: what libvirt reports after a resume.
+RUNNING_UNPAUSED = 5
+#: Floor of the room a VM paused on an I/O error needs before it is resumed, even when its overlay is
+#: fully allocated (qcow2 metadata and the guest's retried write still need some space).
+RESUME_MIN_ROOM = 64 * MIB
+
+
+def paused_reason(reason: int) -> str:
+    return PAUSED_REASONS.get(reason, f"reason {reason}")
 
 _POWER = {
     DomainState.RUNNING: PowerState.RUNNING,
@@ -261,8 +288,11 @@ class KvmProvider:
         except LibvirtError as exc:
             if exc.code not in (ErrorCode.OPERATION_FAILED, ErrorCode.DOM_EXIST):
                 raise
-            # Another reconcile defined it between our lookup and now: use theirs.
+            # Defined by someone else between our lookup and now: only another operator can (our own
+            # creates of a name are serialised), so it is used only if this cluster made it.
             dom = await host.call("domain_lookup_by_name", name)
+            theirs = await self._metadata(host, dom)
+            self._check_ours(host, name, theirs, action="reuse")
         log.v(1).info("domain defined", mac=spec.mac, memoryMiB=mtype.memory_mib, vcpus=mtype.vcpus)
         dom = await self._start(host, dom, name)
         return Instance(name=name, zone=host.name, power_state=PowerState.RUNNING, ip=None,
@@ -342,11 +372,11 @@ class KvmProvider:
                                  f"{meta.cluster_id!r}, not {self.cluster_id!r}; refusing to {action} it")
 
     async def _ensure_running(self, host: Host, dom: Any, name: str, *, machine_type: str) -> Any:
-        """Start the domain unless it runs (or is paused); returns its state as it is now."""
+        """Start the domain unless it runs, resume it if paused; returns its state as it is now."""
         st = await host.call("domain_get_state", dom, 0)
-        if st.state == DomainState.PAUSED and st.reason == DOMAIN_PAUSED_IOERROR:
-            raise await self._io_error(host, name)
-        if power_state(st.state) in (PowerState.RUNNING, PowerState.PAUSED):
+        if st.state == DomainState.PAUSED:
+            return await self._resume(host, dom, name, reason=st.reason)
+        if power_state(st.state) == PowerState.RUNNING:
             return st
         mtype = self.config.machine_types.get(machine_type)
         if mtype is not None:
@@ -377,27 +407,84 @@ class KvmProvider:
         host.log.with_values(name=name).v(1).info("KVM domain ensured running")
         return dom
 
-    async def _io_error(self, host: Host, name: str) -> QuotaError:
-        available = None
-        with contextlib.suppress(ProviderError, LibvirtError):
+    async def _resume(self, host: Host, dom: Any, name: str, *, reason: int) -> Any:
+        """Resume a paused domain; returns the state it is in now.
+
+        Raises TransientError while a libvirt job holds it paused, and QuotaError for an I/O-error pause
+        while the pool still lacks room (resuming would only make the guest's write fail again).
+        """
+        log = host.log.with_values(name=name)
+        why = paused_reason(reason)
+        job = PAUSED_BY_JOB.get(reason)
+        if job is not None:
+            raise TransientError(f"VM {name!r} on host {host.name!r} is paused during {job} "
+                                 "(libvirt's own operation); not resuming it meanwhile")
+        room = None
+        if reason == DOMAIN_PAUSED_IOERROR:
+            room = await self._resume_room(host, name)
+            if not room.enough:
+                raise room.error()
+        try:
+            await host.call("domain_resume", dom)
+        except LibvirtError as exc:
+            if exc.code != ErrorCode.OPERATION_INVALID:
+                raise
+            # 55: no longer paused (resumed or stopped meanwhile); only "running now" is what we wanted.
+            st = await host.call("domain_get_state", dom, 0)
+            if power_state(st.state) != PowerState.RUNNING:
+                raise TransientError(f"VM {name!r} on host {host.name!r} could not be resumed: "
+                                     f"{exc.message}") from None
+            return st
+        if room is not None:
+            log.info("VM paused on an I/O error resumed: the pool has room again", pool=room.pool,
+                     available=room.available, needed=room.needed)
+        log.v(1).info("KVM domain resumed", pausedReason=why)
+        return DomainGetStateRet(state=DomainState.RUNNING, reason=RUNNING_UNPAUSED)
+
+    async def _resume_room(self, host: Host, name: str) -> _Room:
+        """Whether the pool has room for a VM paused on an I/O error to run again.
+
+        The VM needs what its thin overlay may still grow by (capacity minus allocation, at least
+        RESUME_MIN_ROOM); without its overlay, the full diskSizeGb. The pool is refreshed first, because
+        libvirt's pool figures change only on refresh and the space may have been freed outside libvirt.
+        """
+        room = _Room(host=host.name, pool=host.config.pool, name=name)
+        with contextlib.suppress(LibvirtError):  # a figure it cannot read stays unknown: no resume
             pool = await self._pool(host, required=False)
-            if pool is not None:
-                available = (await host.call("storage_pool_get_info", pool)).available
-        return capacity.paused_on_io_error(host=host.name, pool=host.config.pool, name=name,
-                                           available=available)
+            if pool is None:
+                return room
+            try:
+                await host.call("storage_pool_refresh", pool, 0)
+            except LibvirtError as exc:  # e.g. an upload in progress: decide on libvirt's last figures
+                host.log.with_values(name=name).v(1).info("pool refresh refused", pool=pool.name,
+                                                          error=exc.message)
+            room.available = (await host.call("storage_pool_get_info", pool)).available
+            overlay = await lookup_volume(host, pool, naming.overlay_volume(name))
+            if overlay is None:
+                room.needed = self.config.disk_size_gb * GIB
+            else:
+                info = await host.call("storage_vol_get_info", overlay)
+                room.needed = max(info.capacity - info.allocation, RESUME_MIN_ROOM)
+        return room
 
     async def _instance(self, host: Host, dom: Any, name: str, meta: Meta | None, *,
                         state: Any | None = None) -> Instance:
         st = state if state is not None else await host.call("domain_get_state", dom, 0)
+        message = ""
         if st.state == DomainState.PAUSED and st.reason == DOMAIN_PAUSED_IOERROR:
-            raise await self._io_error(host, name)
+            # Reported as Paused (so the controller calls start, which resumes it) only once there is
+            # room again; until then the QuotaError with the figures is the answer.
+            room = await self._resume_room(host, name)
+            if not room.enough:
+                raise room.error()
+            message = (f"paused on an I/O error; pool {room.pool!r} has room again "
+                       f"({capacity.fmt_bytes(room.available or 0)} available)")
+        elif st.state == DomainState.PAUSED:
+            message = f"paused ({paused_reason(st.reason)})"
         state = power_state(st.state)
         ip = None
         if state == PowerState.RUNNING:
             ip = await discover(host, dom, mac=naming.mac_address(name), bridge=host.config.bridge, name=name)
-        message = ""
-        if state == PowerState.PAUSED:
-            message = f"paused (reason {st.reason})"
         return Instance(
             name=name, zone=host.name, power_state=state, ip=ip,
             owner_uid=meta.owner_uid if meta else "", created_at=meta.created_at if meta else None,
@@ -428,6 +515,25 @@ class KvmProvider:
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(timeout=self._http_timeout, trust_env=False)
         return self._http
+
+
+@dataclass
+class _Room:
+    """The pool figures behind a resume decision for a VM paused on an I/O error (None: unknown)."""
+
+    host: str
+    pool: str
+    name: str
+    available: int | None = None
+    needed: int | None = None
+
+    @property
+    def enough(self) -> bool:
+        return self.available is not None and self.needed is not None and self.available >= self.needed
+
+    def error(self) -> QuotaError:
+        return capacity.paused_on_io_error(host=self.host, pool=self.pool, name=self.name,
+                                           available=self.available, needed=self.needed)
 
 
 def _checked_name(name: str) -> str:
