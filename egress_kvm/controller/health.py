@@ -10,8 +10,9 @@ The prober owns no status: it keeps the latest `Health` per key and enqueues the
 changes (and every `refresh` seconds, so `status.lastProbeTime` stays roughly current without a status
 write per probe). The reconciler reads the verdict and decides the phase.
 
-Credentials travel only in the Proxy-Authorization header, never in a URL, so no error message can carry
-them.
+Credentials travel only in the Proxy-Authorization header, never in a URL we build. A user's
+`healthCheck.url` may still carry some (userinfo, a signed query string): every message shows it through
+`redact_url`, since probe messages end up in status, conditions, Events and logs.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import aiohttp
 from egress_kvm import metrics
 from egress_kvm.kube.interfaces import KubeApi
 from egress_kvm.log import Logger, get_logger
+from egress_kvm.redact import redact_url, scrub
 
 from .proxyspec import HealthCheck
 
@@ -92,8 +94,11 @@ class Prober:
 
     # --- what the reconciler calls -------------------------------------------------------------------
 
-    def watch(self, key: Hashable, target: ProbeTarget) -> None:
-        """Probe `target` for `key`; a new target (IP, port or check changed) starts over from unknown."""
+    def watch(self, key: Hashable, target: ProbeTarget, *, seed: Health | None = None) -> None:
+        """Probe `target` for `key`; a new target (IP, port or check changed) starts over from `seed`
+        (default: unknown). The reconciler seeds a verdict it trusts, e.g. the one a previous operator
+        process recorded in status for the same endpoint, so a restart does not flap a Ready Proxy; the
+        probes still run at once and `failureThreshold` real failures demote it."""
         if self._closed:
             return
         task = self._tasks.get(key)
@@ -101,7 +106,7 @@ class Prober:
             return
         self.unwatch(key)
         self._targets[key] = target
-        self._health[key] = Health()
+        self._health[key] = seed or Health()
         task = asyncio.get_running_loop().create_task(self._loop(key, target), name=f"probe {key}")
         self._tasks[key] = task
         self._running.add(task)
@@ -170,24 +175,21 @@ class Prober:
     async def probe(self, target: ProbeTarget) -> tuple[bool, str]:
         """One probe: (ok, a message that says what was tried and what happened)."""
         check = target.check
+        what = f"GET {redact_url(check.url)} through {target.endpoint}" if check.url else \
+            f"TCP connect to {target.host}:{target.port}"
         try:
             if check.url is None:
                 await self._tcp(target)
-                return True, f"TCP connect to {target.host}:{target.port} succeeded"
+                return True, f"{what} succeeded"
             status = await self._http(target)
-            if status >= 400:
-                return False, f"GET {check.url} through {target.endpoint}: HTTP {status}"
-            return True, f"GET {check.url} through {target.endpoint}: HTTP {status}"
+            return status < 400, f"{what}: HTTP {status}"
         except _ProbeFailed as e:
             return False, str(e)
         except TimeoutError:
-            what = f"GET {check.url} through {target.endpoint}" if check.url else \
-                f"TCP connect to {target.host}:{target.port}"
             return False, f"{what}: timed out after {check.timeout_seconds}s"
         except Exception as e:  # any failure is a failed probe, never a dead loop
-            what = f"GET {check.url} through {target.endpoint}" if check.url else \
-                f"TCP connect to {target.host}:{target.port}"
-            return False, f"{what}: {type(e).__name__}: {e}"
+            detail = f"{type(e).__name__}: {e}"
+            return False, f"{what}: {scrub(detail, check.url) if check.url else detail}"
 
     async def _tcp(self, target: ProbeTarget) -> None:
         async with asyncio.timeout(target.check.timeout_seconds):

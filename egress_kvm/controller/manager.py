@@ -185,6 +185,8 @@ class Controller:
     # --- internals -----------------------------------------------------------------------------------
 
     def _enqueue_any(self, key: object) -> None:
+        if isinstance(key, tuple) and len(key) == 3:
+            key = key[:2]  # a replacement's probe key (reconciler.replacement_key): its Proxy's key
         self.queue.add(key)  # type: ignore[arg-type]
 
     def _enqueue_all(self) -> None:

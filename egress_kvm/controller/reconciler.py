@@ -10,7 +10,12 @@ that hold:
 - A replaced instance is kept in `status.previousInstance` and only this reconciler deletes it, once the
   replacement is Ready (create-before-delete). If the provider reports no capacity for the replacement
   (QuotaError), the old instance is deleted first and the create retried (delete-before-create), since a
-  replacement that can never start is worse than a short gap.
+  replacement that can never start is worse than a short gap. While the old instance still runs with an
+  IP it keeps serving: status shows its `ip`/`endpoint` and its probe verdict (so a Ready Proxy stays
+  Ready), and the replacement is probed under a key of its own until it is Ready and takes over.
+- A verdict recorded in status by an earlier operator process (a restart, a new leader) seeds the probes
+  when the endpoint is unchanged, so a healthy Proxy is not flapped to Running by the handover; the
+  probes run at once regardless, and only `failureThreshold` real failures demote it.
 
 The phase table for the instance itself is `plan.plan_instance`; this module gathers its inputs (spec,
 Secrets, provider, probe verdict) and carries out what it says. Error kinds map to outcomes:
@@ -22,8 +27,9 @@ cannot be reached sets the HostReachable condition and never leads to a recreate
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj
 from egress_kvm.log import Logger, get_logger
@@ -84,6 +90,8 @@ class _Ctx:
     proxy: Obj
     log: Logger
     events: list[Event] = field(default_factory=list)
+    # The replaced instance while it still serves (running, with an IP): status shows it, not the new one.
+    serving: ProbeTarget | None = None
 
     @property
     def status(self) -> Obj:
@@ -118,9 +126,13 @@ class Reconciler:
         self.failed.clear()  # a config fix may cure any Failed Proxy
 
     def forget(self, key: Key) -> None:
-        self.prober.unwatch(key)
+        self._unwatch_all(key)
         self.failed.pop(key, None)
         self.phases.pop(key, None)
+
+    def _unwatch_all(self, key: Key) -> None:
+        self.prober.unwatch(key)
+        self.prober.unwatch(replacement_key(key))
 
     # --- entry point ---------------------------------------------------------------------------------
 
@@ -183,11 +195,24 @@ class Reconciler:
         target = Ref(desired.name, desired.resolved.zone) if desired else current
         assert target is not None
 
-        if current is not None and current != target:
+        replacing = current is not None and current != target
+        if replacing:
+            assert current is not None
             previous = await self._retire(ctx, spec, current=current, previous=previous, target=target)
             ctx.events.append(Event(NORMAL, "Replacing", f"provisioning inputs changed: replacing instance "
                                                          f"{current.name} with {target.name}"))
-            self.prober.unwatch(ctx.key)
+            self.prober.unwatch(replacement_key(ctx.key))  # a new replacement starts over
+        ctx.serving = await self._serving_target(ctx, spec, previous) if previous is not None else None
+        # The probe key of the instance being provisioned: its own while the old one serves.
+        probe_key = replacement_key(ctx.key) if ctx.serving is not None else ctx.key
+        if ctx.serving is not None:
+            self._watch(ctx, ctx.key, ctx.serving)
+        else:
+            self.prober.unwatch(replacement_key(ctx.key))
+        if replacing:
+            assert current is not None
+            if ctx.serving is None:
+                self.prober.unwatch(ctx.key)
             await self._write(ctx, self._compose(
                 ctx, phase=PROVISIONING, instance=target, previous=previous, reason="Provisioning",
                 message=f"replacing instance {current.name} with {target.name}"))
@@ -197,40 +222,49 @@ class Reconciler:
             instance = await provider.get(target.name, target.zone)
         except TransientError as e:
             return await self._unreachable(ctx, e, target=target)
-        had_ip = current == target and bool(ctx.status.get("ip"))
-        plan = self._plan(ctx, spec, target=target, instance=instance, had_ip=had_ip, previous=previous)
+        # While the old instance serves, status.ip is its address, not the new one's.
+        had_ip = current == target and bool(ctx.status.get("ip")) and ctx.serving is None
+        plan = self._plan(ctx, spec, target=target, instance=instance, had_ip=had_ip, previous=previous,
+                          probe_key=probe_key)
 
         if plan.action is Action.CREATE:
             if desired is None:
-                self.prober.unwatch(ctx.key)
+                self.prober.unwatch(probe_key)
                 await self._write(ctx, self._compose(
                     ctx, phase=PENDING, instance=target, previous=previous, reason="Waiting",
                     message=f"instance {target.name} is gone and cannot be recreated until the cloud-init "
                             "Secret is back (spec.cloudInit.secretRef)"))
                 return Result(requeue_after=self.timings.pending_retry)
-            self.prober.unwatch(ctx.key)
+            self.prober.unwatch(probe_key)
             # Record the name first: from here on, deletion and GC know this instance may exist.
             await self._write(ctx, self._compose(ctx, phase=PROVISIONING, message=plan.message,
                                                  instance=target, previous=previous, reason="Provisioning"))
-            instance = await self._create(ctx, desired, previous=previous, target=target)
+            instance, previous = await self._create(ctx, desired, previous=previous, target=target)
             ctx.log.info("instance created", instance=target.name, zone=target.zone)
             ctx.events.extend(plan.events)
-            plan = self._plan(ctx, spec, target=target, instance=instance, had_ip=False, previous=previous)
+            plan = self._plan(ctx, spec, target=target, instance=instance, had_ip=False, previous=previous,
+                              probe_key=probe_key)
             if plan.action is not Action.NONE:
                 plan = Plan(phase=PROVISIONING, message=plan.message, ip=plan.ip, poll=True)
         elif plan.action is Action.START:
-            self.prober.unwatch(ctx.key)
+            self.prober.unwatch(probe_key)
             await provider.start(target.name, target.zone)
             ctx.log.info("instance started", instance=target.name, zone=target.zone, message=plan.message)
             ctx.events.extend(plan.events)
 
         if not plan.probe:
-            self.prober.unwatch(ctx.key)
+            self.prober.unwatch(probe_key)
         if plan.delete_previous and previous is not None:
             await self._delete_ref(ctx, spec, previous)
             ctx.events.append(Event(NORMAL, "Replaced", f"instance {target.name} is Ready; deleted the "
                                                         f"instance it replaced, {previous.name}"))
             previous = None
+            if probe_key != ctx.key:  # the replacement takes over the Proxy's probes, verdict and all
+                new_target, verdict = self.prober.target(probe_key), self.prober.health(probe_key)
+                self.prober.unwatch(probe_key)
+                if new_target is not None:
+                    self.prober.watch(ctx.key, new_target, seed=verdict)
+            ctx.serving = None
 
         health = self.prober.health(ctx.key) if plan.probe else None
         endpoint = ProbeTarget(plan.ip, spec.port, spec.health).endpoint if plan.ip else None
@@ -241,16 +275,39 @@ class Reconciler:
         return Result(requeue_after=self.timings.poll if plan.poll else None)
 
     def _plan(self, ctx: _Ctx, spec: ProxySpec, *, target: Ref, instance: Instance | None, had_ip: bool,
-              previous: Ref | None) -> Plan:
+              previous: Ref | None, probe_key: Hashable) -> Plan:
         if instance is not None and instance.power_state is PowerState.RUNNING and instance.ip:
-            self.prober.watch(ctx.key, ProbeTarget(instance.ip, spec.port, spec.health, ctx.namespace,
-                                                   spec.auth_secret))
+            self._watch(ctx, probe_key, ProbeTarget(instance.ip, spec.port, spec.health, ctx.namespace,
+                                                    spec.auth_secret))
         return plan_instance(target=target, instance=instance, had_ip=had_ip,
-                             health=self.prober.health(ctx.key),
+                             health=self.prober.health(probe_key),
                              success_threshold=spec.health.success_threshold,
                              has_previous=previous is not None)
 
-    async def _create(self, ctx: _Ctx, desired: Desired, *, previous: Ref | None, target: Ref) -> Instance:
+    def _watch(self, ctx: _Ctx, key: Hashable, target: ProbeTarget) -> None:
+        """Probe `target`; a probe that starts afresh for the Proxy's own key (this process has not been
+        probing it: a restart, a new leader) takes the verdict status recorded for the same endpoint."""
+        seed = None
+        if key == ctx.key and self.prober.target(key) is None:
+            seed = _stored_verdict(ctx.status, target)
+        self.prober.watch(key, target, seed=seed)
+
+    async def _serving_target(self, ctx: _Ctx, spec: ProxySpec, previous: Ref) -> ProbeTarget | None:
+        """The replaced instance as a probe target while it still runs with an IP (it keeps serving)."""
+        provider = self._provider_for_ref(spec.provider, previous)
+        if provider is None:
+            return None
+        try:
+            inst = await provider.get(previous.name, previous.zone)
+        except TransientError:
+            return None  # cannot tell: show the new instance, as when the old one is gone
+        if inst is None or inst.power_state is not PowerState.RUNNING or not inst.ip:
+            return None
+        return ProbeTarget(inst.ip, spec.port, spec.health, ctx.namespace, spec.auth_secret)
+
+    async def _create(self, ctx: _Ctx, desired: Desired, *, previous: Ref | None,
+                      target: Ref) -> tuple[Instance, Ref | None]:
+        """Create `target`; returns the instance and what is left of `previous` (None if it had to go)."""
         request = CreateRequest(name=desired.name, owner_uid=ctx.proxy["metadata"].get("uid", ""),
                                 placement=desired.placement, user_data=desired.user_data,
                                 owner_namespace=ctx.namespace, owner_name=ctx.key[1])
@@ -270,21 +327,23 @@ class Reconciler:
                 ctx.log.v(1).info("progress status not written", error=str(e))
 
         try:
-            return await desired.provider.create(request, progress=progress)
+            return await desired.provider.create(request, progress=progress), previous
         except QuotaError as e:
             if previous is None:
                 raise
             # No room for both: give up create-before-delete for this one replacement.
             spec = parse_spec(ctx.proxy.get("spec"))
             await self._delete_ref(ctx, spec, previous)
+            gone, previous = previous, None  # progress() reads `previous`: it must not bring it back
+            ctx.serving = None
             ctx.events.append(Event(WARNING, "ReplacingWithoutOverlap",
-                                    f"no capacity for {target.name} next to {previous.name} ({e}); deleted "
-                                    f"{previous.name} first"))
+                                    f"no capacity for {target.name} next to {gone.name} ({e}); deleted "
+                                    f"{gone.name} first"))
             await self._write(ctx, self._compose(ctx, phase=PROVISIONING, instance=target, previous=None,
                                                  reason="Provisioning",
-                                                 message=f"deleted {previous.name} to make room; creating "
+                                                 message=f"deleted {gone.name} to make room; creating "
                                                          f"{target.name}"))
-            return await desired.provider.create(request, progress=progress)
+            return await desired.provider.create(request, progress=progress), None
 
     async def _retire(self, ctx: _Ctx, spec: ProxySpec, *, current: Ref, previous: Ref | None,
                       target: Ref) -> Ref | None:
@@ -325,6 +384,8 @@ class Reconciler:
         status = dict(ctx.status)
         phase = status.get("phase") or PROVISIONING
         health = self.prober.health(ctx.key)
+        if phase in (RUNNING, READY) and health is None:
+            health = self._probe_stored(ctx)
         if phase in (RUNNING, READY) and health is not None:
             phase = READY if health.healthy else RUNNING
             status = self._probe_fields(status, health, probing=True)
@@ -334,6 +395,23 @@ class Reconciler:
         self._ready_condition(status, phase=phase, reason=reason, message=message, generation=ctx.generation)
         return status
 
+    def _probe_stored(self, ctx: _Ctx) -> Health | None:
+        """Nothing observed (the host did not answer) and this process is not probing yet (a restart):
+        probe the endpoint status names, which the VM serves without its host's help, seeded with the
+        recorded verdict. Without it a stale Ready would stand with no probe behind it."""
+        ip = ctx.status.get("ip")
+        try:
+            spec = parse_spec(ctx.proxy.get("spec"))
+        except SpecError:
+            return None
+        if not ip or spec.mode == EXTERNAL:
+            return None
+        target = ProbeTarget(str(ip), spec.port, spec.health, ctx.namespace, spec.auth_secret)
+        if ctx.status.get("endpoint") != target.endpoint:
+            return None
+        self._watch(ctx, ctx.key, target)
+        return self.prober.health(ctx.key)
+
     # --- External ------------------------------------------------------------------------------------
 
     async def _external(self, ctx: _Ctx, spec: ProxySpec) -> Result:
@@ -341,10 +419,11 @@ class Reconciler:
                     Ref.from_status(ctx.status.get("previousInstance"))):
             if ref is not None:  # switched from Managed: its instances go
                 await self._delete_ref(ctx, spec, ref)
+        self.prober.unwatch(replacement_key(ctx.key))
         assert spec.external_host is not None and spec.external_port is not None
         target = ProbeTarget(spec.external_host, spec.external_port, spec.health, ctx.namespace,
                              spec.auth_secret)
-        self.prober.watch(ctx.key, target)
+        self._watch(ctx, ctx.key, target)
         health = self.prober.health(ctx.key)
         if health is not None and health.healthy:
             phase, message = READY, f"healthy: {health.message}"
@@ -365,7 +444,7 @@ class Reconciler:
         if FINALIZER not in (ctx.proxy["metadata"].get("finalizers") or []):
             self.forget(ctx.key)
             return Result()
-        self.prober.unwatch(ctx.key)
+        self._unwatch_all(ctx.key)
         instance = Ref.from_status(ctx.status.get("instance"))
         previous = Ref.from_status(ctx.status.get("previousInstance"))
         refs = [r for r in (instance, previous) if r is not None]
@@ -416,7 +495,7 @@ class Reconciler:
     # --- outcomes that are not a plan ----------------------------------------------------------------
 
     async def _fail(self, ctx: _Ctx, message: str) -> Result:
-        self.prober.unwatch(ctx.key)
+        self._unwatch_all(ctx.key)
         self.failed[ctx.key] = (ctx.generation, self.providers_hash)
         ctx.log.info("proxy failed", message=message)
         await self._write(ctx, self._compose(
@@ -449,7 +528,17 @@ class Reconciler:
                  endpoint: str | None = None, instance: Ref | None = None, previous: Ref | None = None,
                  health: Health | None = None, probing: bool = False,
                  host_ok: tuple[bool, str] | None = None) -> Obj:
-        """A complete status; only the conditions carry over from the old one (for transition times)."""
+        """A complete status; only the conditions carry over from the old one (for transition times).
+
+        While a replaced instance still serves (`ctx.serving`), an instance-in-progress phase describes
+        the replacement only in `message`: ip, endpoint, probe verdict and phase are the serving one's."""
+        if ctx.serving is not None and previous is not None and phase in (PROVISIONING, RUNNING, READY):
+            health = self.prober.health(ctx.key)
+            phase = READY if health is not None and health.healthy else RUNNING
+            ip, endpoint, probing = ctx.serving.host, ctx.serving.endpoint, True
+            message = f"serving from {previous.name} while replacing it with " \
+                      f"{instance.name if instance else '?'}: {message}"
+            reason = _reason_for(phase, health)
         status: Obj = {"phase": phase, "message": message, "observedGeneration": ctx.generation}
         if ctx.status.get("conditions"):
             status["conditions"] = [dict(c) for c in ctx.status["conditions"]]
@@ -480,13 +569,10 @@ class Reconciler:
             status["lastProbeTime"] = rfc3339(health.last_probe)
         else:
             status.pop("lastProbeTime", None)
-        if not probing:
-            set_condition(status, type_=COND_HEALTHY, value="Unknown", reason="NotProbed",
-                          message="no endpoint to probe", generation=generation)
-        elif health is None or health.healthy is None:
-            msg = health.message if health is not None else "not probed yet"
-            set_condition(status, type_=COND_HEALTHY, value="Unknown", reason="Probing", message=msg,
-                          generation=generation)
+        if not probing or health is None or health.healthy is None:
+            # No verdict, no condition: the HEALTHY column (this condition's status) stays blank until
+            # the probes have one, as `kubectl get px -w` in the spec shows. Progress is in `message`.
+            remove_condition(status, COND_HEALTHY)
         elif health.healthy:
             set_condition(status, type_=COND_HEALTHY, value="True", reason="ProbeSucceeded",
                           message=health.message, generation=generation)
@@ -537,6 +623,30 @@ def _cap_messages(status: Obj) -> None:
             c["message"] = cap(c["message"])
 
 
+def replacement_key(key: Key) -> tuple[str, str, str]:
+    """The probe key of an instance being provisioned while the one it replaces serves."""
+    return (key[0], key[1], "replacement")
+
+
+def _stored_verdict(status: Obj, target: ProbeTarget) -> Health | None:
+    """The healthy verdict status records for `target`'s endpoint, as probe state (None if there is none:
+    not Ready, another endpoint). The message and probe time are the recorded ones, so seeding alone
+    changes nothing in status."""
+    if status.get("phase") != READY or status.get("healthy") is not True:
+        return None
+    if status.get("endpoint") != target.endpoint:
+        return None
+    cond = get_condition(status, COND_HEALTHY) or {}
+    last = None
+    if isinstance(status.get("lastProbeTime"), str):
+        try:
+            last = datetime.strptime(status["lastProbeTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        except ValueError:
+            last = None
+    return Health(healthy=True, message=str(cond.get("message") or "healthy"), last_probe=last,
+                  successes=target.check.success_threshold)
+
+
 def _reason_for(phase: str, health: Health | None) -> str:
     if phase == RUNNING:
         if health is not None and health.healthy is False:
@@ -546,4 +656,4 @@ def _reason_for(phase: str, health: Health | None) -> str:
             DELETING: "Deleting"}.get(phase, phase)
 
 
-__all__ = ["QUOTA", "TRANSIENT", "Reconciler", "Result", "Timings", "get_condition"]
+__all__ = ["QUOTA", "TRANSIENT", "Reconciler", "Result", "Timings", "get_condition", "replacement_key"]

@@ -235,6 +235,34 @@ def test_get_watch_streams_a_status_change(emu: Emu, ns: str) -> None:
         watcher.stop()
 
 
+def _cells(header: str, row: str) -> dict[str, str]:
+    """A `kubectl get` row cut at the header's column starts (kubectl pads columns to the header), so a
+    blank cell reads as "" instead of shifting the next value into its place."""
+    starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
+    bounds = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, bounds, strict=True)}
+
+
+def test_healthy_column_is_blank_until_a_verdict(emu: Emu, ns: str) -> None:
+    """The spec's `kubectl get px -w`: HEALTHY empty while Provisioning and Running, True once Ready. The
+    operator writes the Healthy condition only with a verdict (statuses shaped as it writes them)."""
+    emu.kubectl("apply", "-f", "-", stdin=_proxy("h", ns))
+
+    def row() -> dict[str, str]:
+        header, line = emu.kubectl("-n", ns, "get", "px", "h").stdout.splitlines()
+        return _cells(header, line)
+
+    _status(emu, ns, "h", {"phase": "Provisioning", "healthy": False, "conditions": [
+        {"type": "Ready", "status": "False", "reason": "Provisioning"}]})
+    assert [row()[c] for c in ("PHASE", "IP", "HEALTHY")] == ["Provisioning", "", ""]
+    _status(emu, ns, "h", {"phase": "Running", "ip": "10.231.0.11"})
+    assert [row()[c] for c in ("PHASE", "IP", "HEALTHY")] == ["Running", "10.231.0.11", ""]
+    _status(emu, ns, "h", {"phase": "Ready", "healthy": True, "conditions": [
+        {"type": "Ready", "status": "True", "reason": "Ready"},
+        {"type": "Healthy", "status": "True", "reason": "ProbeSucceeded"}]})
+    assert [row()[c] for c in ("PHASE", "IP", "HEALTHY")] == ["Ready", "10.231.0.11", "True"]
+
+
 def test_describe_lists_the_proxy_events(emu: Emu, ns: str) -> None:
     emu.kubectl("apply", "-f", "-", stdin=_proxy("d", ns))
     uid = emu.kubectl("-n", ns, "get", "px", "d", "-o", "jsonpath={.metadata.uid}").stdout

@@ -47,10 +47,15 @@ async def test_proxy_goes_provisioning_running_ready_with_ip_and_probe_through_p
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, target: TargetServer,
         make_controller) -> None:
     phases: list[str] = []
+    statuses: list[dict] = []
     kube.watch(lambda kind, obj: phases.append((obj.get("status") or {}).get("phase")))
+    kube.watch(lambda kind, obj: statuses.append(dict(obj.get("status") or {})))
     make_controller({"kvm-home": provider})
     kube.create_proxy("px1", spec_for(proxy_server, target))
     await eventually(lambda: phase(kube) == "Ready", what="Ready")
+    # No verdict yet, no Healthy condition: HEALTHY stays blank while Provisioning/Running (spec's sample).
+    early = [st for st in statuses if st.get("phase") in ("Provisioning", "Running")]
+    assert early and all(get_condition(st, "Healthy") is None for st in early), early
 
     obj = kube.objects[KEY]
     st = obj["status"]

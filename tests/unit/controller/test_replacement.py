@@ -8,7 +8,7 @@ from .conftest import eventually
 from .fakekube import FakeKube
 from .fakeprovider import FakeProvider
 from .proxyserver import MiniProxy
-from .test_lifecycle import KEY, phase, spec_for
+from .test_lifecycle import KEY, cond, phase, spec_for
 
 
 async def test_changed_inputs_replace_create_before_delete(
@@ -18,6 +18,9 @@ async def test_changed_inputs_replace_create_before_delete(
     kube.create_proxy("px1", spec)
     await eventually(lambda: phase(kube) == "Ready")
     old = kube.status(KEY)["instance"]["name"]
+    old_endpoint = kube.status(KEY)["endpoint"]
+    seen: list[dict] = []
+    kube.watch(lambda kind, obj: seen.append(dict(obj.get("status") or {})))
 
     # The replacement comes up on another address where nothing listens yet: it cannot become Ready.
     provider.ip_for = lambda name: "127.0.0.1" if name == old else "127.0.0.2"
@@ -26,11 +29,18 @@ async def test_changed_inputs_replace_create_before_delete(
     await eventually(lambda: kube.status(KEY).get("previousInstance", {}).get("name") == old)
     new = kube.status(KEY)["instance"]["name"]
     assert new != old
-    await eventually(lambda: kube.status(KEY).get("ip") == "127.0.0.2")
+    await eventually(lambda: "waiting for health probes" in kube.status(KEY).get("message", ""),
+                     what="the replacement running with its IP, being probed")
     await asyncio.sleep(0.3)  # many probe intervals at test speed: still not Ready, so the old one stays
-    assert phase(kube) == "Running"
     assert provider.names() == {old, new}
     assert ("delete", old) not in provider.calls
+    # Meanwhile the old instance serves, and status says so: its address, Ready, HEALTHY=True.
+    st = kube.status(KEY)
+    assert (st["phase"], st["ip"], st["endpoint"], st["healthy"]) == ("Ready", "127.0.0.1", old_endpoint,
+                                                                      True)
+    assert cond(kube, "Ready")["status"] == "True" and cond(kube, "Healthy")["status"] == "True"
+    assert f"serving from {old} while replacing it with {new}" in st["message"]
+    assert all(s.get("phase") == "Ready" and s.get("ip") == "127.0.0.1" for s in seen), seen
 
     second = MiniProxy("127.0.0.2")
     second.port = proxy_server.port
@@ -38,13 +48,35 @@ async def test_changed_inputs_replace_create_before_delete(
     try:
         await eventually(lambda: phase(kube) == "Ready" and "previousInstance" not in kube.status(KEY))
         assert provider.names() == {new}
+        assert kube.status(KEY)["ip"] == "127.0.0.2"
+        assert kube.status(KEY)["endpoint"] == f"http://127.0.0.2:{proxy_server.port}"
         creates = [i for i, c in enumerate(provider.calls) if c == ("create", new)]
         deletes = [i for i, c in enumerate(provider.calls) if c == ("delete", old)]
         assert creates and deletes and creates[0] < deletes[0]
         reasons = kube.reasons("px1")
         assert "Replacing" in reasons and "Replaced" in reasons
+        assert "Unhealthy" not in reasons  # Ready throughout: no flap at the handover either
+        assert all(s.get("phase") == "Ready" for s in seen), [s.get("phase") for s in seen]
     finally:
         await second.stop()
+
+
+async def test_a_replaced_instance_that_stops_serving_shows_the_replacement(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    make_controller({"kvm-home": provider})
+    spec = spec_for(proxy_server)
+    kube.create_proxy("px1", spec)
+    await eventually(lambda: phase(kube) == "Ready")
+    old = kube.status(KEY)["instance"]["name"]
+    provider.ip_for = lambda name: "127.0.0.1" if name == old else "127.0.0.2"
+    spec["placement"]["machineType"] = "large"
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: "waiting for health probes" in kube.status(KEY).get("message", ""))
+    assert kube.status(KEY)["ip"] == "127.0.0.1"
+    provider.vanish(old)  # the old VM is gone behind our back: nothing serves from it any more
+    await eventually(lambda: kube.status(KEY).get("ip") == "127.0.0.2", what="status showing the new VM")
+    assert phase(kube) == "Running"
+    assert cond(kube, "Ready")["status"] == "False"
 
 
 async def test_region_and_port_changes_do_not_replace(

@@ -1,0 +1,82 @@
+"""A restarted operator (or a new leader) takes over Proxies it did not probe itself.
+
+It must not flap them: a Proxy recorded Ready and healthy at an unchanged endpoint stays Ready, with no
+Running status and no Unhealthy Event, while the new process's own probes start at once and still
+demote it after `failureThreshold` real failures (also when the host cannot be reached, so a stale Ready
+never stands without probes behind it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from egress_kvm.metrics import REGISTRY
+
+from .conftest import eventually
+from .fakekube import FakeKube
+from .fakeprovider import FakeProvider
+from .proxyserver import MiniProxy
+from .test_lifecycle import KEY, cond, phase, spec_for
+
+
+def probes(result: str) -> float:
+    return REGISTRY.get_sample_value("egress_kvm_health_probes_total", {"result": result}) or 0.0
+
+
+async def _ready_then_stopped(kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy,
+                              make_controller) -> tuple[list[dict], int]:
+    first = make_controller({"kvm-home": provider})
+    spec = spec_for(proxy_server)
+    spec["healthCheck"].update(failureThreshold=2)
+    kube.create_proxy("px1", spec)
+    await eventually(lambda: phase(kube) == "Ready")
+    await first.stop(timeout=1.0)
+    seen: list[dict] = []
+    kube.watch(lambda kind, obj: seen.append(dict(obj.get("status") or {})))
+    return seen, len(kube.reasons("px1"))
+
+
+async def test_a_restarted_operator_keeps_a_ready_proxy_ready_and_probes_it(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    seen, events_before = await _ready_then_stopped(kube, provider, proxy_server, make_controller)
+    ok_before = probes("success")
+    second = make_controller({"kvm-home": provider})
+    second.enqueue(KEY)  # what the new process's first list does
+    await eventually(lambda: probes("success") >= ok_before + 3, what="the new process probing")
+    assert phase(kube) == "Ready"
+    assert all(s.get("phase") == "Ready" for s in seen), [s.get("phase") for s in seen]
+    assert kube.reasons("px1")[events_before:] == []  # no Running, no Unhealthy, no Ready again
+    assert kube.status(KEY)["healthy"] is True and cond(kube, "Healthy")["status"] == "True"
+
+    await proxy_server.stop()  # the seeded verdict is only a start: real failures still demote
+    await eventually(lambda: phase(kube) == "Running", what="Running after failureThreshold failures")
+    assert "Unhealthy" in kube.reasons("px1")[events_before:]
+
+
+async def test_a_restart_while_the_host_is_unreachable_still_probes(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    seen, _ = await _ready_then_stopped(kube, provider, proxy_server, make_controller)
+    provider.unreachable.add("nas1")
+    ok_before = probes("success")
+    second = make_controller({"kvm-home": provider})
+    second.enqueue(KEY)
+    await eventually(lambda: cond(kube, "HostReachable").get("status") == "False")
+    await eventually(lambda: probes("success") >= ok_before + 3, what="probes despite the host")
+    assert phase(kube) == "Ready"
+    assert all(s.get("phase") == "Ready" for s in seen), [s.get("phase") for s in seen]
+    await proxy_server.stop()
+    await eventually(lambda: phase(kube) == "Running", what="Ready demoted by probes, host still away")
+    assert provider.names() == {kube.status(KEY)["instance"]["name"]}  # and nothing recreated
+
+
+async def test_a_restart_does_not_seed_a_different_endpoint(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    await _ready_then_stopped(kube, provider, proxy_server, make_controller)
+    provider.ip_for = lambda name: "127.0.0.3"  # the VM came back elsewhere while nobody watched
+    for inst in list(provider.vms.values()):
+        provider.plant(dataclasses.replace(inst, ip="127.0.0.3"))
+    second = make_controller({"kvm-home": provider})
+    second.enqueue(KEY)
+    await eventually(lambda: kube.status(KEY).get("ip") == "127.0.0.3")
+    assert phase(kube) == "Running"  # nothing listens there: no verdict carried over to it
+    assert "Healthy" not in {c["type"] for c in kube.status(KEY)["conditions"]}
