@@ -322,6 +322,35 @@ async def test_foreign_domains_are_never_touched() -> None:
         await theirs.close()
 
 
+async def test_a_foreign_domain_defined_in_the_race_before_ours_is_not_started(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another cluster's operator defines the name between our lookup and our define: we must not start
+    (or otherwise reuse) its domain; the define race branch checks the owner like every other path."""
+    mine, hv = fake_kvm_provider(cluster_id="cluster-a")
+    theirs = type(mine)(name=mine.name, config=mine.config, cluster_id="cluster-b", dial=hv.dial)
+    h = hv["host0"]
+    define = FakeLibvirtClient.domain_define_xml
+    try:
+        await theirs.create(request(name="proxy-race"))
+        h.shut_off("proxy-race")
+        foreign = h.domains.pop("proxy-race")  # not there yet when we look the name up ...
+
+        async def raced(self: FakeLibvirtClient, xml: str) -> Any:
+            h.domains.setdefault("proxy-race", foreign)  # ... but defined just before our define
+            return await define(self, xml)
+
+        monkeypatch.setattr(FakeLibvirtClient, "domain_define_xml", raced)
+        with pytest.raises(PermanentError, match="belongs to cluster 'cluster-b', not 'cluster-a'; refusing to reuse"):
+            await mine.create(request(name="proxy-race"))
+        assert h.domains["proxy-race"] is foreign
+        assert foreign.state == DomainState.SHUTOFF  # not started by us
+        ours = len(h.calls) - h.calls[::-1].index("domain_define_xml")
+        assert "domain_create_with_flags" not in h.calls[ours:]
+    finally:
+        await mine.close()
+        await theirs.close()
+
+
 async def test_list_managed_across_hosts_and_a_failing_host() -> None:
     provider, hv = fake_kvm_provider(hosts=["host0", "host1"])
     try:
