@@ -14,6 +14,7 @@ from typing import Any
 
 from egress_kvm.config.models import parse_host_port
 from egress_kvm.providers.base import Placement
+from egress_kvm.redact import redact_url
 
 MANAGED = "Managed"
 EXTERNAL = "External"
@@ -26,7 +27,7 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class HealthCheck:
-    url: str | None = None
+    url: str | None = field(default=None, repr=False)  # may carry credentials: shown only redacted
     interval_seconds: int = 10
     timeout_seconds: int = 5
     success_threshold: int = 2
@@ -121,7 +122,7 @@ def parse_spec(spec: Any) -> ProxySpec:
     hc = _obj(spec, "healthCheck", "spec.healthCheck")
     url = _str(hc, "url", "spec.healthCheck.url")
     if url is not None and not url.startswith(("http://", "https://")):
-        raise SpecError(f"spec.healthCheck.url: {url!r} is not an http(s) URL")
+        raise SpecError(f"spec.healthCheck.url: {redact_url(url)!r} is not an http(s) URL")
     health = HealthCheck(
         url=url,
         interval_seconds=_int(hc, "intervalSeconds", "spec.healthCheck.intervalSeconds", default=10, lo=1,

@@ -1,0 +1,49 @@
+"""Making user-supplied URLs safe to show: in logs, status, conditions, Events and error messages.
+
+A URL can carry a credential in two places: the userinfo (`https://user:token@host/`) and the query
+string (a presigned `?X-Amz-Signature=...`, an `?access_token=`). Neither helps anyone reading a log,
+so both are replaced by a marker; scheme, host, port and path stay, which is what identifies the URL.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+REDACTED = "REDACTED"
+
+
+def redact_url(url: str) -> str:
+    """`url` without userinfo and query string (each replaced by a marker); the fragment is dropped too.
+
+    Never raises: something that does not parse as a URL is reduced to its scheme (or a marker), since
+    a malformed URL is exactly the one an error message would otherwise echo verbatim.
+    """
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        scheme = url.split(":", 1)[0] if ":" in url else ""
+        return f"{scheme}://{REDACTED}" if scheme.isalnum() else REDACTED
+    netloc = host if ":" not in host else f"[{host}]"
+    if port is not None:
+        netloc = f"{netloc}:{port}"
+    if parts.username is not None or parts.password is not None:
+        netloc = f"{REDACTED}@{netloc}"
+    query = REDACTED if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` (e.g. a library's error message) with every copy of `url`, and of its userinfo and query,
+    replaced: libraries quote the URL they were given, sometimes in pieces."""
+    safe = redact_url(url)
+    out = text.replace(url, safe)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return out
+    for secret in (parts.netloc.rpartition("@")[0] if "@" in parts.netloc else "", parts.query):
+        if secret:
+            out = out.replace(secret, REDACTED)
+    return out

@@ -1,0 +1,27 @@
+"""redact_url / scrub: userinfo and query strings never survive into a message."""
+
+from __future__ import annotations
+
+import pytest
+
+from egress_kvm.redact import redact_url, scrub
+
+
+@pytest.mark.parametrize(("url", "want"), [
+    ("https://user:tok3n@img.example:8443/a/b.qcow2?X-Amz-Signature=abc&X-Amz-Expires=60#frag",
+     "https://REDACTED@img.example:8443/a/b.qcow2?REDACTED"),
+    ("http://user@img.example/x", "http://REDACTED@img.example/x"),
+    ("http://10.231.1.1:8080/healthz", "http://10.231.1.1:8080/healthz"),
+    ("http://[fd00::1]:80/p?token=t0k", "http://[fd00::1]:80/p?REDACTED"),
+    ("http://h:99999/?token=t0k", "http://REDACTED"),  # unparsable port: only the scheme survives
+])
+def test_redact_url(url: str, want: str) -> None:
+    assert redact_url(url) == want
+
+
+def test_scrub_replaces_the_url_and_its_secret_parts_wherever_quoted() -> None:
+    url = "https://bob:s3cret@example.test/p?sig=XyZ"
+    text = f"Cannot connect to {url} (bob:s3cret; query sig=XyZ)"
+    out = scrub(text, url)
+    assert "s3cret" not in out and "XyZ" not in out
+    assert "https://REDACTED@example.test/p?REDACTED" in out
