@@ -277,7 +277,7 @@ class KvmProvider:
         meta = metadata.InstanceMetadata(
             cluster_id=self.cluster_id, owner_uid=request.owner_uid, created_at=self._now(),
             owner_namespace=request.owner_namespace, owner_name=request.owner_name, zone=resolved.zone,
-            machine_type=resolved.machine_type, image=resolved.image)
+            machine_type=resolved.machine_type, image=source.label)  # a URL without credentials
         spec = DomainSpec(
             name=name, domain_type=cfg.domain_type, vcpus=mtype.vcpus, memory_mib=mtype.memory_mib,
             cpu=cfg.cpu_config, pool=pool.name, overlay_volume=naming.overlay_volume(name),

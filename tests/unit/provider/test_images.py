@@ -379,3 +379,16 @@ async def test_image_url_credentials_and_signature_never_reach_logs_or_errors(
         assert server.requests == ["/gone.qcow2"]  # the real URL was fetched
     finally:
         await provider.close()
+
+
+async def test_a_url_image_with_credentials_is_recorded_without_them(server: ImageServer) -> None:
+    port = server.url.rsplit(":", 1)[1]
+    url = f"http://user:tok3n-secret@127.0.0.1:{port}/debian-12.qcow2?sig=sig-secret"
+    provider, hv = provider_for(server, sha256=None)
+    try:
+        await provider.create(request(image=url))
+        xml = hv["host0"].domains["proxy-abc"].xml  # the domain's metadata names the image
+        assert f'image="http://127.0.0.1:{port}/debian-12.qcow2?..."' in xml
+        assert "secret" not in xml
+    finally:
+        await provider.close()
