@@ -70,7 +70,7 @@ PAUSED_REASONS = {
     12: "post-copy migration", 13: "failed post-copy migration", 14: "API error",
 }
 #: Paused reasons that mean an operation of libvirt's own holds the domain paused and will unpause (or stop)
-#: it: resuming would race that operation (libvirtd would make us wait for its state lock, then refuse).
+#: it when it ends: resuming it from outside would race that operation.
 PAUSED_BY_JOB = {2: "a migration", 3: "a save", 4: "a core dump", 8: "its shutdown", 9: "a snapshot",
                  11: "its start-up", 12: "a post-copy migration"}
 #: virDomainRunningReason UNPAUSED: what libvirt reports after a resume.
