@@ -352,6 +352,28 @@ def test_schema_violations_are_reported_with_field_paths(emu: Emu, ns: str) -> N
     assert r.returncode == 1 and 'strict decoding error: unknown field "spec.colour"' in r.stderr
 
 
+def test_cross_field_rules_refused_by_kubectl_apply(emu: Emu, ns: str) -> None:
+    """The CRD's x-kubernetes-validations: what the operator would otherwise only report as Failed."""
+    cases = [
+        (_proxy("a", ns).replace("provider: lab\n", ""),
+         'spec: Invalid value: "object": spec.provider is required when spec.mode is Managed'),
+        (_proxy("b", ns, mode="External"),
+         'spec: Invalid value: "object": spec.external.address is required when spec.mode is External'),
+        (_proxy("c", ns, cloudInit={"userData": "#cloud-config\n", "secretRef": {"name": "s", "key": "k"}}),
+         'spec.cloudInit: Invalid value: "object": set spec.cloudInit.userData or spec.cloudInit.secretRef, '
+         "not both"),
+    ]
+    for manifest, line in cases:
+        name = yaml.safe_load(manifest)["metadata"]["name"]
+        r = emu.kubectl("apply", "-f", "-", stdin=manifest, check=False)
+        assert r.returncode == 1, (name, r.stdout)
+        assert f'The Proxy "{name}" is invalid: {line}' in r.stderr, r.stderr
+    assert emu.kubectl("-n", ns, "get", "px", "-o", "name").stdout == ""
+    ok = _proxy("d", ns, mode="External", external={"address": "10.231.0.5:3128"})
+    ok = ok.replace("provider: lab\n", "")
+    assert "proxy.egressproxies.io/d created" in emu.kubectl("apply", "-f", "-", stdin=ok).stdout
+
+
 def test_get_yaml_and_get_table_of_builtins(emu: Emu, ns: str) -> None:
     manifest = emu.kubectl(
         "-n",
