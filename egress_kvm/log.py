@@ -4,6 +4,10 @@ logr's V(n) maps onto zap level -n: V(0) is info, V(1) is `--zap-log-level=debug
 `--zap-log-level=2`. We map V(n) onto Python logging level INFO - n, so the stdlib filter does the
 gating and any handler works. Lines carry zap's keys (`ts`, `level`, `logger`, `msg`) plus fields.
 
+Other libraries' loggers (asyncio's "Task exception was never retrieved", asyncssh, aiohttp,
+kubernetes_asyncio) go through the same JSON formatter on the root logger, at WARNING and above: a
+plain-text line among JSON ones breaks every log pipeline that parses them.
+
 Loggers are immutable and cheap: `log.with_values(host="nas1")` returns a new one, so a provider can
 hand a pre-labelled logger to every operation without threading fields through calls.
 """
@@ -76,23 +80,38 @@ class JsonFormatter(logging.Formatter):
         if fields:
             for k, v in fields.items():
                 line.setdefault(k, _jsonable(v))
-        if record.exc_info and record.exc_info[1] is not None and "error" not in line:
-            line["error"] = str(record.exc_info[1])
+        if record.exc_info and record.exc_info[1] is not None:
+            if "error" not in line:
+                line["error"] = str(record.exc_info[1])
+            line.setdefault("stacktrace", self.formatException(record.exc_info))  # as zap's errors have
         return json.dumps(line, separators=(",", ":"))
 
 
 def configure(level: int | str = INFO, stream: TextIO | None = None) -> None:
-    """Send every egress logger to `stream` as JSON lines at `level` (an int or a zap level string)."""
+    """Send every egress logger to `stream` as JSON lines at `level` (an int or a zap level string), and
+    every other library's records at WARNING and above (or `level`, if stricter) the same way."""
     if isinstance(level, str):
         level = parse_zap_level(level)
-    root = logging.getLogger(_ROOT)
-    for h in list(root.handlers):
-        root.removeHandler(h)
+    ours = logging.getLogger(_ROOT)
+    for h in list(ours.handlers):
+        ours.removeHandler(h)
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
-    root.addHandler(handler)
-    root.setLevel(level)
-    root.propagate = False
+    ours.addHandler(handler)
+    ours.setLevel(level)
+    ours.propagate = False
+    # The root logger: only our own earlier handler is replaced (a test runner's capture handler stays).
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_egress_json", False):
+            root.removeHandler(h)
+    other = logging.StreamHandler(stream or sys.stderr)
+    other.setFormatter(JsonFormatter())
+    other._egress_json = True  # type: ignore[attr-defined]
+    other.setLevel(max(level, logging.WARNING))
+    root.addHandler(other)
+    if root.level == logging.NOTSET or root.level > other.level:
+        root.setLevel(other.level)
 
 
 class Logger:

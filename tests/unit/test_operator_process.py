@@ -169,6 +169,8 @@ async def test_starts_serves_probes_and_metrics_reconciles_and_stops_on_sigterm(
             line for line in op.lines if line.get("level") == "error"]
         for line in op.lines:
             assert {"ts", "level", "logger", "msg"} <= set(line)
+        # Every stderr line, not just those that happened to parse (other libraries' too: log.configure).
+        assert len(op.lines) == len(op.raw), [t for t in op.raw if not t.startswith("{")]
 
 
 async def test_a_bad_providers_file_stops_start_up_naming_the_field(tmp_path: Path) -> None:

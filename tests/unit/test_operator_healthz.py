@@ -1,0 +1,86 @@
+"""/healthz through the real Operator wiring: it fails, naming the loop, once the informer, the
+controller or the providers poller has died (never a zombie that answers probes but does nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from kube.kube_emulator_fixtures import emulator_with_crd
+
+from egress_kvm.operator import Operator
+from egress_kvm.operator_flags import BindAddress, Options
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _get(port: int, path: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}{path}") as r:
+        return r.status, await r.text()
+
+
+async def _until(pred, within: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(within):
+        while True:
+            if await pred():
+                return
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[tuple[Operator, int]]:
+    providers = tmp_path / "providers.yaml"
+    providers.write_text("providers: []\n")
+    async with emulator_with_crd() as (emu, _client):
+        kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig")
+        op = Operator(Options(kubeconfig=str(kubeconfig), providers_config=str(providers),
+                              cluster_id="test-cluster", metrics_bind_address=None,
+                              health_probe_bind_address=BindAddress("127.0.0.1", 0),
+                              providers_poll_interval=0.5, graceful_shutdown_timeout=1.0))
+        task = asyncio.create_task(op.run())
+
+        async def up() -> bool:
+            if task.done():
+                raise AssertionError(f"operator exited: {task.result()}")
+            return op.health_server is not None and op.health_server.bound is not None and \
+                "controller" in op._tasks and op.informer is not None and op.informer.has_synced()
+
+        await _until(up)
+        assert op.health_server is not None and op.health_server.bound is not None
+        port = op.health_server.bound[1]
+        assert await _get(port, "/healthz") == (200, "ok")
+        try:
+            yield op, port
+        finally:
+            op.request_stop()
+            assert await asyncio.wait_for(task, 30) == 0
+
+
+@pytest.mark.parametrize(("task", "line"), [
+    ("informer", "[-]informer failed: informer was cancelled"),
+    ("controller", "[-]controller failed: controller was cancelled"),
+    ("providers-poller", "[-]providers failed: providers-poller was cancelled"),
+])
+async def test_healthz_fails_when_a_loop_dies(running: tuple[Operator, int], task: str, line: str) -> None:
+    op, port = running
+    op._tasks[task].cancel()  # the loop is gone, as if it had crashed; the process keeps running
+
+    async def failing() -> bool:
+        return (await _get(port, "/healthz"))[0] == 500
+
+    await _until(failing)
+    status, body = await _get(port, "/healthz")
+    assert status == 500 and line in body.splitlines(), body
+    assert body.rstrip().endswith("/healthz check failed")
+
+
+async def test_healthz_fails_when_the_informer_dies_of_an_error(running: tuple[Operator, int]) -> None:
+    op, port = running
+    assert op.informer is not None
+    op.informer._died = RuntimeError("watch loop crashed")  # what run() records before re-raising
+
+    status, body = await _get(port, "/healthz")
+    assert status == 500 and "[-]informer failed: the Proxy watch died" in body.splitlines(), body
