@@ -217,6 +217,24 @@ def test_step5_orphan_gc_removes_a_vm_whose_proxy_vanished(step):
     for other in (FIRST, SECOND):  # live Proxies' VMs are untouched
         assert step.status(other)["instance"]["name"] in domains(step.lab, "host0")
 
+    # The restart did not flap the live Proxies: the new process probes them itself and they stay Ready
+    # throughout (no Ready -> Running -> Ready, so no phase change logged and no Unhealthy Event).
+    new_op = step.operator
+
+    def probed_twice() -> bool:
+        recs = log_records(new_op.log_lines())
+        return all(sum(1 for r in recs if r.get("msg") == "health probe" and r.get("ok") is True
+                       and r.get("proxy") == f"default/{n}") >= 2 for n in (FIRST, SECOND))
+    wait_until(probed_twice, timeout=120, what="the restarted operator probing the live Proxies", interval=2)
+    for other in (FIRST, SECOND):
+        assert step.status(other)["phase"] == "Ready"
+        changed = [r for r in log_records(new_op.log_lines())
+                   if r.get("msg") == "phase changed" and r.get("proxy") == f"default/{other}"]
+        assert not changed, changed
+        events = step.kubectl("get", "events", "--field-selector", f"involvedObject.name={other}",
+                              "-o", "jsonpath={.items[*].reason}").stdout.split()
+        assert "Unhealthy" not in events, events
+
 
 def test_step6_deleting_proxies_removes_vms_keeps_the_base(step):
     names = {n: step.status(n)["instance"]["name"] for n in (FIRST, SECOND)}
