@@ -1,0 +1,217 @@
+"""Preflight's failure branches against an in-process SSH server (asyncssh) and a scripted libvirtd.
+
+The SSH server is real SSH on loopback: key login, stream-local forwarding (which it can refuse the way
+`AllowStreamLocalForwarding no` does), and exec of `ip` (which it can refuse, or answer as a host without
+`ip` or with a non-bridge device). Forwarded connections reach a unix socket served by the rpc tests'
+FakeServer, which speaks libvirt's wire protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import pytest
+
+from egress_kvm.config import parse_providers
+from egress_kvm.preflight import CHECKS, CheckResult, check_host
+from rpc.constants import StoragePoolState
+from rpc.types import StoragePool, StoragePoolGetInfoRet
+
+GIB = 1024**3
+
+
+def _load_fake_server() -> Any:
+    # tests/unit/rpc is not a package on sys.path (its folder name would shadow the rpc package).
+    path = Path(__file__).parents[1] / "rpc" / "rpc_fake_server.py"
+    spec = importlib.util.spec_from_file_location("rpc_fake_server_for_preflight", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fake_rpc = _load_fake_server()
+
+
+@dataclass
+class Host:
+    """What the in-process host does; tests change these before running preflight."""
+
+    socket_path: str
+    forwarding: bool = True
+    exec_allowed: bool = True
+    libvirt_answers: bool = True
+    pool_state: int = StoragePoolState.RUNNING
+    pool_available: int = 40 * GIB
+    link_kind: str | None = "bridge"  # `ip -d` linkinfo kind; None: the device does not exist
+    has_ip: bool = True
+    port: int = 0
+    servers: list[Any] = field(default_factory=list)
+
+    def run(self, command: str) -> tuple[int, str, str]:
+        argv = command.split()
+        if argv[:1] != ["ip"] or not self.has_ip:
+            return 127, "", f"sh: 1: {argv[0]}: not found\n"
+        dev = argv[-1]
+        if self.link_kind is None:
+            return 1, "", f'Device "{dev}" does not exist.\n'
+        info = {"ifname": dev, "operstate": "UP", "linkinfo": {"info_kind": self.link_kind}}
+        return 0, json.dumps([info]), ""
+
+
+class _SshServer(asyncssh.SSHServer):
+    def __init__(self, host: Host, client_key: asyncssh.SSHKey) -> None:
+        self._host = host
+        self._key = client_key.export_public_key()
+
+    def begin_auth(self, username: str) -> bool:
+        return True
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        return key.export_public_key() == self._key
+
+    def unix_connection_requested(self, dest_path: str) -> bool:
+        if not self._host.forwarding:  # what sshd answers under AllowStreamLocalForwarding no
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
+                                            "open failed: administratively prohibited")
+        return True  # asyncssh connects the channel to dest_path on this machine
+
+    def session_requested(self) -> Any:
+        if not self._host.exec_allowed:
+            return False
+        return self._exec
+
+    async def _exec(self, stdin: Any, stdout: Any, stderr: Any) -> None:
+        status, out, err = self._host.run(stdout.channel.get_command() or "")
+        stdout.write(out)
+        stderr.write(err)
+        stdout.channel.exit(status)
+
+
+@pytest.fixture
+async def host(tmp_path: Path) -> AsyncIterator[tuple[Host, Path, Path]]:
+    host_key = asyncssh.generate_private_key("ssh-ed25519")
+    client_key = asyncssh.generate_private_key("ssh-ed25519")
+    key_path = tmp_path / "id"
+    key_path.write_bytes(client_key.export_private_key())
+    h = Host(socket_path=str(tmp_path / "libvirt-sock"))
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(h.socket_path)
+    listener.listen(8)
+    listener.setblocking(False)
+    loop = asyncio.get_running_loop()
+
+    def handlers() -> dict[int, Callable[..., Any]]:
+        silent = fake_rpc.NO_REPLY
+        return {
+            157: lambda: 9_000_000 if h.libvirt_answers else silent,  # connect_get_lib_version
+            4: lambda: 7_002_000,  # connect_get_version
+            84: lambda name: StoragePool(name, bytes(16)),  # storage_pool_lookup_by_name
+            87: lambda pool: StoragePoolGetInfoRet(h.pool_state, 50 * GIB, 50 * GIB - h.pool_available,
+                                                   h.pool_available),
+        }
+
+    async def accept_loop() -> None:
+        while True:
+            conn, _ = await loop.sock_accept(listener)
+            server = fake_rpc.FakeServer(sock=conn, handlers=handlers())
+            h.servers.append(server)
+            await server.start()
+
+    acceptor = loop.create_task(accept_loop())
+    ssh = await asyncssh.create_server(lambda: _SshServer(h, client_key), "127.0.0.1", 0,
+                                       server_host_keys=[host_key])
+    h.port = ssh.sockets[0].getsockname()[1]
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{h.port} " + host_key.export_public_key().decode())
+    try:
+        yield h, key_path, known_hosts
+    finally:
+        ssh.close()
+        await ssh.wait_closed()
+        acceptor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await acceptor
+        for server in h.servers:
+            await server.stop()
+        listener.close()
+
+
+def config_for(h: Host, key: Path, known_hosts: Path, *, hosts: int = 1) -> Any:
+    return parse_providers([{"name": "kvm-t", "type": "kvm", "kvm": {
+        "sshKeyFile": str(key), "knownHostsFile": str(known_hosts),
+        "images": {"d": {"url": "http://127.0.0.1:1/d.qcow2"}},
+        "machineTypes": {"small": {"vcpus": 1, "memoryMiB": 512}},
+        "hosts": [{"name": f"h{i}", "address": f"127.0.0.1:{h.port}", "user": "virt", "bridge": "br0",
+                   "socket": h.socket_path} for i in range(hosts)]}}])
+
+
+async def preflight(h: Host, key: Path, known_hosts: Path, *,
+                    time_limit: float = 5.0) -> dict[str, CheckResult]:
+    entry = config_for(h, key, known_hosts).providers[0]
+    results = await check_host(entry.name, entry.kvm, entry.kvm.hosts[0], time_limit=time_limit)
+    assert [r.check for r in results] == list(CHECKS)
+    return {r.check: r for r in results}
+
+
+def status(results: dict[str, CheckResult]) -> dict[str, bool | None]:
+    return {name: r.ok for name, r in results.items()}
+
+
+async def test_all_checks_pass_on_a_good_host(host: tuple[Host, Path, Path]) -> None:
+    r = await preflight(*host)
+    assert status(r) == dict.fromkeys(CHECKS, True)
+    assert "libvirt 9.0.0" in r["libvirt"].detail and "40.0 GiB free" in r["pool"].detail
+
+
+async def test_refused_stream_local_forwarding_fails_and_says_what_to_set(
+        host: tuple[Host, Path, Path]) -> None:
+    h = host[0]
+    h.forwarding = False
+    r = await preflight(*host)
+    assert status(r) == {"ssh": True, "forwarding": False, "libvirt": None, "pool": None, "bridge": None}
+    assert "refuses stream-local forwarding" in r["forwarding"].detail
+    assert "AllowStreamLocalForwarding yes for user virt" in r["forwarding"].detail
+    assert r["libvirt"].detail == "skipped: forwarding failed"
+
+
+@pytest.mark.parametrize(("state", "available", "needle"), [
+    (StoragePoolState.INACTIVE, 40 * GIB, "is inactive, not active (virsh pool-start default)"),
+    (StoragePoolState.RUNNING, 0, "has no free space (capacity 50.0 GiB)"),
+])
+async def test_pool_inactive_or_full_fails(host: tuple[Host, Path, Path], state: int, available: int,
+                                           needle: str) -> None:
+    h = host[0]
+    h.pool_state, h.pool_available = state, available
+    r = await preflight(*host)
+    assert status(r) == {"ssh": True, "forwarding": True, "libvirt": True, "pool": False, "bridge": True}
+    assert needle in r["pool"].detail
+
+
+@pytest.mark.parametrize(("setup", "needle"), [
+    (lambda h: setattr(h, "link_kind", "dummy"), "'br0' exists but is a dummy device, not a bridge"),
+    (lambda h: setattr(h, "link_kind", None), "bridge 'br0' not found on the host"),
+    (lambda h: setattr(h, "has_ip", False), "`ip` is not on virt's PATH on the host"),
+    (lambda h: setattr(h, "exec_allowed", False), "the host refuses command execution"),
+])
+async def test_bridge_check_failures(host: tuple[Host, Path, Path], setup: Callable[[Host], None],
+                                     needle: str) -> None:
+    setup(host[0])
+    r = await preflight(*host)
+    assert status(r) == {"ssh": True, "forwarding": True, "libvirt": True, "pool": True, "bridge": False}
+    assert needle in r["bridge"].detail
