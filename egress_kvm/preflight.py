@@ -40,6 +40,10 @@ class CheckResult:
         return f"{status} {self.provider}/{self.host} {self.check}: {self.detail}"
 
 
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
 def _version(v: int) -> str:
     return f"{v // 1_000_000}.{v // 1000 % 1000}.{v % 1000}"
 
@@ -89,13 +93,20 @@ async def check_host(provider: str, kvm: KvmConfig, host: HostConfig, *,
         add("forwarding", True, f"stream-local forwarding to {host.socket} allowed")
 
         try:
-            client = await rpc.connect_over(conn, socket_path=host.socket, uri=LIBVIRT_URI, timeout=timeout)
+            client = await rpc.connect_over(conn, socket_path=host.socket, uri=LIBVIRT_URI, timeout=timeout,
+                                            call_timeout=timeout)
         except (rpc.RpcError, OSError) as exc:
             add("libvirt", False, f"libvirt handshake failed: {exc}")
             return skip_rest("libvirt")
         try:
-            lib = await client.connect_get_lib_version()
-            hv = await client.connect_get_version()
+            # A link that dies or a daemon that stops answering mid-check is that check's FAIL (RpcError
+            # covers ConnectionLost and DeadlineExceeded, which are not LibvirtError), not a traceback.
+            try:
+                lib = await client.connect_get_lib_version()
+                hv = await client.connect_get_version()
+            except (rpc.RpcError, OSError) as exc:
+                add("libvirt", False, f"libvirt did not answer its version: {_describe(exc)}")
+                return skip_rest("libvirt")
             add("libvirt", True, f"libvirt {_version(lib)}, hypervisor {_version(hv)} at {LIBVIRT_URI}")
             try:
                 pool = await client.storage_pool_lookup_by_name(host.pool)
@@ -105,6 +116,8 @@ async def check_host(provider: str, kvm: KvmConfig, host: HostConfig, *,
                                    f"(virsh pool-define-as {host.pool} dir --target /var/lib/libvirt/images)")
             except rpc.LibvirtError as exc:
                 add("pool", False, f"storage pool {host.pool!r}: {exc.message}")
+            except (rpc.RpcError, OSError) as exc:
+                add("pool", False, f"storage pool {host.pool!r}: libvirt did not answer: {_describe(exc)}")
             else:
                 if info.state != StoragePoolState.RUNNING:
                     known = info.state in StoragePoolState._value2member_map_
@@ -175,7 +188,13 @@ async def run_preflight(config: ProvidersConfig, *, provider: str | None = None,
         assert entry.kvm is not None
         check_kvm_files(entry.kvm, prefix=f"providers[{index}].kvm")
         for host in entry.kvm.hosts:
-            for r in await check_host(entry.name, entry.kvm, host):
+            try:
+                host_results = await check_host(entry.name, entry.kvm, host)
+            except Exception as exc:  # one host's unforeseen failure must not hide the other hosts
+                host_results = [CheckResult(entry.name, host.name, "checks", False,
+                                            f"preflight could not finish: {type(exc).__name__}: "
+                                            f"{_describe(exc)}")]
+            for r in host_results:
                 results.append(r)
                 if emit is not None:
                     emit(r)

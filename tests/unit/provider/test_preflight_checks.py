@@ -3,7 +3,7 @@
 The SSH server is real SSH on loopback: key login, stream-local forwarding (which it can refuse the way
 `AllowStreamLocalForwarding no` does), and exec of `ip` (which it can refuse, or answer as a host without
 `ip` or with a non-bridge device). Forwarded connections reach a unix socket served by the rpc tests'
-FakeServer, which speaks libvirt's wire protocol.
+FakeServer, which speaks libvirt's wire protocol and can stay silent (a daemon that stopped answering).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import asyncssh
 import pytest
 
 from egress_kvm.config import parse_providers
-from egress_kvm.preflight import CHECKS, CheckResult, check_host
+from egress_kvm.preflight import CHECKS, CheckResult, check_host, run_preflight
 from rpc.constants import StoragePoolState
 from rpc.types import StoragePool, StoragePoolGetInfoRet
 
@@ -188,6 +188,51 @@ async def test_refused_stream_local_forwarding_fails_and_says_what_to_set(
     assert "refuses stream-local forwarding" in r["forwarding"].detail
     assert "AllowStreamLocalForwarding yes for user virt" in r["forwarding"].detail
     assert r["libvirt"].detail == "skipped: forwarding failed"
+
+
+async def test_a_libvirtd_that_stops_answering_is_a_fail_not_a_traceback(
+        host: tuple[Host, Path, Path]) -> None:
+    h = host[0]
+    h.libvirt_answers = False
+    r = await preflight(*host, time_limit=0.5)
+    assert status(r) == {"ssh": True, "forwarding": True, "libvirt": False, "pool": None, "bridge": None}
+    assert "did not answer" in r["libvirt"].detail and "connect_get_lib_version" in r["libvirt"].detail
+
+
+async def test_one_host_failing_mid_check_does_not_stop_the_others(host: tuple[Host, Path, Path]) -> None:
+    h, key, known_hosts = host
+    h.libvirt_answers = False
+    config = config_for(h, key, known_hosts, hosts=2)
+    seen: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("egress_kvm.preflight.check_host", _with_time_limit(check_host, 0.5))
+        results = await run_preflight(config, emit=lambda res: seen.append(res.line()))
+    assert {r.host for r in results} == {"h0", "h1"}
+    assert [ln.split()[0] for ln in seen] == ["PASS", "PASS", "FAIL", "SKIP", "SKIP"] * 2
+
+
+def _with_time_limit(fn: Any, limit: float) -> Any:
+    async def wrapped(*args: Any, **kwargs: Any) -> Any:
+        return await fn(*args, **kwargs, time_limit=limit)
+    return wrapped
+
+
+async def test_run_preflight_reports_an_unforeseen_error_per_host_and_goes_on(
+        host: tuple[Host, Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    h, key, known_hosts = host
+    calls: list[str] = []
+
+    async def flaky(provider: str, kvm: Any, host_cfg: Any, **kw: Any) -> list[CheckResult]:
+        calls.append(host_cfg.name)
+        if host_cfg.name == "h0":
+            raise RuntimeError("boom")
+        return await check_host(provider, kvm, host_cfg, **kw)
+
+    monkeypatch.setattr("egress_kvm.preflight.check_host", flaky)
+    results = await run_preflight(config_for(h, key, known_hosts, hosts=2))
+    assert calls == ["h0", "h1"]
+    assert results[0].line() == "FAIL kvm-t/h0 checks: preflight could not finish: RuntimeError: boom"
+    assert [r.ok for r in results[1:]] == [True] * len(CHECKS)
 
 
 @pytest.mark.parametrize(("state", "available", "needle"), [
