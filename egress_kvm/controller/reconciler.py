@@ -536,7 +536,10 @@ class Reconciler:
             health = self.prober.health(ctx.key)
             phase = READY if health is not None and health.healthy else RUNNING
             ip, endpoint, probing = ctx.serving.host, ctx.serving.endpoint, True
-            message = f"serving from {previous.name} while replacing it with " \
+            verdict = "healthy" if phase == READY else (
+                f"unhealthy: {health.message}" if health is not None and health.healthy is False
+                else "waiting for health probes")
+            message = f"serving from {previous.name} ({verdict}) while replacing it with " \
                       f"{instance.name if instance else '?'}: {message}"
             reason = _reason_for(phase, health)
         status: Obj = {"phase": phase, "message": message, "observedGeneration": ctx.generation}

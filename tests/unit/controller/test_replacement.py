@@ -39,7 +39,8 @@ async def test_changed_inputs_replace_create_before_delete(
     assert (st["phase"], st["ip"], st["endpoint"], st["healthy"]) == ("Ready", "127.0.0.1", old_endpoint,
                                                                       True)
     assert cond(kube, "Ready")["status"] == "True" and cond(kube, "Healthy")["status"] == "True"
-    assert f"serving from {old} while replacing it with {new}" in st["message"]
+    assert st["message"].startswith(f"serving from {old} (healthy) while replacing it with {new}: "), \
+        st["message"]
     assert all(s.get("phase") == "Ready" and s.get("ip") == "127.0.0.1" for s in seen), seen
 
     second = MiniProxy("127.0.0.2")
