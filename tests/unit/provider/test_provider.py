@@ -340,7 +340,8 @@ async def test_a_foreign_domain_defined_in_the_race_before_ours_is_not_started(
             return await define(self, xml)
 
         monkeypatch.setattr(FakeLibvirtClient, "domain_define_xml", raced)
-        with pytest.raises(PermanentError, match="belongs to cluster 'cluster-b', not 'cluster-a'; refusing to reuse"):
+        with pytest.raises(PermanentError,
+                           match="belongs to cluster 'cluster-b', not 'cluster-a'; refusing to reuse"):
             await mine.create(request(name="proxy-race"))
         assert h.domains["proxy-race"] is foreign
         assert foreign.state == DomainState.SHUTOFF  # not started by us
