@@ -253,6 +253,8 @@ def test_step7_debug_logs_have_rpc_lines_and_never_the_user_data(step):
     assert step.operator.stop() == 0
     lines = step.all_log_lines()
     records = log_records(lines)
+    not_json = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("{")]
+    assert not not_json, f"log lines that are not JSON: {not_json[:3]}"
     rpc = [r for r in records if r.get("logger") == "kvm.libvirt" and r.get("msg") == "libvirt call"]
     assert rpc, "no per-RPC debug lines"
     assert all("method" in r and "duration" in r for r in rpc)
