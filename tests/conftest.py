@@ -6,15 +6,45 @@ Both honour EGRESS_LAB_DIR: when it points at a lab that is up, that lab is used
 otherwise a lab is brought up (index EGRESS_LAB_INDEX, default 0; EGRESS_LAB_HOSTS hosts, default 2)
 and torn down when the session ends. They skip, saying why, only where a lab cannot exist (not root,
 no `ip netns`); CI runs as root, so there they always run.
+
+`libvirt_trace`: a test hands it the provider's `libvirt call` log; it is written to the terminal after
+the test's result line under `-v` (the spec: "its -v output includes the libvirt call trace"), and kept
+as a report section, so it also shows on failure and with `-rP`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
+
+_TRACE = pytest.StashKey[str]()
+TRACE_SECTION = "libvirt call trace"
+
+
+@pytest.fixture
+def libvirt_trace(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Call with the trace text (once, at the end of the test, e.g. from a fixture's teardown)."""
+    def record(text: str) -> None:
+        request.node.stash[_TRACE] = request.node.stash.get(_TRACE, "") + text
+    return record
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    text = item.stash.get(_TRACE, "") if call.when == "teardown" else ""
+    if text:
+        report.sections.append((f"Captured {TRACE_SECTION}", text))
+        reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+        if item.config.option.verbose > 0 and reporter is not None:
+            reporter.ensure_newline()
+            reporter.section(f"{TRACE_SECTION}: {item.nodeid}", sep="-")
+            reporter.write(text if text.endswith("\n") else text + "\n")
+    return report
 
 
 class _SessionLab:

@@ -7,7 +7,7 @@
     KVM_TEST_MACHINE_TYPE=small                    default: its first machine type
     KVM_TEST_USER_DATA=/path/user-data             default: a minimal #cloud-config
     KVM_TEST_BOOT_TIMEOUT=600                      seconds to wait for the VM's IP
-    KVM_TEST_LOG_LEVEL=1                           verbosity of the printed trace (2: XML, metadata)
+    KVM_TEST_LOG_LEVEL=1                           verbosity of the trace shown with -v (2: XML, metadata)
 
 It runs preflight, creates one VM (`proxy-kvmtest-<random>`, under a cluster id of its own), waits for
 `get` to report its IP, deletes it and checks nothing of it is left; the base image stays cached.
@@ -20,6 +20,7 @@ import io
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def read_user_data(path: str | None) -> bytes:
     return Path(path).read_bytes() if path else b"#cloud-config\n"
 
 
-async def test_create_get_delete_on_your_host() -> None:
+async def test_create_get_delete_on_your_host(libvirt_trace: Callable[[str], None]) -> None:
     env = os.environ
     trace = io.StringIO()
     log.configure(str(max(0, int(env.get("KVM_TEST_LOG_LEVEL", "1")))), stream=trace)
@@ -81,4 +82,4 @@ async def test_create_get_delete_on_your_host() -> None:
         assert await provider.list_managed(zone) == []
         await provider.close()
         log.configure("info")
-        print(trace.getvalue(), end="")
+        libvirt_trace(trace.getvalue())  # shown after the result line under -v (tests/conftest.py)

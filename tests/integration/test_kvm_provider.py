@@ -59,15 +59,16 @@ class Logs:
 
 
 @pytest.fixture
-def logs() -> Iterator[Logs]:
+def logs(libvirt_trace: Callable[[str], None]) -> Iterator[Logs]:
     """The provider's JSON log lines. KVM_TEST_LOG_LEVEL (default 1; 2 adds XML, metadata, addresses)
-    sets the verbosity; the trace is printed after each test (shown with -s, -rP, or on failure)."""
+    sets the verbosity; the trace is shown after each test's result line under -v (and on failure,
+    or with -rP), through tests/conftest.py's libvirt_trace."""
     cap = Logs()
     level = max(1, int(os.environ.get("KVM_TEST_LOG_LEVEL", "1")))  # the tests read V(1) lines
     log.configure(str(level), stream=cap.stream)
     yield cap
     log.configure("info")
-    print(cap.stream.getvalue(), end="")
+    libvirt_trace(cap.stream.getvalue())
 
 
 def provider_for(info: Any, *, cluster_id: str, images: dict[str, Any] | None = None,
