@@ -1,5 +1,7 @@
 """`egress-kvm preflight` against the real lab host: passes there, and fails clearly on a wrong host key,
-a missing pool and a missing bridge (each naming what is wrong), with the exit status saying so."""
+a missing pool, an inactive pool, a missing bridge and an interface that is not a bridge (a veth) (each naming
+what is wrong), with the exit status saying so. (Forwarding refused, a silent libvirtd, a full pool and
+exec refused are covered in tests/unit/provider/test_preflight_checks.py, against an in-process sshd.)"""
 
 from __future__ import annotations
 
@@ -78,3 +80,37 @@ async def test_preflight_fails_on_a_missing_bridge(lab_host: Any, tmp_path: Path
     assert got["pool"].ok
     proc = cli(path)
     assert proc.returncode == 1 and "FAIL lab/host0 bridge" in proc.stdout
+
+
+async def test_preflight_fails_on_an_inactive_pool(lab_host: Any, tmp_path: Path) -> None:
+    """A pool of its own (defined, never started), so the lab's `default` pool is left alone."""
+    from egress_kvm import lab as labmod
+
+    virsh = ["virsh", "-q", "-c", "qemu:///system"]
+    labmod.host_run(lab_host, "host0", [*virsh, "pool-undefine", "itpool"], check=False)  # an earlier run's
+    labmod.host_run(lab_host, "host0", [*virsh, "pool-define-as", "itpool", "dir", "--target", "/tmp/itpool"])
+    try:
+        got = await results_for(config_with(lab_host, tmp_path, pool="itpool"))
+        assert got["pool"].ok is False
+        assert "storage pool 'itpool' is inactive, not active (virsh pool-start itpool)" in got["pool"].detail
+        assert got["libvirt"].ok and got["bridge"].ok
+    finally:
+        labmod.host_run(lab_host, "host0", [*virsh, "pool-undefine", "itpool"], check=False)
+
+
+async def test_preflight_fails_on_an_interface_that_is_not_a_bridge(lab_host: Any, tmp_path: Path) -> None:
+    from egress_kvm import lab as labmod
+
+    # A veth pair (this kernel has no dummy module); deleting one end removes both.
+    labmod.host_run(lab_host, "host0", ["ip", "link", "del", "itveth0"], check=False)  # an earlier run's
+    labmod.host_run(lab_host, "host0",
+                    ["ip", "link", "add", "itveth0", "type", "veth", "peer", "name", "itveth1"])
+    try:
+        path = config_with(lab_host, tmp_path, bridge="itveth0")
+        got = await results_for(path)
+        assert got["bridge"].ok is False
+        assert "'itveth0' exists but is a veth device, not a bridge" in got["bridge"].detail
+        proc = cli(path)
+        assert proc.returncode == 1 and "FAIL lab/host0 bridge" in proc.stdout
+    finally:
+        labmod.host_run(lab_host, "host0", ["ip", "link", "del", "itveth0"], check=False)
