@@ -1,5 +1,7 @@
 """Making user-supplied URLs safe to show: in logs, status, conditions, Events and error messages.
 
+One helper for every URL a user gives us: health-check URLs, image URLs, values echoed by config errors.
+
 A URL can carry a credential in two places: the userinfo (`https://user:token@host/`) and the query
 string (a presigned `?X-Amz-Signature=...`, an `?access_token=`). Neither helps anyone reading a log,
 so both are replaced by a marker; scheme, host, port and path stay, which is what identifies the URL.
@@ -25,6 +27,11 @@ def redact_url(url: str) -> str:
     except ValueError:
         scheme = url.split(":", 1)[0] if ":" in url else ""
         return f"{scheme}://{REDACTED}" if scheme.isalnum() else REDACTED
+    if not parts.scheme or not parts.netloc:
+        # Not a URL with an authority (`user:pw@host/x?sig=1` typed without a scheme): keep only what
+        # follows any userinfo and precedes any query or fragment.
+        bare = url.split("?", 1)[0].split("#", 1)[0].rsplit("@", 1)[-1]
+        return f"{bare}?{REDACTED}" if parts.query or "?" in url else bare
     netloc = host if ":" not in host else f"[{host}]"
     if port is not None:
         netloc = f"{netloc}:{port}"

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .urls import display_url
+from egress_kvm.redact import redact_url
 
 # Fields whose values are never echoed: vendorData is cloud-init, which is never logged at any level.
 _SECRET_KEYS = frozenset({"vendorData", "vendor_data"})
@@ -40,7 +40,7 @@ def _shown(loc: tuple[int | str, ...], value: Any) -> str | None:
     if any(part in _SECRET_KEYS for part in loc):
         return None
     if isinstance(value, str):
-        shown = display_url(value) if "://" in value or "@" in value else value
+        shown = redact_url(value) if "://" in value or "@" in value else value
     elif isinstance(value, bool | int | float) or (isinstance(value, dict | list) and not value):
         shown = value  # scalars, and empty sections (which hold nothing to leak)
     else:

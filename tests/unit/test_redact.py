@@ -14,9 +14,14 @@ from egress_kvm.redact import redact_url, scrub
     ("http://10.231.1.1:8080/healthz", "http://10.231.1.1:8080/healthz"),
     ("http://[fd00::1]:80/p?token=t0k", "http://[fd00::1]:80/p?REDACTED"),
     ("http://h:99999/?token=t0k", "http://REDACTED"),  # unparsable port: only the scheme survives
+    ("https://[::1]:9/x#frag", "https://[::1]:9/x"),
+    ("ftp://u:p@x/y?sig=1", "ftp://REDACTED@x/y?REDACTED"),
+    ("u:secret@h/x?sig=1", "h/x?REDACTED"),  # no scheme: what looks like userinfo still goes
+    ("h/x", "h/x"),
 ])
 def test_redact_url(url: str, want: str) -> None:
     assert redact_url(url) == want
+    assert not any(secret in redact_url(url) for secret in ("secret", "tok3n", "t0k", "sig="))
 
 
 def test_scrub_replaces_the_url_and_its_secret_parts_wherever_quoted() -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from egress_kvm.config.models import HostConfig, KvmConfig, MachineType, check_http_url
-from egress_kvm.config.urls import display_url
 from egress_kvm.providers.base import PermanentError, Placement, ResolvedPlacement
+from egress_kvm.redact import redact_url
 
 from . import naming
 
@@ -19,7 +19,7 @@ from . import naming
 class ImageSource:
     """Where a base image comes from and what it is called on the host."""
 
-    label: str  # the image key, or the URL as shown (display_url) when used directly (logs, messages)
+    label: str  # the image key, or the URL as shown (redact_url) when used directly (logs, messages)
     url: str  # only ever fetched, never printed: it may hold credentials or a signature
     sha256: str | None
     format: str
@@ -31,7 +31,7 @@ class ImageSource:
 
     @property
     def shown_url(self) -> str:
-        return display_url(self.url)
+        return redact_url(self.url)
 
 
 def _pick(kind: str, value: str | None, known: list[str], provider: str) -> str:
@@ -55,10 +55,10 @@ def resolve(placement: Placement, kvm: KvmConfig, *, provider: str) -> ResolvedP
         try:
             check_http_url(image)
         except ValueError as exc:
-            raise PermanentError(f"placement.image {display_url(image)!r} {exc}") from None
+            raise PermanentError(f"placement.image {redact_url(image)!r} {exc}") from None
     elif image and image not in kvm.images:
         raise PermanentError(
-            f"unknown placement.image {display_url(image)!r} for provider {provider!r}: not a key of images "
+            f"unknown placement.image {redact_url(image)!r} for provider {provider!r}: not a key of images "
             f"({', '.join(kvm.images) or 'none'}) nor an http(s):// URL")
     else:
         image = _pick("image", image, list(kvm.images), provider)
@@ -83,5 +83,5 @@ def image_source(kvm: KvmConfig, image: str) -> ImageSource:
     if entry is not None:
         return ImageSource(label=image, url=entry.url, sha256=entry.sha256, format=entry.format,
                            base_volume=naming.base_volume(key=image))
-    return ImageSource(label=display_url(image), url=image, sha256=None, format="qcow2",
+    return ImageSource(label=redact_url(image), url=image, sha256=None, format="qcow2",
                        base_volume=naming.base_volume(url=image))
