@@ -10,7 +10,9 @@ The KVM provider over a fake libvirt, in one line (the real KvmProvider; only th
     hv["host0"].set_vm_ip("proxy-abc", "192.0.2.10")        # the guest agent now reports it
     hv["host0"].set_vm_ip("proxy-abc", "192.0.2.10", agent=False)  # only the host's neighbour table
     hv["host0"].shut_off("proxy-abc")             # the VM powered off (get -> Stopped)
-    hv["host0"].pause_on_io_error("proxy-abc")    # get/create -> QuotaError
+    hv["host0"].pause("proxy-abc")                # `virsh suspend`: start() resumes it
+    hv["host0"].pause_on_io_error("proxy-abc")    # fills the pool: get/create -> QuotaError
+    hv["host0"].free_pool_space()                 # room again: start() resumes it
     hv.set_unreachable("host1")                   # dial fails, open sessions drop (get -> TransientError)
     hv["host0"].calls                             # every libvirt method called, in order
     await provider.close()
