@@ -9,9 +9,14 @@ Why it is shaped this way:
   times out or is cancelled leaves the serial map at once, so its late reply is recognised and dropped.
 - Events go to a bounded per-subscription queue that the reader never waits on: a slow consumer loses
   events (and is told so with EventsLost), it never stalls replies.
-- A download whose consumer falls behind pauses the reader (bounded memory beats unbounded buffering);
-  the keepalive check does not count that pause as peer silence.
-- When the link dies (EOF, error, keepalive timeout, malformed input) every waiter fails at once.
+- The reader never waits on a consumer. A download whose consumer falls `download_high_water` bytes
+  behind fails alone (DownloadOverrun, aborted on the server, its buffer freed) rather than pausing the
+  reader, which would stall every other call, event and PING on the connection.
+- A call that opens server-side state (a stream, an event registration) and is abandoned (deadline,
+  cancel) leaves a tombstone: if its late reply says the state was opened, the client undoes it (stream
+  abort, deregistration) instead of letting the daemon push data or events nobody reads.
+- When the link dies (EOF, error, keepalive timeout, malformed framing) every waiter fails at once with
+  ConnectionLost; only the packet at fault (if it can be told apart) gets ProtocolError.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from .constants import MessageType
 from .errors import (
     ConnectionLost,
     DeadlineExceeded,
+    DownloadOverrun,
     ProtocolError,
     error_from_remote,
 )
@@ -60,10 +66,14 @@ DEFAULT_CALL_TIMEOUT = 60.0
 DEFAULT_KEEPALIVE_INTERVAL = 5.0
 DEFAULT_KEEPALIVE_COUNT = 5
 DEFAULT_EVENT_QUEUE = 10000
-#: A download buffers at most this much before the reader waits for its consumer.
+#: A download buffers at most this much unread; past it the download fails (DownloadOverrun).
 DOWNLOAD_HIGH_WATER = 8 * 1024 * 1024
+#: At most this many abandoned calls are remembered for undoing their late replies (oldest forgotten).
+MAX_TOMBSTONES = 1024
 
 PROC_CONNECT_CLOSE = 2
+PROC_REGISTER_ANY = 316
+PROC_DEREGISTER_ANY = 317
 
 
 @dataclass(slots=True)
@@ -101,7 +111,11 @@ class Connection:
         self._lost: BaseException | None = None
         self._closing = False
         self._last_rx = self._loop.time()
-        self._throttle: asyncio.Future[None] | None = None
+        #: serial -> procedure of abandoned calls whose late reply may have opened server-side state;
+        #: None marks our own fire-and-forget cleanup calls, whose replies are dropped silently.
+        self._tombstones: dict[int, Procedure | None] = {}
+        #: Lifecycle events dropped because their body was malformed (framing intact, so not fatal).
+        self.bad_events = 0
         self._keepalive_task: asyncio.Task[None] | None = None
         self.keepalive_interval: float | None = None
         self.keepalive_count = 0
@@ -180,9 +194,52 @@ class Connection:
         try:
             self._link.write(encode_call(proc=procedure.number, serial=serial, payload=payload))
             return await fut
+        except (DeadlineExceeded, asyncio.CancelledError):
+            # Abandoned (not failed by the link) by a call that may open something on the daemon: undo it
+            # now if the reply already came, else when its late reply comes.
+            if self._lost is None and (procedure.stream or procedure.number == PROC_REGISTER_ANY):
+                if fut.done() and not fut.cancelled() and fut.exception() is None:
+                    self._undo(procedure, serial, fut.result())
+                else:
+                    self._remember(serial, procedure)
+            raise
         finally:
             timer.cancel()
             self._pending.pop(serial, None)
+
+    def _remember(self, serial: int, procedure: Procedure | None) -> None:
+        while len(self._tombstones) >= MAX_TOMBSTONES:
+            del self._tombstones[next(iter(self._tombstones))]
+        self._tombstones[serial] = procedure
+
+    def _late_reply(self, ev: Reply | ErrorReply) -> None:
+        """A reply nobody waits for: drop it, undoing what it opened if its call was abandoned."""
+        if ev.serial not in self._tombstones:
+            self.late_replies += 1
+            return
+        proc = self._tombstones.pop(ev.serial)
+        if proc is None:
+            return  # the reply to one of our own cleanup calls
+        self.late_replies += 1
+        if type(ev) is not Reply or proc.number != ev.proc or self._lost is not None:
+            return  # refused, or not what we sent: nothing was opened
+        with contextlib.suppress(ProtocolError):
+            self._undo(proc, ev.serial, None if proc.stream else proc.decode_ret(ev.payload))
+
+    def _undo(self, proc: Procedure, serial: int, value: Any) -> None:
+        """Close what an abandoned call opened: abort its stream, or deregister its event callback."""
+        with contextlib.suppress(ConnectionLost):
+            if proc.stream:
+                self._link.write(encode_stream_abort(proc=proc.number, serial=serial))
+            else:  # PROC_REGISTER_ANY: the daemon registered a callback (id `value`) nobody listens to
+                self._send_and_forget(BY_NUMBER[PROC_DEREGISTER_ANY], (value,))
+
+    def _send_and_forget(self, procedure: Procedure, args: Sequence[Any]) -> None:
+        """Send a cleanup call from inside the reader (which cannot await); its reply is dropped."""
+        serial = self._next_serial()
+        self._remember(serial, None)
+        payload = procedure.encode_args(args)
+        self._link.write(encode_call(proc=procedure.number, serial=serial, payload=payload))
 
     def _expire(self, serial: int, deadline: float) -> None:
         p = self._pending.pop(serial, None)
@@ -238,14 +295,17 @@ class Connection:
                             continue  # framing is intact: only that call (or stream) is lost
                         raise
                     dispatch(event)
-                while self._throttle is not None:
-                    await self._throttle
-                    self._last_rx = loop.time()
         except asyncio.CancelledError:
             self._fail(ConnectionLost(f"connection to {link.description} closed by the client"))
             raise
-        except (ProtocolError, ConnectionLost) as e:
+        except ConnectionLost as e:
             self._fail(e)
+        except ProtocolError as e:
+            # Framing is broken: nothing after this can be trusted, so the link is dropped. For every
+            # waiter that is a lost connection (what callers reconnect on); the cause stays chained.
+            lost = ConnectionLost(f"connection to {link.description} dropped: protocol error: {e}")
+            lost.__cause__ = e
+            self._fail(lost)
         except Exception as e:
             self._fail(ConnectionLost(f"connection to {link.description} lost: {e or type(e).__name__}"))
 
@@ -269,7 +329,7 @@ class Connection:
         if kind is Reply or kind is ErrorReply:
             p = self._pending.pop(ev.serial, None)
             if p is None or p.fut.done():
-                self.late_replies += 1
+                self._late_reply(ev)
                 return
             if ev.proc != p.proc.number:
                 p.fut.set_exception(
@@ -297,16 +357,11 @@ class Connection:
             if stream is None or stream.proc.number != ev.proc:
                 return  # an aborted stream's tail
             stream.on_event(ev)
-            if stream.buffered > self._download_high_water and self._throttle is None:
-                self._throttle = self._loop.create_future()
+            if stream.buffered > self._download_high_water:
+                self._overrun(stream)
         elif kind is EventMessage:
             if ev.proc == PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE:
-                r = Reader(ev.payload, what="lifecycle event")
-                event: LifecycleEvent = LIFECYCLE_MSG.unpack(r)
-                r.finish()
-                sub = self._subs.get(event.callback_id)
-                if sub is not None:
-                    sub._push(event)
+                self._lifecycle_event(ev.payload)
         elif kind is Ping:
             self.pings_received += 1
             # A peer that pings but never reads would grow our send buffer without bound: answer only
@@ -316,36 +371,62 @@ class Connection:
         else:  # Pong: liveness is already recorded
             self.pongs_received += 1
 
-    def _release_throttle(self) -> None:
-        t = self._throttle
-        if t is None:
+    def _lifecycle_event(self, payload: bytes) -> None:
+        """Route one lifecycle event. A malformed body is dropped and counted: the framing is intact, so
+        it is no reason to drop the connection; a subscription it can still be traced to is failed."""
+        try:
+            r = Reader(payload, what="lifecycle event")
+            event: LifecycleEvent = LIFECYCLE_MSG.unpack(r)
+            r.finish()
+        except ProtocolError as e:
+            self.bad_events += 1
+            # The callback id is the body's first int; the subscription stays registered so that its
+            # aclose() still deregisters it.
+            callback_id = int.from_bytes(payload[:4], "big", signed=True) if len(payload) >= 4 else None
+            sub = self._subs.get(callback_id) if callback_id is not None else None
+            if sub is not None:
+                sub._fail(ProtocolError(f"malformed lifecycle event for callback {sub.callback_id}: {e}"))
             return
-        if any(s.buffered > self._download_high_water // 2 for s in self._streams.values()):
-            return
-        self._throttle = None
-        if not t.done():
-            t.set_result(None)
+        sub = self._subs.get(event.callback_id)
+        if sub is not None:
+            sub._push(event)
+
+    def _overrun(self, stream: StreamState) -> None:
+        """A download's consumer fell too far behind: fail that download alone, never the reader."""
+        mib = stream.buffered / (1024 * 1024)
+        stream.overrun(
+            DownloadOverrun(
+                f"{stream.proc.method}: the consumer fell {mib:.1f} MiB behind (download_high_water "
+                f"{self._download_high_water} bytes); the download was aborted so that it does not stall "
+                "other calls on this connection: read it faster, or give it a connection of its own"
+            )
+        )
+        self._close_stream(stream, abort=True)
 
     def _fail(self, exc: BaseException) -> None:
         """The link is gone: fail every waiter at once, each with its own exception instance."""
         if self._lost is not None:
             return
         self._lost = exc
-        cls = type(exc) if isinstance(exc, ProtocolError | ConnectionLost) else ConnectionLost
         msg = str(exc)
+        cause = exc.__cause__
+
+        def lost() -> ConnectionLost:
+            e = ConnectionLost(msg)
+            e.__cause__ = cause
+            return e
+
         pending, self._pending = self._pending, {}
         for p in pending.values():
             if not p.fut.done():
-                p.fut.set_exception(cls(msg))
+                p.fut.set_exception(lost())
         streams, self._streams = self._streams, {}
         for s in streams.values():
-            s.fail(cls(msg))
+            s.fail(lost())
         subs, self._subs = self._subs, {}
         for sub in subs.values():
-            sub._fail(cls(msg))
-        if self._throttle is not None and not self._throttle.done():
-            self._throttle.set_result(None)
-        self._throttle = None
+            sub._fail(lost())
+        self._tombstones.clear()
         if self._keepalive_task is not None and self._keepalive_task is not asyncio.current_task():
             self._keepalive_task.cancel()
         self._link.abort()
@@ -366,8 +447,6 @@ class Connection:
         last_ping = 0.0
         while self._lost is None:
             now = self._loop.time()
-            if self._throttle is not None:
-                self._last_rx = now  # we stopped reading on purpose: not the peer's silence
             idle = now - self._last_rx
             if idle >= dead_after:
                 self._fail(
@@ -408,7 +487,6 @@ class Connection:
                 self._link.write(encode_stream_abort(proc=stream.proc.number, serial=stream.serial))
         stream.chunks.clear()
         stream.buffered = 0
-        self._release_throttle()
 
     async def _wait_stream(self, stream: StreamState, timeout: float, *, what: str) -> None:
         waiter = stream.new_waiter()

@@ -67,6 +67,11 @@ class DeadlineExceeded(RpcError, TimeoutError):
     """A call's deadline passed before its reply. The connection stays usable; a late reply is dropped."""
 
 
+class DownloadOverrun(RpcError):
+    """A download's consumer fell `download_high_water` bytes behind the data arriving: that download was
+    aborted (on the server too) and its buffer freed. The connection and its other calls are unaffected."""
+
+
 class ConnectFailed(RpcError, ConnectionError):
     """Could not reach libvirtd at all (socket missing, SSH refused, auth failed, handshake timed out)."""
 

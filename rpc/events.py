@@ -55,7 +55,14 @@ class LifecycleSubscription:
             self.callback_id = callback_id
             self._conn._subs[callback_id] = self
 
-        await self._conn.call(PROC_REGISTER_ANY, (0, self.dom), timeout=self._timeout, on_reply=install)
+        try:
+            await self._conn.call(PROC_REGISTER_ANY, (0, self.dom), timeout=self._timeout, on_reply=install)
+        except BaseException:
+            # Cancelled or timed out after the reply was installed: the connection deregisters the
+            # abandoned callback itself; just forget the subscription here.
+            if self.callback_id is not None:
+                self._conn._subs.pop(self.callback_id, None)
+            raise
         self._active = True
         return self
 

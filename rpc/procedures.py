@@ -219,7 +219,7 @@ PROCEDURES: tuple[Procedure, ...] = (
         _ret(("type_", CHAR), ("capacity", UHYPER), ("allocation", UHYPER), factory=t.StorageVolGetInfoRet),
     ),
     _P(99, "STORAGE_VOL_GET_XML_DESC", _args(_VOL, _FLAGS), _ret(("xml", STRING))),
-    _P(100, "STORAGE_VOL_GET_PATH", _args(_VOL), _ret(("name", STRING))),
+    _P(100, "STORAGE_VOL_GET_PATH", _args(_VOL), _ret(("path", STRING))),
     _P(102, "NODE_GET_FREE_MEMORY", None, _ret(("free_mem", UHYPER))),
     _P(110, "CONNECT_GET_URI", None, _ret(("uri", STRING))),
     _P(

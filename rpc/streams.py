@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
 from collections.abc import AsyncIterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,12 @@ class StreamState:
             self.error = exc
         self.wake()
 
+    def overrun(self, exc: BaseException) -> None:
+        """The consumer fell too far behind: drop what is buffered (the download is over) and fail."""
+        self.chunks.clear()
+        self.buffered = 0
+        self.fail(exc)
+
 
 async def upload(
     conn: Connection,
@@ -84,10 +91,12 @@ async def upload(
     sent = 0
     try:
         stream = await conn._open_stream(procedure, args, timeout=timeout)
+        source = chunks(data)
         try:
-            async for chunk in chunks(data):
-                if stream.error is not None:
-                    raise stream.error
+            while True:
+                chunk = await _next_chunk(source, stream, data)
+                if chunk is None:
+                    break
                 conn._check_open()
                 # header + data in one buffer: the one copy of the data this layer makes
                 conn._link.write(
@@ -106,6 +115,9 @@ async def upload(
         except BaseException:
             conn._close_stream(stream, abort=not stream.finished and stream.error is None)
             raise
+        finally:
+            with contextlib.suppress(Exception):
+                await source.aclose()
         conn._close_stream(stream, abort=False)
     except BaseException as e:
         if conn.observer is not None and not isinstance(e, TypeError | ValueError):
@@ -114,6 +126,38 @@ async def upload(
     if conn.observer is not None:
         conn._observe(procedure, args, sent, None, started)
     return sent
+
+
+async def _next_chunk(source: Any, stream: StreamState, data: Any) -> memoryview | None:
+    """The source's next chunk (None at its end), racing the stream's error: a server STREAM/ERROR or a
+    dropped link ends the upload at once even while the source is waiting (a slow disk, a pipe, HTTP)."""
+    if stream.error is not None:
+        raise stream.error
+    if isinstance(data, bytes | bytearray | memoryview):  # in memory: never waits
+        return await anext(source, None)
+    fetch = asyncio.ensure_future(anext(source, None))
+    waiter = stream.new_waiter()
+    try:
+        while not fetch.done() and stream.error is None:
+            await asyncio.wait({fetch, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if waiter.done() and not fetch.done():
+                waiter = stream.new_waiter()  # a wake that was not an error (e.g. a stray OK): wait on
+    except BaseException:
+        fetch.cancel()
+        with contextlib.suppress(BaseException):
+            await fetch
+        raise
+    if not fetch.done():  # the stream failed first: stop the source, then raise the stream's error
+        fetch.cancel()
+        with contextlib.suppress(BaseException):
+            await fetch
+        aclose = getattr(data, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+        assert stream.error is not None
+        raise stream.error
+    return fetch.result()
 
 
 async def chunks(data: bytes | bytearray | memoryview | AsyncIterable[bytes]) -> Any:
@@ -185,8 +229,6 @@ class Download:
                     chunk = s.chunks.popleft()
                     s.buffered -= len(chunk)
                     self._received += len(chunk)
-                    if conn._throttle is not None:
-                        conn._release_throttle()
                     return chunk
                 if s.error is not None:
                     raise s.error

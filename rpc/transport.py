@@ -56,21 +56,40 @@ async def _open_client(
     readonly: bool,
     event_queue_max: int,
 ) -> Client:
+    """Run the handshake on `link`; `timeout` bounds the whole of it (what is left of connect_*'s)."""
     client = Client(link, call_timeout=call_timeout, observer=observer, event_queue_max=event_queue_max)
     try:
-        await client._handshake(
-            uri=uri,
-            readonly=readonly,
-            keepalive_interval=keepalive_interval,
-            keepalive_count=keepalive_count,
-            timeout=timeout,
-        )
+        async with asyncio.timeout(timeout) as whole:
+            await client._handshake(
+                uri=uri,
+                readonly=readonly,
+                keepalive_interval=keepalive_interval,
+                keepalive_count=keepalive_count,
+                timeout=timeout,
+            )
     except BaseException as e:
         await client._finish_close()
+        if isinstance(e, TimeoutError) and whole.expired():
+            raise ConnectFailed(f"{link.description}: handshake not done within {timeout:.2g} s") from None
         if isinstance(e, ConnectFailed | LibvirtError) or not isinstance(e, RpcError):
             raise
         raise ConnectFailed(f"{link.description}: handshake failed: {e}") from e
     return client
+
+
+class _Deadline:
+    """One connect timeout shared by its steps (SSH, channel, handshake): each gets what is left."""
+
+    def __init__(self, timeout: float, where: str) -> None:
+        self._end = asyncio.get_running_loop().time() + timeout
+        self._timeout = timeout
+        self._where = where
+
+    def left(self) -> float:
+        left = self._end - asyncio.get_running_loop().time()
+        if left <= 0:
+            raise ConnectFailed(f"{self._where}: not connected within {self._timeout:g} s")
+        return left
 
 
 def _check_timeout(name: str, value: float | None) -> float:
@@ -94,6 +113,7 @@ async def connect_unix(
     """A client on libvirtd's unix socket at `path`, handshake done (auth, keepalive, CONNECT_OPEN uri)."""
     timeout = _check_timeout("timeout", timeout)
     _check_timeout("call_timeout", call_timeout)
+    deadline = _Deadline(timeout, f"unix:{path}")
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout)
     except TimeoutError:
@@ -101,10 +121,15 @@ async def connect_unix(
     except OSError as e:
         raise ConnectFailed(f"unix:{path}: {e.strerror or e}") from e
     link = Link(reader, writer, description=f"unix:{path}")
+    try:
+        left = deadline.left()
+    except ConnectFailed:
+        await link.aclose()
+        raise
     return await _open_client(
         link,
         uri=uri,
-        timeout=timeout,
+        timeout=left,
         call_timeout=call_timeout,
         observer=observer,
         keepalive_interval=keepalive_interval,
@@ -133,6 +158,7 @@ async def connect_over(
     _check_timeout("call_timeout", call_timeout)
     host = ssh_conn.get_extra_info("peername") or ("?", 0)
     description = f"ssh://{host[0]}:{host[1]}{socket_path}"
+    deadline = _Deadline(timeout, description)
     try:
         reader, writer = await asyncio.wait_for(ssh_conn.open_unix_connection(socket_path), timeout)
     except TimeoutError:
@@ -151,10 +177,15 @@ async def connect_over(
             await asyncio.wait_for(ssh_conn.wait_closed(), 5.0)
 
     link = Link(reader, writer, description=description, on_close=close_ssh if _owns_ssh else None)
+    try:
+        left = deadline.left()
+    except ConnectFailed:
+        await link.aclose()
+        raise
     return await _open_client(
         link,
         uri=uri,
-        timeout=timeout,
+        timeout=left,
         call_timeout=call_timeout,
         observer=observer,
         keepalive_interval=keepalive_interval,
@@ -240,7 +271,10 @@ async def connect_ssh(
     **ssh_options: Any,
 ) -> Client:
     """A client through its own SSH connection (closed with the client). `known_hosts` is required:
-    a path, or None to skip host-key checking explicitly. Extra keywords go to asyncssh.connect."""
+    a path, or None to skip host-key checking explicitly. Extra keywords go to asyncssh.connect.
+    `timeout` bounds the whole: SSH connection, channel and handshake together."""
+    timeout = _check_timeout("timeout", timeout)
+    deadline = _Deadline(timeout, f"ssh://{username + '@' if username else ''}{host}:{port}")
     ssh_conn = await open_ssh(
         host,
         port,
@@ -255,7 +289,7 @@ async def connect_ssh(
             ssh_conn,
             socket_path=socket_path,
             uri=uri,
-            timeout=timeout,
+            timeout=deadline.left(),
             call_timeout=call_timeout,
             observer=observer,
             keepalive_interval=keepalive_interval,

@@ -138,14 +138,17 @@ async def test_peer_close_fails_every_in_flight_call_with_connection_lost(server
     await client.close()
 
 
-async def test_bad_length_word_fails_waiters_with_protocol_error_and_closes(server: FakeServer) -> None:
+async def test_bad_length_word_drops_the_link_and_waiters_get_connection_lost(server: FakeServer) -> None:
     server.handlers[157] = lambda: NO_REPLY
     client = await open_client(server)
     task = asyncio.create_task(client.connect_get_lib_version())
     await next_call(server, 157)
     server.send_raw(struct.pack(">I", 0xFFFFFFF0))  # a 4 GiB packet: refused from the length word alone
-    with pytest.raises(rpc.ProtocolError, match="exceeds the maximum"):
+    # The link is dropped for it: callers that reconnect on ConnectionLost must see exactly that, with
+    # the protocol error kept as the cause.
+    with pytest.raises(rpc.ConnectionLost, match=r"protocol error: .*exceeds the maximum") as ei:
         await task
+    assert isinstance(ei.value.__cause__, rpc.ProtocolError)
     assert client._decoder.buffered == 0
     with pytest.raises(rpc.ConnectionLost):
         await client.connect_get_lib_version()
@@ -588,19 +591,27 @@ async def test_download_left_early_aborts_the_stream(server: FakeServer) -> None
     await client.close()
 
 
-async def test_slow_download_consumer_bounds_buffered_memory(server: FakeServer) -> None:
+async def test_a_stalled_download_consumer_fails_alone_and_never_stalls_other_calls(
+    server: FakeServer,
+) -> None:
     server.handlers[209] = lambda vol, offset, length, flags: None
+    server.handlers[59] = lambda: "still answering"
     client = await open_client(server, download_high_water=256 * 1024)
-    data = bytes(range(256)) * (16 * 1024)  # 4 MiB
-    feeder = asyncio.create_task(serve_download(server, data))
+    rec_task = asyncio.create_task(next_call(server, 209))
     dl = client.storage_vol_download(VOL, 0, 0)
-    got = [await dl.__anext__()]
-    await asyncio.sleep(0.2)  # the server pushes; nobody reads
-    stream = next(iter(client._streams.values()))
-    assert stream.buffered <= 256 * 1024 + 2 * STREAM_CHUNK
-    got += [c async for c in dl]
-    await feeder
-    assert b"".join(got) == data
+    first = asyncio.create_task(dl.__anext__())
+    rec = await rec_task
+    for _ in range(8):  # 2 MiB pushed; the consumer reads one chunk, then stalls
+        server.send_stream(rec, MessageStatus.CONTINUE, b"d" * STREAM_CHUNK)
+    assert await first == b"d" * STREAM_CHUNK
+    # The reader keeps reading: a call on the same connection is answered well inside its deadline.
+    assert await client.connect_get_hostname(timeout=5) == "still answering"
+    abort = await asyncio.wait_for(server.stream_packets.get(), 5)
+    assert (abort.serial, abort.status, abort.payload) == (rec.serial, MessageStatus.ERROR, b"")
+    assert client._streams == {}  # its buffer is freed
+    with pytest.raises(rpc.DownloadOverrun, match=r"consumer fell .* MiB behind"):
+        await dl.__anext__()
+    assert client.is_connected
     await client.close()
 
 
@@ -676,7 +687,7 @@ async def test_data_pushed_on_an_upload_stream_is_refused_not_buffered(server: F
 
     with pytest.raises(rpc.ProtocolError, match="sent data on an upload stream"):
         await client.storage_vol_upload(VOL, 0, 0, 0, source())
-    assert client._streams == {} and client._throttle is None
+    assert client._streams == {}
     server.handlers[59] = lambda: "alive"
     assert await client.connect_get_hostname() == "alive"
     await client.close()
@@ -732,4 +743,222 @@ async def test_a_ping_flood_from_a_peer_that_never_reads_stays_bounded(server: F
     assert client.pings_received == 200_000
     assert client._link.write_buffer_size() < 3 * 1024 * 1024  # not 200k PONGs
     server.reading.set()
+    await client.close()
+
+
+# -- a data source that is waiting must not hide a stream error or a dropped link ------------------
+
+
+async def _upload_with_waiting_source(
+    server: FakeServer, client: rpc.Client
+) -> tuple[asyncio.Task[int], Received, asyncio.Event, list[str]]:
+    release = asyncio.Event()
+    log: list[str] = []
+
+    async def source() -> AsyncIterator[bytes]:
+        try:
+            yield b"a" * 100
+            await release.wait()  # an HTTP body or a pipe with nothing to give yet
+            yield b"b" * 100
+        finally:
+            log.append("source closed")
+
+    upload = asyncio.create_task(client.storage_vol_upload(VOL, 0, 0, 0, source(), timeout=15))
+    rec = await next_call(server, 208)
+    await asyncio.sleep(0.05)
+    assert not upload.done()
+    return upload, rec, release, log
+
+
+async def test_stream_error_ends_an_upload_whose_source_is_waiting(server: FakeServer) -> None:
+    server.handlers[208] = lambda vol, offset, length, flags: None
+    client = await open_client(server)
+    upload, rec, release, log = await _upload_with_waiting_source(server, client)
+    server.send_stream_error(rec, 38, "write failed: No space left on device")
+    with pytest.raises(rpc.LibvirtError, match="No space left on device"):
+        await asyncio.wait_for(upload, 5)  # without the source ever being released
+    assert not release.is_set() and log == ["source closed"]
+    assert client._streams == {}
+    await client.close()
+
+
+async def test_dropped_link_ends_an_upload_whose_source_is_waiting(server: FakeServer) -> None:
+    server.handlers[208] = lambda vol, offset, length, flags: None
+    client = await open_client(server)
+    upload, _, release, log = await _upload_with_waiting_source(server, client)
+    server.close()
+    with pytest.raises(rpc.ConnectionLost):
+        await asyncio.wait_for(upload, 5)
+    assert not release.is_set() and log == ["source closed"]
+    await client.close()
+
+
+async def test_dropped_link_fails_a_waiting_download_and_a_blocked_upload_at_once(server: FakeServer) -> None:
+    def start_upload(vol: rpc.StorageVol, offset: int, length: int, flags: int) -> None:
+        server.reading.clear()  # stop draining: the upload blocks on a full send buffer
+        return None
+
+    server.handlers[209] = lambda vol, offset, length, flags: None
+    server.handlers[208] = start_upload
+    client = await open_client(server)
+    dl = client.storage_vol_download(VOL, 0, 0)
+    download = asyncio.create_task(dl.__anext__())
+    await next_call(server, 209)
+    upload = asyncio.create_task(client.storage_vol_upload(VOL, 0, 0, 0, b"\0" * (64 << 20), timeout=15))
+    await next_call(server, 208)
+    await asyncio.sleep(0.2)
+    assert not download.done() and not upload.done()
+    server.close()
+    results = await asyncio.wait_for(asyncio.gather(download, upload, return_exceptions=True), 5)
+    assert all(isinstance(r, rpc.ConnectionLost) for r in results), results
+    await client.close()
+
+
+# -- every stream wait has a deadline ---------------------------------------------------------------
+
+
+async def test_upload_whose_finish_is_never_confirmed_hits_its_deadline(server: FakeServer) -> None:
+    server.handlers[208] = lambda vol, offset, length, flags: None
+    client = await open_client(server)
+    collector = asyncio.create_task(collect_upload(server, confirm=False))
+    with pytest.raises(rpc.DeadlineExceeded, match="waiting for the upload to be confirmed"):
+        await client.storage_vol_upload(VOL, 0, 0, 0, b"x" * 1000, timeout=0.3)
+    await collector
+    await client.close()
+
+
+async def test_download_that_never_sends_data_hits_its_deadline(server: FakeServer) -> None:
+    server.handlers[209] = lambda vol, offset, length, flags: None
+    client = await open_client(server)
+    with pytest.raises(rpc.DeadlineExceeded, match="waiting for data"):
+        await client.storage_vol_download(VOL, 0, 0, timeout=0.3).read_all()
+    await client.close()
+
+
+async def test_download_whose_end_is_never_confirmed_hits_its_deadline(server: FakeServer) -> None:
+    server.handlers[209] = lambda vol, offset, length, flags: None
+    client = await open_client(server)
+
+    async def serve() -> None:
+        rec = await next_call(server, 209)
+        server.send_stream(rec, MessageStatus.CONTINUE, b"abc")
+        server.send_stream(rec, MessageStatus.CONTINUE, b"")  # end of data; then never the final OK
+
+    feeder = asyncio.create_task(serve())
+    with pytest.raises(rpc.DeadlineExceeded, match="waiting for the end of the download"):
+        await client.storage_vol_download(VOL, 0, 0, timeout=0.3).read_all()
+    await feeder
+    await client.close()
+
+
+# -- an abandoned call's late reply is undone, not just dropped --------------------------------------
+
+
+@pytest.mark.parametrize("proc", [208, 209])
+async def test_late_ok_to_a_timed_out_stream_call_makes_the_client_abort_the_stream(
+    server: FakeServer, proc: int
+) -> None:
+    server.handlers[proc] = lambda vol, offset, length, flags: NO_REPLY
+    client = await open_client(server)
+    with pytest.raises(rpc.DeadlineExceeded):
+        if proc == 208:
+            await client.storage_vol_upload(VOL, 0, 0, 0, b"data", timeout=0.1)
+        else:
+            await client.storage_vol_download(VOL, 0, 0, timeout=0.1).read_all()
+    rec = await next_call(server, proc)
+    reply(server, rec, None)  # the daemon opened the stream after all
+    if proc == 209:
+        server.send_stream(rec, MessageStatus.CONTINUE, b"nobody reads this")
+    abort = await asyncio.wait_for(server.stream_packets.get(), 5)
+    assert (abort.proc, abort.serial) == (proc, rec.serial)
+    assert (abort.status, abort.payload) == (MessageStatus.ERROR, b"")
+    assert client._streams == {} and client._tombstones == {}
+    await client.close()
+
+
+async def test_late_error_to_a_timed_out_stream_call_sends_nothing(server: FakeServer) -> None:
+    server.handlers[209] = lambda vol, offset, length, flags: NO_REPLY
+    server.handlers[59] = lambda: "h"
+    client = await open_client(server)
+    with pytest.raises(rpc.DeadlineExceeded):
+        await client.storage_vol_download(VOL, 0, 0, timeout=0.1).read_all()
+    rec = await next_call(server, 209)
+    server.reply_error(rec, rpc_fake_remote_error(50, "no vol"))
+    assert await client.connect_get_hostname() == "h"  # the late error has been read by now
+    assert server.stream_packets.empty() and client._tombstones == {}
+    await client.close()
+
+
+def rpc_fake_remote_error(code: int, message: str) -> rpc.RemoteError:
+    from rpc_fake_server import remote_error
+
+    return remote_error(code, message)
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+async def test_late_reply_to_an_abandoned_event_registration_is_deregistered(
+    server: FakeServer, how: str
+) -> None:
+    server.handlers[316] = lambda event_id, dom: NO_REPLY
+    server.handlers[317] = lambda callback_id: None
+    client = await open_client(server)
+    if how == "timeout":
+        with pytest.raises(rpc.DeadlineExceeded):
+            await client.lifecycle_events(timeout=0.1).__aenter__()
+        rec = await next_call(server, 316)
+    else:
+        enter = asyncio.create_task(client.lifecycle_events().__aenter__())
+        rec = await next_call(server, 316)
+        enter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await enter
+    reply(server, rec, 42)
+    dereg = await next_call(server, 317)
+    assert BY_NUMBER[317].decode_args(dereg.payload) == (42,)
+    assert client._subs == {}
+    await asyncio.sleep(0.05)  # the 317 reply arrives and is dropped quietly
+    assert client._tombstones == {}
+    await client.close()
+
+
+async def test_registration_cancelled_after_its_reply_arrived_is_deregistered(server: FakeServer) -> None:
+    server.handlers[316] = lambda event_id, dom: NO_REPLY
+    server.handlers[317] = lambda callback_id: None
+    client = await open_client(server)
+    enter = asyncio.create_task(client.lifecycle_events().__aenter__())
+    rec = await next_call(server, 316)
+    reply(server, rec, 5)
+    # Let the reader install the subscription (reply dispatched) but cancel the entering task before
+    # it resumes.
+    while 5 not in client._subs:  # noqa: ASYNC110 - the reader's side effect is what we wait for
+        await asyncio.sleep(0)
+    enter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await enter
+    dereg = await next_call(server, 317)
+    assert BY_NUMBER[317].decode_args(dereg.payload) == (5,)
+    assert client._subs == {}
+    await client.close()
+
+
+# -- a malformed event is dropped, the connection stays ----------------------------------------------
+
+
+async def test_malformed_lifecycle_event_is_dropped_and_fails_only_its_subscription(
+    server: FakeServer,
+) -> None:
+    server.handlers[316] = lambda event_id, dom: 4
+    server.handlers[317] = lambda callback_id: None
+    server.handlers[59] = lambda: "h"
+    client = await open_client(server)
+    async with client.lifecycle_events() as events:
+        for callback_id in (99, 4):  # someone else's, then ours: both truncated after two ints
+            body = struct.pack(">ii", callback_id, 3)
+            server.send_packet(proc=318, type=MessageType.MESSAGE, serial=0, status=0, payload=body)
+        with pytest.raises(rpc.ProtocolError, match="malformed lifecycle event for callback 4"):
+            await asyncio.wait_for(events.__anext__(), 5)
+        assert client.bad_events == 2
+        assert await client.connect_get_hostname() == "h"
+        assert client.is_connected
+    await next_call(server, 317)  # still deregistered on exit
     await client.close()

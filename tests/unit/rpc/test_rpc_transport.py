@@ -56,7 +56,7 @@ async def test_connect_unix_handshake_timeout_is_connect_failed(tmp_path: Path) 
     listener.bind(path)
     listener.listen(1)  # accepts (in the kernel) and never answers
     try:
-        with pytest.raises(rpc.ConnectFailed, match="handshake failed"):
+        with pytest.raises(rpc.ConnectFailed, match="handshake"):
             await rpc.connect_unix(path, timeout=0.2)
     finally:
         listener.close()
@@ -95,3 +95,37 @@ async def test_nothing_listening_is_connect_failed(tmp_path: Path) -> None:
     kh.write_text("")
     with pytest.raises(rpc.ConnectFailed, match=r"ssh://virt@127\.0\.0\.1:1: .*refused"):
         await rpc.connect_ssh("127.0.0.1", 1, username="virt", known_hosts=str(kh), client_keys=[])
+
+
+async def test_timeout_bounds_the_whole_handshake_not_each_step(tmp_path: Path) -> None:
+    """Each handshake step answers well inside `timeout`, but together they take longer: refused."""
+    path = str(tmp_path / "slow")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    listener.setblocking(False)
+    servers: list[FakeServer] = []
+
+    async def slow(value: object) -> object:
+        await asyncio.sleep(0.4)
+        return value
+
+    async def serve() -> None:
+        sock, _ = await asyncio.get_running_loop().sock_accept(listener)
+        server = FakeServer(sock=sock)
+        server.handlers[66] = lambda: slow(())
+        server.handlers[60] = lambda feature: slow(1)
+        server.handlers[1] = lambda name, flags: slow(None)
+        servers.append(server)
+        await server.start()
+
+    serving = asyncio.create_task(serve())
+    try:
+        with pytest.raises(rpc.ConnectFailed, match="handshake not done within"):
+            await rpc.connect_unix(path, timeout=1.0)  # three steps of 0.4 s each
+        await serving
+        assert [r.proc for r in servers[0].received][:2] == [66, 60]
+    finally:
+        for server in servers:
+            await server.stop()
+        listener.close()
