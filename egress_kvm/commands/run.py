@@ -6,11 +6,13 @@ import argparse
 from collections.abc import Coroutine
 from typing import Any
 
-from ..operator_flags import Options, add_flags
+from ..operator.flags import Options, add_flags
 
 
 def _run(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
-    from ..operator import run  # keeps `egress-kvm --help` and other commands free of the operator's imports
+    from ..operator.process import (
+        run,  # keeps `egress-kvm --help` and other commands free of the operator's imports
+    )
 
     return run(Options.from_args(args))
 

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from egress_kvm.operator_flags import BindAddress, Options, parse_bind_address, parse_duration, parse_options
+from egress_kvm.operator.flags import BindAddress, Options, parse_bind_address, parse_duration, parse_options
 
 
 def test_defaults() -> None:

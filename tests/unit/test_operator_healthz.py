@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 from kube.kube_emulator_fixtures import emulator_with_crd
 
-from egress_kvm.operator import Operator
-from egress_kvm.operator_flags import BindAddress, Options
+from egress_kvm.operator.flags import BindAddress, Options
+from egress_kvm.operator.process import Operator
 
 pytestmark = pytest.mark.timeout(60)
 

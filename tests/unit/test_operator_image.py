@@ -52,7 +52,7 @@ def test_the_list_covers_what_the_operator_imports() -> None:
     code = (
         "import sys, json, importlib.metadata as md\n"
         "baseline = set(sys.modules)  # what site/.pth files load in any interpreter\n"
-        "import egress_kvm.cli, egress_kvm.operator, egress_kvm.controller.manager\n"
+        "import egress_kvm.cli, egress_kvm.operator.process, egress_kvm.controller.manager\n"
         "import egress_kvm.providers.registry, egress_kvm.commands.run, egress_kvm.commands.preflight\n"
         "dists = md.packages_distributions()\n"
         "std = set(sys.stdlib_module_names)\n"

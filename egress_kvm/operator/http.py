@@ -11,7 +11,7 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from .operator_flags import BindAddress
+from .flags import BindAddress
 
 Check = Callable[[], str | None]  # None: ok; otherwise the reason it is not
 

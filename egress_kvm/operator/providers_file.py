@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import yaml
 
-from .config import ConfigError, ProvidersConfig, check_kvm_files, parse_providers
-from .providers.base import Provider
+from ..config import ConfigError, ProvidersConfig, check_kvm_files, parse_providers
+from ..providers.base import Provider
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def read_providers(path: str) -> LoadedProviders:
 
 async def build(loaded: LoadedProviders, *, cluster_id: str) -> Mapping[str, Provider]:
     """Providers by name, through the provider registry (imported here: it pulls in the rpc stack)."""
-    from .providers.registry import build_providers
+    from ..providers.registry import build_providers
 
     result = build_providers(loaded.config, cluster_id=cluster_id)
     if inspect.isawaitable(result):

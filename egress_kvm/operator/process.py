@@ -25,20 +25,20 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from . import log
-from .config import ConfigError
-from .kube.api import KubeApiClient, namespace_uid
-from .kube.backoff import Backoff
-from .kube.client import KubeConfigError, new_api_client, pod_namespace
-from .kube.informer import ProxyInformer
-from .kube.interfaces import Obj
-from .kube.leader import LeaderElector, lease_namespace
-from .kube.rest import KubeApiError
-from .metrics import REGISTRY
-from .operator_flags import Options
-from .operator_http import HttpServer, health_app, metrics_app
-from .operator_providers import LoadedProviders, build, close_all, file_digest, read_providers
-from .providers.base import Provider
+from .. import log
+from ..config import ConfigError
+from ..kube.api import KubeApiClient, namespace_uid
+from ..kube.backoff import Backoff
+from ..kube.client import KubeConfigError, new_api_client, pod_namespace
+from ..kube.informer import ProxyInformer
+from ..kube.interfaces import Obj
+from ..kube.leader import LeaderElector, lease_namespace
+from ..kube.rest import KubeApiError
+from ..metrics import REGISTRY
+from ..providers.base import Provider
+from .flags import Options
+from .http import HttpServer, health_app, metrics_app
+from .providers_file import LoadedProviders, build, close_all, file_digest, read_providers
 
 OLD_PROVIDERS_CLOSE_DELAY = 60.0  # reconciles still using replaced providers get this long
 CLUSTER_ID_PATIENCE = 30.0  # how long start-up waits for an API server that is not answering yet
@@ -149,7 +149,7 @@ class Operator:
 
         kube = KubeApiClient(api_client)
         self.informer = ProxyInformer(api_client, namespace=opts.namespace or None, on_event=self._on_event)
-        from .controller.manager import Controller  # the controller's own imports stay off start-up errors
+        from ..controller.manager import Controller  # the controller's own imports stay off start-up errors
 
         assert self.loaded is not None
         self.controller = Controller(

@@ -12,7 +12,7 @@ import argparse
 import re
 from dataclasses import dataclass
 
-from . import log
+from .. import log
 
 DEFAULT_PROVIDERS_CONFIG = "/etc/proxy-operator/providers.yaml"
 DEFAULT_NAMESPACE = "egress-proxies-operator-system"
