@@ -186,3 +186,20 @@ def restart_libvirtd(info: lab.LabInfo) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("libvirtd did not come back")
+
+
+def fields(text: str) -> dict[str, str]:
+    """virsh's "Key:   value" lines as a dict (keys and values stripped)."""
+    pairs = (line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def owned_ssh_pids(info: lab.LabInfo) -> set[int]:
+    """Every process under the host's sshd now (its per-connection session processes)."""
+    from egress_kvm.lab.layout import LabLayout
+    from egress_kvm.lab.procs import read_pid
+
+    layout = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=info.state_dir)
+    sshd = read_pid(layout.host(0).pidfile("sshd"))
+    assert sshd, "lab sshd has no pid file"
+    return descendants(sshd)

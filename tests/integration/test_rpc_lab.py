@@ -64,8 +64,25 @@ async def test_node_info_and_free_memory_match_virsh(lab_host, client: rpc.Clien
     assert info.threads == int(field["Thread(s) per core"])
     assert info.nodes == int(field["NUMA cell(s)"])
     assert info.memory == int(field["Memory size"].split()[0])
+    # Free memory moves (the machine is shared): our value (bytes) must lie between two `virsh freecell
+    # --all` readings (KiB) taken around it, give or take 64 MiB.
+    before = free_kib(L.virsh(lab_host, "freecell", "--all"))
     free = await client.node_get_free_memory()
-    assert 0 < free <= info.memory * 1024  # free memory moves; it is bytes, bounded by the total in KiB
+    after = free_kib(L.virsh(lab_host, "freecell", "--all"))
+    slack = 64 << 20
+    low, high = min(before, after) * 1024 - slack, max(before, after) * 1024 + slack
+    assert low <= free <= high, (before, free, after)
+    assert 0 < free <= info.memory * 1024
+
+
+def free_kib(text: str) -> int:
+    """`virsh freecell --all`: one "N: X KiB" line per NUMA cell, and a "Total: X KiB" line if several."""
+    cells = {k: int(v.split()[0]) for k, v in L.fields(text).items()}
+    return cells["Total"] if "Total" in cells else sum(cells.values())
+
+
+def pool_fields(lab_host, pool: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return L.fields(L.virsh(lab_host, "pool-info", pool, "--bytes"))
 
 
 async def test_storage_pool_calls_match_virsh(lab_host, client: rpc.Client) -> None:  # type: ignore[no-untyped-def]
@@ -81,6 +98,14 @@ async def test_storage_pool_calls_match_virsh(lab_host, client: rpc.Client) -> N
     assert info.state == rpc.StoragePoolState.RUNNING and field["State"] == "running"
     assert info.capacity == int(field["Capacity"].split()[0])
     assert info.allocation + info.available <= info.capacity
+    # allocation/available are the filesystem's, which other work on this machine moves: bracket ours
+    # between two virsh readings, give or take 256 MiB.
+    after = pool_fields(lab_host, h.pool)
+    slack = 256 << 20
+    for name in ("allocation", "available"):
+        a, b = int(field[name.capitalize()]), int(after[name.capitalize()])
+        ours = getattr(info, name)
+        assert min(a, b) - slack <= ours <= max(a, b) + slack, (name, a, ours, b)
     pools = await client.connect_list_all_storage_pools()
     assert {p.name for p in pools.pools} == set(L.virsh(lab_host, "pool-list", "--all", "--name").split())
     assert pools.ret == len(pools.pools)
@@ -130,9 +155,15 @@ async def test_domain_lifecycle_with_events_and_virsh_agreeing(lab_host, client:
             await client.domain_destroy(dom)
             assert L.virsh(lab_host, "domstate", name).strip() == "shut off"
             await client.domain_create(dom)
+            assert L.virsh(lab_host, "domstate", name).strip() == "running"
             await client.domain_shutdown_flags(dom)  # ACPI request: accepted even though nothing listens
+            assert L.virsh(lab_host, "domstate", name).strip() == "running"  # no OS: nobody obeys it
+            assert (await client.domain_get_state(dom)).state == rpc.DomainState.RUNNING
             await client.domain_destroy_flags(dom, 0)
+            assert L.virsh(lab_host, "domstate", name).strip() == "shut off"
+            assert name in L.virsh(lab_host, "list", "--all", "--name").split()
             await client.domain_undefine_flags(dom, 0)
+            assert name not in L.virsh(lab_host, "list", "--all", "--name").split()
 
             got = []
             while rpc.DomainEventType.UNDEFINED not in got:
@@ -258,9 +289,19 @@ async def test_volume_calls_match_virsh(lab_host, client: rpc.Client) -> None:  
 
         await client.storage_vol_resize(vol, 2 << 20)
         assert (await client.storage_vol_get_info(vol)).capacity == 2 << 20
+        assert vol_fields(lab_host, h.pool, name)["Capacity"] == str(2 << 20)
         copy = await client.storage_vol_create_xml_from(
             pool, L.vol_xml(clone, capacity=2 << 20, fmt="qcow2"), vol
         )
+        assert (copy.pool, copy.name) == (h.pool, clone)
+        assert copy.key == L.virsh(lab_host, "vol-path", "--pool", h.pool, clone).strip()
+        cinfo = await client.storage_vol_get_info(copy)
+        cfield = vol_fields(lab_host, h.pool, clone)
+        assert (cinfo.capacity, cinfo.allocation) == (int(cfield["Capacity"]), int(cfield["Allocation"]))
+        assert cinfo.capacity == 2 << 20
+        assert "<format type='qcow2'/>" in L.virsh(lab_host, "vol-dumpxml", "--pool", h.pool, clone)
+        same = L.lab.host_run(lab_host, L.HOST, ["qemu-img", "compare", vol.key, copy.key], check=False)
+        assert same.returncode == 0, same.stdout + same.stderr  # the clone holds the source's content
         listed = await client.storage_pool_list_all_volumes(pool)
         assert {v.name for v in listed.vols} >= {name, clone}
         assert {v.name for v in listed.vols} == {
@@ -270,6 +311,9 @@ async def test_volume_calls_match_virsh(lab_host, client: rpc.Client) -> None:  
         }
         await client.storage_vol_delete(copy)
         await client.storage_vol_delete(vol, 0)
+        listing = L.virsh(lab_host, "vol-list", "--pool", h.pool)
+        left = {line.split()[0] for line in listing.splitlines() if line.strip()}
+        assert name not in left and clone not in left
         with pytest.raises(rpc.NotFoundError) as ei:
             await client.storage_vol_lookup_by_name(pool, name)
         assert (ei.value.code, ei.value.code_name) == (50, "NO_STORAGE_VOL")
@@ -330,7 +374,50 @@ async def test_upload_to_a_missing_volume_fails_cleanly(lab_host, client: rpc.Cl
     assert client._streams == {} and await client.connect_get_lib_version() > 0
 
 
+def vol_fields(lab_host, pool: str, name: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    got = L.fields(L.virsh(lab_host, "vol-info", "--pool", pool, name, "--bytes"))
+    return {k: v.split()[0] if k in ("Capacity", "Allocation") else v for k, v in got.items()}
+
+
 # -- transports ---------------------------------------------------------------------------------------
+
+
+async def test_read_only_connect_open_is_refused_writes(lab_host) -> None:  # type: ignore[no-untyped-def]
+    """CONNECT_OPEN with flags=1 (VIR_CONNECT_RO): reads work, the daemon refuses writes as virsh -r does."""
+    name = L.unique("ro")
+    async with await L.connect_ssh(lab_host, readonly=True) as ro:
+        assert await ro.connect_get_hostname() == L.virsh(lab_host, "hostname").strip()
+        with pytest.raises(rpc.LibvirtError) as ei:
+            await ro.domain_define_xml(L.domain_xml(name))
+        assert (ei.value.code, ei.value.code_name) == (29, "OPERATION_DENIED")
+        assert "read only" in ei.value.message
+    assert name not in L.virsh(lab_host, "list", "--all", "--name").split()
+
+
+async def test_client_from_connect_ssh_closes_its_ssh_connection(lab_host, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """connect_ssh owns its SSH connection: close() closes it, and the sshd session process goes away."""
+    import rpc.transport
+
+    opened = []
+    real_open_ssh = rpc.transport.open_ssh
+
+    async def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        conn = await real_open_ssh(*args, **kwargs)
+        opened.append(conn)
+        return conn
+
+    monkeypatch.setattr(rpc.transport, "open_ssh", spy)
+    before = L.owned_ssh_pids(lab_host)
+    client = await L.connect_ssh(lab_host)
+    sessions = L.owned_ssh_pids(lab_host) - before
+    assert sessions, "no sshd session process for our connection"
+    assert await client.connect_get_lib_version() > 0
+    await client.close()
+    (ssh_conn,) = opened
+    await asyncio.wait_for(ssh_conn.wait_closed(), 10)
+    assert ssh_conn.is_closed()
+    for pid in sessions:
+        await asyncio.to_thread(L.wait_gone, pid)
 
 
 async def test_unix_socket_as_root_sees_the_same_daemon(lab_host, client: rpc.Client) -> None:  # type: ignore[no-untyped-def]
