@@ -102,6 +102,8 @@ class Connection:
         self.call_timeout = float(call_timeout)
         self.observer = observer
         self._event_queue_max = event_queue_max
+        if not isinstance(download_high_water, int) or download_high_water <= 0:
+            raise ValueError(f"download_high_water must be a positive size, got {download_high_water!r}")
         self._download_high_water = download_high_water
         self._decoder = PacketDecoder()
         self._pending: dict[int, _Pending] = {}

@@ -23,6 +23,7 @@ from .connection import (
     DEFAULT_EVENT_QUEUE,
     DEFAULT_KEEPALIVE_COUNT,
     DEFAULT_KEEPALIVE_INTERVAL,
+    DOWNLOAD_HIGH_WATER,
 )
 from .errors import ConnectFailed, HostKeyRejected, LibvirtError, RpcError
 from .link import Link
@@ -55,9 +56,16 @@ async def _open_client(
     keepalive_count: int,
     readonly: bool,
     event_queue_max: int,
+    download_high_water: int = DOWNLOAD_HIGH_WATER,
 ) -> Client:
     """Run the handshake on `link`; `timeout` bounds the whole of it (what is left of connect_*'s)."""
-    client = Client(link, call_timeout=call_timeout, observer=observer, event_queue_max=event_queue_max)
+    client = Client(
+        link,
+        call_timeout=call_timeout,
+        observer=observer,
+        event_queue_max=event_queue_max,
+        download_high_water=download_high_water,
+    )
     try:
         async with asyncio.timeout(timeout) as whole:
             await client._handshake(
@@ -109,6 +117,7 @@ async def connect_unix(
     keepalive_count: int = DEFAULT_KEEPALIVE_COUNT,
     readonly: bool = False,
     event_queue_max: int = DEFAULT_EVENT_QUEUE,
+    download_high_water: int = DOWNLOAD_HIGH_WATER,
 ) -> Client:
     """A client on libvirtd's unix socket at `path`, handshake done (auth, keepalive, CONNECT_OPEN uri)."""
     timeout = _check_timeout("timeout", timeout)
@@ -136,6 +145,7 @@ async def connect_unix(
         keepalive_count=keepalive_count,
         readonly=readonly,
         event_queue_max=event_queue_max,
+        download_high_water=download_high_water,
     )
 
 
@@ -151,6 +161,7 @@ async def connect_over(
     keepalive_count: int = DEFAULT_KEEPALIVE_COUNT,
     readonly: bool = False,
     event_queue_max: int = DEFAULT_EVENT_QUEUE,
+    download_high_water: int = DOWNLOAD_HIGH_WATER,
     _owns_ssh: bool = False,
 ) -> Client:
     """A client on an SSH connection the caller already has; its close() closes only its own channel."""
@@ -192,6 +203,7 @@ async def connect_over(
         keepalive_count=keepalive_count,
         readonly=readonly,
         event_queue_max=event_queue_max,
+        download_high_water=download_high_water,
     )
 
 
@@ -268,6 +280,7 @@ async def connect_ssh(
     keepalive_count: int = DEFAULT_KEEPALIVE_COUNT,
     readonly: bool = False,
     event_queue_max: int = DEFAULT_EVENT_QUEUE,
+    download_high_water: int = DOWNLOAD_HIGH_WATER,
     **ssh_options: Any,
 ) -> Client:
     """A client through its own SSH connection (closed with the client). `known_hosts` is required:
@@ -296,6 +309,7 @@ async def connect_ssh(
             keepalive_count=keepalive_count,
             readonly=readonly,
             event_queue_max=event_queue_max,
+            download_high_water=download_high_water,
             _owns_ssh=True,
         )
     except BaseException:
