@@ -91,10 +91,13 @@ async def upload(
     sent = 0
     try:
         stream = await conn._open_stream(procedure, args, timeout=timeout)
-        source = chunks(data)
+        in_memory = isinstance(data, bytes | bytearray | memoryview)
+        source = chunks(data if in_memory else _raced(data, stream))
         try:
             while True:
-                chunk = await _next_chunk(source, stream, data)
+                if stream.error is not None:
+                    raise stream.error
+                chunk = await anext(source, None)
                 if chunk is None:
                     break
                 conn._check_open()
@@ -128,36 +131,45 @@ async def upload(
     return sent
 
 
-async def _next_chunk(source: Any, stream: StreamState, data: Any) -> memoryview | None:
-    """The source's next chunk (None at its end), racing the stream's error: a server STREAM/ERROR or a
-    dropped link ends the upload at once even while the source is waiting (a slow disk, a pipe, HTTP)."""
-    if stream.error is not None:
-        raise stream.error
-    if isinstance(data, bytes | bytearray | memoryview):  # in memory: never waits
-        return await anext(source, None)
-    fetch = asyncio.ensure_future(anext(source, None))
-    waiter = stream.new_waiter()
-    try:
-        while not fetch.done() and stream.error is None:
-            await asyncio.wait({fetch, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            if waiter.done() and not fetch.done():
-                waiter = stream.new_waiter()  # a wake that was not an error (e.g. a stray OK): wait on
-    except BaseException:
-        fetch.cancel()
-        with contextlib.suppress(BaseException):
-            await fetch
-        raise
-    if not fetch.done():  # the stream failed first: stop the source, then raise the stream's error
-        fetch.cancel()
-        with contextlib.suppress(BaseException):
-            await fetch
-        aclose = getattr(data, "aclose", None)
-        if aclose is not None:
-            with contextlib.suppress(Exception):
-                await aclose()
-        assert stream.error is not None
-        raise stream.error
-    return fetch.result()
+_END = object()
+
+
+async def _raced(data: AsyncIterable[bytes], stream: StreamState) -> Any:
+    """The caller's pieces, each wait for the next one racing the stream's error: a server STREAM/ERROR
+    or a dropped link ends the upload at once even while the source is waiting (a slow disk, a pipe,
+    HTTP). Raced per piece of the caller's, not per stream packet sliced from it: one task per piece."""
+    if not hasattr(data, "__aiter__"):
+        raise TypeError(f"data must be bytes or an async iterable of bytes, got {type(data).__name__}")
+    it = aiter(data)
+    while True:
+        if stream.error is not None:
+            raise stream.error
+        fetch = asyncio.ensure_future(anext(it, _END))
+        waiter = stream.new_waiter()
+        try:
+            while not fetch.done() and stream.error is None:
+                await asyncio.wait({fetch, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if waiter.done() and not fetch.done():
+                    waiter = stream.new_waiter()  # a wake that was not an error (e.g. a stray OK): wait on
+        except BaseException:
+            fetch.cancel()
+            with contextlib.suppress(BaseException):
+                await fetch
+            raise
+        if not fetch.done():  # the stream failed first: stop the source, then raise the stream's error
+            fetch.cancel()
+            with contextlib.suppress(BaseException):
+                await fetch
+            aclose = getattr(data, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+            assert stream.error is not None
+            raise stream.error
+        piece = fetch.result()
+        if piece is _END:
+            return
+        yield piece
 
 
 async def chunks(data: bytes | bytearray | memoryview | AsyncIterable[bytes]) -> Any:
