@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 RECONCILE_TOTAL = Counter(
-    "controller_runtime_reconcile_total", "Reconciliations by result (success, error, requeue).",
+    "controller_runtime_reconcile_total", "Reconciliations by result (success, error, requeue_after).",
     ["controller", "result"], registry=REGISTRY)
 RECONCILE_ERRORS = Counter(
     "controller_runtime_reconcile_errors_total", "Reconciliations that ended in an error.",

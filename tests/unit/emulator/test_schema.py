@@ -55,7 +55,7 @@ def test_several_errors_are_listed_in_brackets(api: Api, proxies: ResourceType) 
         (
             {"external": {"address": "no-port"}},
             "spec.external.address",
-            r"spec.external.address in body should match '^[^\s:]+:[0-9]{1,5}$'",
+            r"spec.external.address in body should match '^([^\s:\[\]]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$'",
         ),
         ({"external": {}}, "spec.external.address", "Required value"),
         ({"cloudInit": {"secretRef": {"name": "s"}}}, "spec.cloudInit.secretRef.key", "Required value"),
@@ -169,3 +169,11 @@ def test_validate_function_reports_every_violation() -> None:
     s = proxy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     errs = schema.validate({"spec": {"port": 0, "mode": "X", "placement": {"zone": 5}}}, s)
     assert sorted(e.field for e in errs) == ["spec.mode", "spec.placement.zone", "spec.port"]
+
+
+@pytest.mark.parametrize("address", ["proxy.lan:3128", "10.0.0.7:3128", "[fd00::1]:3128"])
+def test_external_address_takes_names_ipv4_and_bracketed_ipv6(
+    api: Api, proxies: ResourceType, address: str
+) -> None:
+    created, _ = api.create(proxies, "default", proxy("x", mode="External", external={"address": address}))
+    assert created["spec"]["external"]["address"] == address
