@@ -31,7 +31,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj
+from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj, SpecChanged
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.providers.base import (
     CreateRequest,
@@ -84,7 +84,11 @@ QUOTA = "quota"
 
 @dataclass
 class _Ctx:
-    """One reconcile's working state: the newest Proxy object and the Events to record with the next write."""
+    """One reconcile's working state: the newest Proxy object and the Events to record with the next write.
+
+    `observed_generation` and `uid` are frozen when the reconcile starts: `proxy` is replaced by whatever
+    a write returns, which after a conflict may carry a newer spec this reconcile never evaluated. A
+    verdict must name the inputs it was computed from, or a fix made meanwhile would be taken as seen."""
 
     key: Key
     proxy: Obj
@@ -92,6 +96,12 @@ class _Ctx:
     events: list[Event] = field(default_factory=list)
     # The replaced instance while it still serves (running, with an IP): status shows it, not the new one.
     serving: ProbeTarget | None = None
+    observed_generation: int = field(init=False)
+    uid: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.observed_generation = int(self.proxy["metadata"].get("generation") or 0)
+        self.uid = str(self.proxy["metadata"].get("uid") or "")
 
     @property
     def status(self) -> Obj:
@@ -99,7 +109,7 @@ class _Ctx:
 
     @property
     def generation(self) -> int:
-        return int(self.proxy["metadata"].get("generation") or 0)
+        return self.observed_generation
 
     @property
     def namespace(self) -> str:
@@ -144,6 +154,10 @@ class Reconciler:
         ctx = _Ctx(key=key, proxy=proxy, log=self.log.with_values(proxy=f"{key[0]}/{key[1]}"))
         try:
             return await self._reconcile(ctx)
+        except SpecChanged as e:
+            # The spec moved on under this reconcile: its outcome is moot; start over from the new one.
+            ctx.log.v(1).info("spec changed during the reconcile; starting over", reason=str(e))
+            return Result(requeue_after=0.0)
         except LookupError:
             if await self.kube.get_proxy(*key) is not None:
                 raise  # not a vanished Proxy (a KeyError is a LookupError too): a real error

@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..log import Logger, get_logger
-from .interfaces import FINALIZER, GROUP, PLURAL, VERSION, Obj
+from .interfaces import FINALIZER, GROUP, PLURAL, VERSION, Obj, SpecChanged
 from .rest import MERGE_PATCH, KubeApiError, from_api_exception, request_json
 
 COMPONENT = "egress-kvm"
@@ -96,10 +96,7 @@ class KubeApiClient:
                 if not err.conflict:
                     raise err from None
             self._log.v(1).info("status update conflicted, re-reading", namespace=namespace, name=name)
-            fresh = await self.get_proxy(namespace, name)
-            if fresh is None:
-                raise LookupError(f"Proxy {namespace}/{name} no longer exists")
-            current = fresh
+            current = _check_same(obj, await self.get_proxy(namespace, name))
         raise KubeApiError(409, "Conflict", f"status of Proxy {_key_text(obj)} still conflicting after "
                                             f"{CONFLICT_RETRIES} attempts")
 
@@ -216,6 +213,19 @@ async def namespace_uid(api_client: ApiClient, name: str = "kube-system") -> str
     if not uid:
         raise KubeApiError(0, "NoUID", f"Namespace {name} has no metadata.uid")
     return str(uid)
+
+
+def _check_same(ours: Obj, fresh: Obj | None) -> Obj:
+    """A conflict's re-read may only carry a write over to the same object at the same spec: a recreated
+    Proxy (another uid) is not ours, and a newer generation was not what the write was computed from."""
+    namespace, name = _ns_name(ours)
+    meta, fresh_meta = ours.get("metadata") or {}, (fresh or {}).get("metadata") or {}
+    if fresh is None or (meta.get("uid") and fresh_meta.get("uid") != meta.get("uid")):
+        raise LookupError(f"Proxy {namespace}/{name} no longer exists")
+    if fresh_meta.get("generation") != meta.get("generation"):
+        raise SpecChanged(f"Proxy {namespace}/{name} changed from generation {meta.get('generation')} to "
+                          f"{fresh_meta.get('generation')} since it was read")
+    return fresh
 
 
 def _ns_name(obj: Obj) -> tuple[str, str]:

@@ -40,6 +40,11 @@ class ProxyStore(Protocol):
 EventHandler = Callable[[str, Obj], Awaitable[None] | None]  # (ADDED|MODIFIED|DELETED, obj)
 
 
+class SpecChanged(Exception):
+    """A status write found the object's metadata.generation moved on since the status was computed:
+    writing it would claim a spec was observed that never was. The caller starts over."""
+
+
 class KubeApi(Protocol):
     async def get_proxy(self, namespace: str, name: str) -> Obj | None:
         """A fresh read from the API server (not the cache); None if it does not exist."""
@@ -49,7 +54,9 @@ class KubeApi(Protocol):
 
     async def update_proxy_status(self, obj: Obj, status: Obj) -> Obj:
         """Write `status` through the status subresource. On 409 Conflict re-read and retry (status is
-        computed by us alone, so the newest object plus our status is right). Returns the stored object;
+        computed by us alone, so the newest object plus our status is right) unless the re-read object
+        has another generation (SpecChanged: the status describes a spec that is no longer the one) or
+        another uid (LookupError: ours was deleted and the name reused). Returns the stored object;
         raises LookupError if the Proxy is gone."""
         ...
 

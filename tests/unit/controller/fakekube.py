@@ -2,7 +2,8 @@
 
 Faithful where the controller depends on it: resourceVersion bumped on every write, metadata.generation
 bumped on spec changes only, status written only through `update_proxy_status` (conflicts re-read and
-retried, as the contract says the real client does; `inject_conflicts` forces some), finalizers holding
+retried, as the contract says the real client does, unless the spec moved on: SpecChanged;
+`inject_conflicts` forces some), finalizers holding
 a deletion as deletionTimestamp until the last one goes, LookupError for a vanished object, and every
 status checked against the CRD's status schema (so a misspelt field or an invalid phase fails a test).
 Watchers get ADDED/MODIFIED/DELETED as an informer would, on the next loop iteration.
@@ -20,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from egress_kvm.kube.interfaces import FINALIZER, Key, Obj, key_of
+from egress_kvm.kube.interfaces import FINALIZER, Key, Obj, SpecChanged, key_of
 
 CRD = Path(__file__).resolve().parents[3] / "deploy" / "crd" / "egressproxies.io_proxies.yaml"
 _STATUS_SCHEMA = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
@@ -64,6 +65,7 @@ class FakeKube:
         self.events: list[dict[str, Any]] = []
         self.status_writes = 0
         self.conflicts = 0
+        self.stale_rejected = 0  # status writes refused: computed from an older generation
         self.inject_conflicts = 0
         self.synced = synced
         self._rv = 0
@@ -132,9 +134,13 @@ class FakeKube:
         stored = self._stored_for(obj)
         if self.inject_conflicts > 0 or obj["metadata"].get("resourceVersion") != \
                 stored["metadata"]["resourceVersion"]:
-            # What the real client does on 409: re-read and retry with the newest object.
+            # What the real client does on 409: re-read, and retry onto the newest object only if it is
+            # still the spec the status was computed from.
             self.inject_conflicts = max(0, self.inject_conflicts - 1)
             self.conflicts += 1
+            if stored["metadata"]["generation"] != obj["metadata"].get("generation"):
+                self.stale_rejected += 1
+                raise SpecChanged(f"proxy {key_of(obj)} changed generation since it was read")
         check_status(status)
         stored["status"] = copy.deepcopy(status)
         self.status_writes += 1

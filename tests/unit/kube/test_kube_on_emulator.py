@@ -14,7 +14,7 @@ import pytest
 from egress_kvm.kube.api import KubeApiClient, namespace_uid
 from egress_kvm.kube.backoff import Backoff
 from egress_kvm.kube.informer import ProxyInformer
-from egress_kvm.kube.interfaces import FINALIZER
+from egress_kvm.kube.interfaces import FINALIZER, SpecChanged
 from egress_kvm.kube.rest import KubeApiError, request_json
 
 from .kube_emulator_fixtures import (
@@ -116,6 +116,31 @@ async def test_status_update_from_a_stale_object_retries_the_conflict() -> None:
         assert fresh["status"]["phase"] == "Pending"
         assert fresh["metadata"]["labels"] == {"team": "x"}  # the other writer's change survived
         assert fresh["spec"]["provider"] == "kvm-home"
+
+
+async def test_status_update_computed_from_an_older_spec_is_refused() -> None:
+    """A conflict's re-read shows a newer generation: our status describes a spec that is no longer the
+    one, so it must not be written onto it (it would claim that spec was observed)."""
+    async with emulator_with_crd() as (_emu, client):
+        kube = KubeApiClient(client)
+        stale = await create_proxy(client, "p")
+        await patch_proxy(client, "p", {"spec": {"placement": {"zone": "nas2"}}})
+        with pytest.raises(SpecChanged):
+            await kube.update_proxy_status(stale, {"phase": "Failed", "message": "about the old spec"})
+        fresh = await kube.get_proxy("default", "p")
+        assert fresh is not None and not fresh.get("status")
+
+
+async def test_status_update_does_not_land_on_a_recreated_proxy() -> None:
+    async with emulator_with_crd() as (_emu, client):
+        kube = KubeApiClient(client)
+        old = await create_proxy(client, "p")
+        await delete_proxy(client, "p")
+        await create_proxy(client, "p")  # same name, new uid, generation 1 again
+        with pytest.raises(LookupError):
+            await kube.update_proxy_status(old, {"phase": "Pending", "message": "for the old one"})
+        fresh = await kube.get_proxy("default", "p")
+        assert fresh is not None and not fresh.get("status")
 
 
 async def test_status_update_of_a_vanished_proxy_raises_lookuperror() -> None:
