@@ -93,6 +93,9 @@ class _Ctx:
     key: Key
     proxy: Obj
     log: Logger
+    # The providers file as it was when the reconcile started: a reload meanwhile is judged by a new one.
+    providers: Mapping[str, Provider] = field(default_factory=dict)
+    providers_hash: str = ""
     events: list[Event] = field(default_factory=list)
     # The replaced instance while it still serves (running, with an IP): status shows it, not the new one.
     serving: ProbeTarget | None = None
@@ -151,7 +154,8 @@ class Reconciler:
         if proxy is None:
             self.forget(key)
             return Result()
-        ctx = _Ctx(key=key, proxy=proxy, log=self.log.with_values(proxy=f"{key[0]}/{key[1]}"))
+        ctx = _Ctx(key=key, proxy=proxy, log=self.log.with_values(proxy=f"{key[0]}/{key[1]}"),
+                   providers=self.providers, providers_hash=self.providers_hash)
         try:
             return await self._reconcile(ctx)
         except SpecChanged as e:
@@ -180,8 +184,9 @@ class Reconciler:
         if FINALIZER not in (meta.get("finalizers") or []):
             ctx.proxy = await self.kube.set_finalizer(ctx.proxy, present=True)
         if ctx.status.get("phase") == FAILED and self.failed.get(ctx.key) == (ctx.generation,
-                                                                               self.providers_hash):
+                                                                               ctx.providers_hash):
             return Result()  # Failed stays until the spec or the providers file changes
+        self.failed.pop(ctx.key, None)  # a verdict about other inputs (a stale one is re-decided)
         spec = parse_spec(ctx.proxy.get("spec"))
         if spec.mode == EXTERNAL:
             return await self._external(ctx, spec)
@@ -194,7 +199,7 @@ class Reconciler:
         previous = Ref.from_status(ctx.status.get("previousInstance"))
         desired: Desired | None
         try:
-            desired = await desired_instance(proxy=ctx.proxy, spec=spec, providers=self.providers,
+            desired = await desired_instance(proxy=ctx.proxy, spec=spec, providers=ctx.providers,
                                              kube=self.kube)
         except Waiting as e:
             if current is None:
@@ -205,7 +210,7 @@ class Reconciler:
             # The instance exists and its user-data is baked in: keep looking after it meanwhile.
             desired = None
             ctx.log.info("cannot compute the desired instance; keeping the current one", reason=str(e))
-        provider = desired.provider if desired else provider_for(spec, self.providers)
+        provider = desired.provider if desired else provider_for(spec, ctx.providers)
         target = Ref(desired.name, desired.resolved.zone) if desired else current
         assert target is not None
 
@@ -308,7 +313,7 @@ class Reconciler:
 
     async def _serving_target(self, ctx: _Ctx, spec: ProxySpec, previous: Ref) -> ProbeTarget | None:
         """The replaced instance as a probe target while it still runs with an IP (it keeps serving)."""
-        provider = self._provider_for_ref(spec.provider, previous)
+        provider = self._provider_for_ref(ctx, spec.provider, previous)
         if provider is None:
             return None
         try:
@@ -368,13 +373,13 @@ class Reconciler:
             # `previous`): drop it, keep the one that served. Back to `previous` itself: nothing to keep.
             await self._delete_ref(ctx, spec, current)
             return None if previous == target else previous
-        if await self._serving(spec, current):
+        if await self._serving(ctx, spec, current):
             return current
         await self._delete_ref(ctx, spec, current)  # it never worked: nothing to keep
         return None
 
-    async def _serving(self, spec: ProxySpec, ref: Ref) -> bool:
-        provider = self._provider_for_ref(spec.provider, ref)
+    async def _serving(self, ctx: _Ctx, spec: ProxySpec, ref: Ref) -> bool:
+        provider = self._provider_for_ref(ctx, spec.provider, ref)
         if provider is None:
             return False
         try:
@@ -468,7 +473,7 @@ class Reconciler:
                                              instance=instance, previous=previous))
         provider_name = str((ctx.proxy.get("spec") or {}).get("provider") or "")
         for ref in refs:
-            provider = self._provider_for_ref(provider_name, ref)
+            provider = self._provider_for_ref(ctx, provider_name, ref)
             if provider is None:
                 await self.kube.record_event(
                     ctx.proxy, type_=WARNING, reason="ProviderMissing",
@@ -486,7 +491,7 @@ class Reconciler:
         return Result()
 
     async def _delete_ref(self, ctx: _Ctx, spec: ProxySpec, ref: Ref) -> None:
-        provider = self._provider_for_ref(spec.provider, ref)
+        provider = self._provider_for_ref(ctx, spec.provider, ref)
         if provider is None:
             ctx.events.append(Event(WARNING, "ProviderMissing",
                                     f"no provider serves zone {ref.zone}: instance {ref.name} not deleted"))
@@ -495,13 +500,14 @@ class Reconciler:
         ctx.log.info("instance deleted", instance=ref.name, zone=ref.zone)
         ctx.events.append(Event(NORMAL, "Deleted", f"deleted instance {ref.name} on {ref.zone}"))
 
-    def _provider_for_ref(self, provider_name: str, ref: Ref) -> Provider | None:
+    @staticmethod
+    def _provider_for_ref(ctx: _Ctx, provider_name: str, ref: Ref) -> Provider | None:
         """Status records name and zone only: the spec's provider if it serves the zone, else the one
         provider that does (the spec's provider may have changed since the instance was made)."""
-        named = self.providers.get(provider_name)
+        named = ctx.providers.get(provider_name)
         if named is not None and ref.zone in named.zones():
             return named
-        serving = [p for p in self.providers.values() if ref.zone in p.zones()]
+        serving = [p for p in ctx.providers.values() if ref.zone in p.zones()]
         if len(serving) == 1:
             return serving[0]
         return None
@@ -510,7 +516,7 @@ class Reconciler:
 
     async def _fail(self, ctx: _Ctx, message: str) -> Result:
         self._unwatch_all(ctx.key)
-        self.failed[ctx.key] = (ctx.generation, self.providers_hash)
+        self.failed[ctx.key] = (ctx.generation, ctx.providers_hash)
         ctx.log.info("proxy failed", message=message)
         await self._write(ctx, self._compose(
             ctx, phase=FAILED, message=message, reason="Failed",

@@ -42,3 +42,27 @@ async def test_a_spec_fix_during_a_failing_create_is_evaluated_not_stamped_faile
     st = kube.status(KEY)
     assert st["observedGeneration"] == 2
     assert "debian-13" not in st["message"]
+
+
+async def test_a_providers_fix_during_a_failing_create_is_tried(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """The admin fixes the providers file while a create on the old one is in flight; the old create
+    then fails permanently. That verdict belongs to the old file: the new one must be tried."""
+    gate = asyncio.Event()
+    fixed = FakeProvider()
+
+    async def create(request, *, progress=None):
+        provider.create_started.set()
+        await gate.wait()
+        raise PermanentError("image 'debian-13': sha256 mismatch (old providers file)")
+
+    provider.create = create  # type: ignore[method-assign]
+    c = make_controller({"kvm-home": provider}, providers_hash="old")
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await provider.create_started.wait()
+    c.update_providers({"kvm-home": fixed}, "new")
+    await asyncio.sleep(0.05)
+    gate.set()
+    await eventually(lambda: phase(kube) == "Ready", what="the new providers file tried and Ready")
+    assert any(op == "create" for op, _ in fixed.calls)
+    assert c.reconciler.failed.get(KEY) is None
