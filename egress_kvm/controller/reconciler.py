@@ -9,8 +9,10 @@ that hold:
   of anything that may exist (the name is deterministic, and create is idempotent by name).
 - A replaced instance is kept in `status.previousInstance` and only this reconciler deletes it, once the
   replacement is Ready (create-before-delete). If the provider reports no capacity for the replacement
-  (QuotaError), the old instance is deleted first and the create retried (delete-before-create), since a
-  replacement that can never start is worse than a short gap. While the old instance still runs with an
+  (QuotaError) on the host the old instance runs on, the old instance is deleted first and the create
+  retried (delete-before-create), since a replacement that can never start is worse than a short gap; on
+  another host deleting it would free nothing, so it keeps serving and the create is retried on the
+  quota backoff. While the old instance still runs with an
   IP it keeps serving: status shows its `ip`/`endpoint` and its probe verdict (so a Ready Proxy stays
   Ready), and the replacement is probed under a key of its own until it is Ready and takes over.
 - A verdict recorded in status by an earlier operator process (a restart, a new leader) seeds the probes
@@ -348,9 +350,9 @@ class Reconciler:
         try:
             return await desired.provider.create(request, progress=progress), previous
         except QuotaError as e:
-            if previous is None:
-                raise
-            # No room for both: give up create-before-delete for this one replacement.
+            if previous is None or previous.zone != target.zone:
+                raise  # deleting a VM on another host frees nothing here: keep it serving, retry slowly
+            # No room for both on this host: give up create-before-delete for this one replacement.
             spec = parse_spec(ctx.proxy.get("spec"))
             await self._delete_ref(ctx, spec, previous)
             gone, previous = previous, None  # progress() reads `previous`: it must not bring it back

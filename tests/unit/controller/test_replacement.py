@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
+
+from egress_kvm.providers.base import Instance, PowerState
 
 from .conftest import eventually
 from .fakekube import FakeKube
@@ -140,6 +143,33 @@ async def test_no_capacity_for_both_deletes_the_old_one_first(
     await eventually(lambda: phase(kube) == "Ready" and kube.status(KEY)["instance"]["name"] != old)
     assert old not in provider.names() and len(provider.names()) == 1
     assert "ReplacingWithoutOverlap" in kube.reasons("px1")
+
+
+async def test_no_capacity_on_another_host_keeps_the_serving_one(
+        kube: FakeKube, proxy_server: MiniProxy, make_controller) -> None:
+    """Moving to a full host: deleting the VM on the old host would free nothing there, so it keeps
+    serving while the create is retried on the quota backoff, and the move completes once room frees."""
+    provider = FakeProvider(zones=("nas1", "nas2"))
+    provider.capacity = 1
+    provider.plant(Instance(name="someone-else", zone="nas2", power_state=PowerState.RUNNING, ip=None,
+                            owner_uid="x", created_at=datetime.now(UTC)))  # nas2 is full
+    make_controller({"kvm-home": provider})
+    spec = spec_for(proxy_server)
+    kube.create_proxy("px1", spec)
+    await eventually(lambda: phase(kube) == "Ready")
+    old = kube.status(KEY)["instance"]["name"]
+    spec["placement"]["zone"] = "nas2"
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: kube.reasons("px1").count("QuotaExceeded") >= 1)
+    await asyncio.sleep(0.3)  # a few quota retries
+    assert old in provider.names()
+    assert "ReplacingWithoutOverlap" not in kube.reasons("px1")
+    st = kube.status(KEY)
+    assert st["phase"] == "Ready" and st["previousInstance"]["name"] == old  # still served by the old VM
+    await provider.delete("someone-else", "nas2")  # room on nas2
+    await eventually(lambda: phase(kube) == "Ready" and "previousInstance" not in kube.status(KEY))
+    assert provider.names() == {kube.status(KEY)["instance"]["name"]}
+    assert kube.status(KEY)["instance"]["zone"] == "nas2"
 
 
 async def test_secret_content_change_is_seen_on_resync_and_replaces(
