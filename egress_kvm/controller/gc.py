@@ -9,7 +9,8 @@ labels, the domain metadata carries the owner UID) and deletes one when
 - its owner UID matches no Proxy in the informer's cache, confirmed by a fresh read of the owner by
   name (the cache may lag behind a Proxy just created), or
 - its name is neither the owner's `status.instance` nor `status.previousInstance` nor the name the
-  owner would get now (the reconciler may be about to create it).
+  owner would get now (the reconciler may be about to create it), judged again on a fresh read of the
+  owner before anything is deleted (the cache may hold an old spec and status).
 
 It never acts before the informer's first full list (an empty cache would make everything look
 orphaned), never on a zone whose listing failed (a partial view is no view), never on an instance
@@ -94,13 +95,28 @@ async def _orphan_reason(inst: Instance, *, owners: dict[str, Obj], kube: KubeAp
     if namespace and inst.owner_namespace != namespace:
         return None  # not ours to judge: another scope's operator may own it
     owner = owners.get(inst.owner_uid)
-    if owner is None and inst.owner_namespace and inst.owner_name:
+    if owner is not None:
+        reason = await _judge(inst, owner, providers=providers, kube=kube, desired_names=desired_names,
+                              log=log)
+        if reason is None:
+            return None
+        # The cache may be stale (a watch that stalls still counts as synced): a delete is decided on
+        # a fresh read of the owner, never on the cached one alone.
+        meta = owner["metadata"]
+        fresh = await kube.get_proxy(meta.get("namespace", ""), meta.get("name", ""))
+    elif inst.owner_namespace and inst.owner_name:
         fresh = await kube.get_proxy(inst.owner_namespace, inst.owner_name)
-        if fresh is not None and fresh["metadata"].get("uid") == inst.owner_uid:
-            owner = fresh
-    if owner is None:
+    else:
+        fresh = None
+    if fresh is None or fresh["metadata"].get("uid") != inst.owner_uid:
         who = f"{inst.owner_namespace}/{inst.owner_name}" if inst.owner_name else "?"
         return f"its Proxy {who} (uid {inst.owner_uid}) no longer exists"
+    return await _judge(inst, fresh, providers=providers, kube=kube, desired_names={}, log=log)
+
+
+async def _judge(inst: Instance, owner: Obj, *, providers: Mapping[str, Provider], kube: KubeApi,
+                 desired_names: dict[str, str | None], log: Logger) -> str | None:
+    """Why `inst` is not an instance of its existing `owner`, or None if it may be."""
     meta = owner["metadata"]
     if meta.get("deletionTimestamp"):
         return None  # the finalizer deletes it

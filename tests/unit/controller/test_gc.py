@@ -110,6 +110,25 @@ async def test_owner_missing_from_a_lagging_cache_is_confirmed_by_a_fresh_read(
     assert [c.name for c in done] == ["proxy-x"]
 
 
+async def test_a_stale_cached_owner_is_read_fresh_before_its_instance_is_deleted(
+        provider: FakeProvider) -> None:
+    """The cache still has the pre-replacement spec and status (a stalled watch); the API server names
+    the new instance. GC must judge on the fresh owner and spare the instance that serves."""
+    api = FakeKube()
+    obj = api.create_proxy("px1", {"mode": "Managed", "provider": "kvm-home",
+                                   "placement": {"zone": "nas1", "machineType": "small"}})
+    cache = FakeKube()
+    cache.objects[KEY] = {**obj, "status": {"phase": "Ready",
+                                            "instance": {"name": "proxy-old", "zone": "nas1"}}}
+    api.objects[KEY]["spec"]["placement"]["machineType"] = "large"
+    api.objects[KEY]["status"] = {"phase": "Ready", "instance": {"name": "proxy-new", "zone": "nas1"}}
+    provider.plant(vm("proxy-new", uid=obj["metadata"]["uid"]))
+    provider.plant(vm("proxy-stray", uid=obj["metadata"]["uid"]))  # named by neither: still collected
+    done = await collect_orphans(providers={"kvm-home": provider}, store=cache, kube=api, grace_period=GRACE)
+    assert [c.name for c in done] == ["proxy-stray"]
+    assert provider.names() == {"proxy-new"}
+
+
 async def test_a_proxy_being_deleted_or_unevaluable_keeps_its_instances(
         kube: FakeKube, provider: FakeProvider) -> None:
     a = kube.create_proxy("a", {"mode": "Managed", "provider": "kvm-home",
