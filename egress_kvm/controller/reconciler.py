@@ -72,6 +72,7 @@ class Timings:
     poll: float = 5.0  # look again at an instance that is starting or has no IP yet
     pending_retry: float = 30.0  # look again for something outside (a missing Secret)
     progress_interval: float = 2.0  # at most one status write per this many seconds for create progress
+    restart_backoff_max: float = 300.0  # a VM that keeps stopping is started again at most this often
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,9 @@ class Reconciler:
         # key -> (generation, providers hash) of a Failed verdict: not retried while both are unchanged.
         self.failed: dict[Key, tuple[int, str]] = {}
         self.phases: dict[Key, str] = {}  # last phase written, for the per-phase gauge
+        # key -> starts since the instance was last Ready: a guest that keeps stopping (a crash at boot)
+        # is started again on a growing delay, with an Event on the 1st, 2nd, 4th, 8th... start only.
+        self.restarts: dict[Key, int] = {}
 
     def set_providers(self, providers: Mapping[str, Provider], providers_hash: str) -> None:
         self.providers = dict(providers)
@@ -144,6 +148,7 @@ class Reconciler:
         self._unwatch_all(key)
         self.failed.pop(key, None)
         self.phases.pop(key, None)
+        self.restarts.pop(key, None)
 
     def _unwatch_all(self, key: Key) -> None:
         self.prober.unwatch(key)
@@ -248,6 +253,7 @@ class Reconciler:
         plan = self._plan(ctx, spec, target=target, instance=instance, had_ip=had_ip, previous=previous,
                           probe_key=probe_key)
 
+        restart_delay: float | None = None
         if plan.action is Action.CREATE:
             if desired is None:
                 self.prober.unwatch(probe_key)
@@ -270,8 +276,13 @@ class Reconciler:
         elif plan.action is Action.START:
             self.prober.unwatch(probe_key)
             await provider.start(target.name, target.zone)
-            ctx.log.info("instance started", instance=target.name, zone=target.zone, message=plan.message)
-            ctx.events.extend(plan.events)
+            streak = self.restarts[ctx.key] = self.restarts.get(ctx.key, 0) + 1
+            ctx.log.info("instance started", instance=target.name, zone=target.zone, message=plan.message,
+                         startsInARow=streak)
+            if streak & (streak - 1) == 0:  # 1, 2, 4, 8...: a crash loop is told, not spammed
+                suffix = f" (started {streak} times since it was last Ready)" if streak > 1 else ""
+                ctx.events.extend(Event(e.type_, e.reason, e.message + suffix) for e in plan.events)
+            restart_delay = min(self.timings.poll * 2 ** (streak - 1), self.timings.restart_backoff_max)
 
         if not plan.probe:
             self.prober.unwatch(probe_key)
@@ -293,6 +304,10 @@ class Reconciler:
             ctx, phase=plan.phase, message=plan.message, ip=plan.ip, endpoint=endpoint, instance=target,
             previous=previous, health=health, probing=plan.probe, reason=_reason_for(plan.phase, health),
             host_ok=(True, f"zone {target.zone} answered")))
+        if plan.phase == READY:
+            self.restarts.pop(ctx.key, None)
+        if restart_delay is not None:
+            return Result(requeue_after=restart_delay)
         return Result(requeue_after=self.timings.poll if plan.poll else None)
 
     def _plan(self, ctx: _Ctx, spec: ProxySpec, *, target: Ref, instance: Instance | None, had_ip: bool,

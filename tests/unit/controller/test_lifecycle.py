@@ -177,6 +177,7 @@ async def test_vm_found_shut_off_is_started_again_with_an_event(
         c.enqueue(KEY)
         await eventually(lambda i=i: kube.reasons("px1").count("Restarted") == i + 1)
         assert provider.vms[("nas1", name)].power_state is PowerState.RUNNING
+        await eventually(lambda: phase(kube) == "Ready")  # a new stop after Ready is a new streak
     restarted = [m for t, r, m in kube.events_for("px1") if r == "Restarted"]
     assert len(restarted) == 3 and all(t == "Warning" for t, r, _ in kube.events_for("px1")
                                        if r == "Restarted")
