@@ -8,8 +8,9 @@ even respect each other's lease:
   never compared with our clock, so skew between machines cannot make two leaders.
 - Every write is a PUT carrying the resourceVersion we read; whoever loses the race gets 409 and tries
   again next round.
-- The leader renews every retry_period; if it cannot renew for renew_deadline (< lease_duration) it
-  stops leading before anyone else may take over. The process then exits (as controller-runtime does)
+- The leader renews every retry_period; if it cannot renew for renew_deadline (< lease_duration; an
+  attempt is cut off when renew_deadline runs out, however its requests are going) it stops leading
+  before anyone else may take over. The process then exits (as controller-runtime does)
   and the kubelet restarts it as a candidate.
 - On shutdown the leader releases the lease (empty holder), so the next replica takes over at once
   instead of after a lease duration.
@@ -109,7 +110,17 @@ class LeaderElector:
         last_renew = loop.time()
         while True:
             await asyncio.sleep(self.retry_period)
-            if await self._try_acquire_or_renew():
+            # The whole attempt (GET and PUT, each with its own request timeout) is bounded by what is
+            # left of renew_deadline, as client-go does: otherwise a slow GET plus a hung PUT outlast
+            # lease_duration and a standby takes the lease while we still reconcile.
+            try:
+                async with asyncio.timeout(max(0.0, self.renew_deadline - (loop.time() - last_renew))):
+                    renewed = await self._try_acquire_or_renew()
+            except TimeoutError:
+                self._log.error(TimeoutError("renew attempt ran past renew_deadline"),
+                                "leader lease request failed")
+                renewed = False
+            if renewed:
                 last_renew = loop.time()
                 continue
             if loop.time() - last_renew >= self.renew_deadline or self._held_by_other():
