@@ -21,7 +21,8 @@ that hold:
 
 The phase table for the instance itself is `plan.plan_instance`; this module gathers its inputs (spec,
 Secrets, provider, probe verdict) and carries out what it says. Error kinds map to outcomes:
-SpecError/PermanentError -> Failed (not retried until metadata.generation or the providers file changes),
+SpecError/PermanentError -> Failed (not retried until metadata.generation or the providers file changes;
+while deleting: a DeleteBlocked Warning and slow retries, since dropping the finalizer would leak the VM),
 Waiting -> Pending (retried), QuotaError -> slow backoff, TransientError -> normal backoff; a host that
 cannot be reached sets the HostReachable condition and never leads to a recreate.
 """
@@ -176,7 +177,12 @@ class Reconciler:
             return Result()
         except (SpecError, PermanentError) as e:
             if ctx.proxy["metadata"].get("deletionTimestamp"):
-                return await self._trouble(ctx, f"deleting: {e}", reason="DeleteFailed", retry=TRANSIENT)
+                # Removing the finalizer would leak the VM, so keep trying, slowly, and say so where
+                # `kubectl describe` shows it: only a person can clear this (see the message).
+                message = (f"deletion blocked: {e}; retrying. If the instance was cleaned up by hand, "
+                           f"remove the finalizer {FINALIZER} to let the Proxy go")
+                return await self._trouble(ctx, message, reason="DeleteBlocked", retry=QUOTA,
+                                           event=Event(WARNING, "DeleteBlocked", message))
             return await self._fail(ctx, str(e))
         except QuotaError as e:
             return await self._trouble(ctx, f"out of capacity: {e}", reason="QuotaExceeded", retry=QUOTA,
@@ -484,10 +490,11 @@ class Reconciler:
         instance = Ref.from_status(ctx.status.get("instance"))
         previous = Ref.from_status(ctx.status.get("previousInstance"))
         refs = [r for r in (instance, previous) if r is not None]
-        await self._write(ctx, self._compose(ctx, phase=DELETING, reason="Deleting",
-                                             message="deleting " + (", ".join(r.name for r in refs) or
-                                                                    "(no instance)"),
-                                             instance=instance, previous=previous))
+        if ctx.status.get("phase") != DELETING:  # a retry keeps the message that says why it is retried
+            await self._write(ctx, self._compose(ctx, phase=DELETING, reason="Deleting",
+                                                 message="deleting " + (", ".join(r.name for r in refs)
+                                                                        or "(no instance)"),
+                                                 instance=instance, previous=previous))
         provider_name = str((ctx.proxy.get("spec") or {}).get("provider") or "")
         for ref in refs:
             provider = self._provider_for_ref(ctx, provider_name, ref)

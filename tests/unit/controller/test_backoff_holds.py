@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from egress_kvm.controller.queue import Backoff
+from egress_kvm.kube.interfaces import FINALIZER
 from egress_kvm.kube.rest import request_json
 from egress_kvm.providers.base import PermanentError
 
@@ -16,7 +17,7 @@ from .conftest import eventually
 from .fakekube import FakeKube
 from .fakeprovider import FakeProvider
 from .proxyserver import MiniProxy
-from .test_lifecycle import KEY, phase, spec_for
+from .test_lifecycle import KEY, cond, phase, spec_for
 from .test_on_emulator import apply, path
 from .test_on_emulator import cluster as cluster  # the fixture, re-exported for this module
 from .test_on_emulator import spec_for as emu_spec_for
@@ -24,7 +25,8 @@ from .test_on_emulator import spec_for as emu_spec_for
 
 async def test_failing_delete_is_retried_on_backoff_not_in_a_loop(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
-    make_controller({"kvm-home": provider}, transient_backoff=Backoff(0.5, 5.0))
+    make_controller({"kvm-home": provider}, transient_backoff=Backoff(0.5, 5.0),
+                    quota_backoff=Backoff(0.5, 5.0))
     kube.create_proxy("px1", spec_for(proxy_server))
     await eventually(lambda: phase(kube) == "Ready", what="Ready")
 
@@ -41,12 +43,20 @@ async def test_failing_delete_is_retried_on_backoff_not_in_a_loop(
     # Backoff 0.5, 1, 2 s: at most 3-4 attempts in ~2 s; a hot loop makes hundreds.
     assert attempts <= 5, f"{attempts} delete attempts in 2 s"
     assert phase(kube) == "Deleting"
+    # Blocked, not silently stuck: one Warning Event (not one per attempt) that says how to get out,
+    # the Ready condition naming the reason, and the finalizer kept (dropping it would leak the VM).
+    blocked = [(t, m) for t, r, m in kube.events_for("px1") if r == "DeleteBlocked"]
+    assert len(blocked) == 1 and blocked[0][0] == "Warning"
+    assert "belongs to another cluster" in blocked[0][1] and "remove the finalizer" in blocked[0][1]
+    assert cond(kube, "Ready")["reason"] == "DeleteBlocked"
+    assert kube.objects[KEY]["metadata"]["finalizers"] == [FINALIZER]
 
 
 async def test_failing_delete_through_the_real_kube_layer_waits_its_backoff(
         cluster, proxy_server: MiniProxy) -> None:
     c, hv = cluster
     c.controller.queue._transient = Backoff(0.5, 5.0)  # slower than the fixture's FAST
+    c.controller.queue._quota = Backoff(0.5, 5.0)  # a blocked delete retries on this one
     h = hv["host0"]
     await apply(c, "px1", emu_spec_for(proxy_server))
     st = await c.until_status("px1", lambda s: (s.get("instance") or {}).get("name") in h.domains)
