@@ -125,7 +125,8 @@ class KubeApiClient:
                 if not err.conflict:
                     raise err from None
             fresh = await self.get_proxy(namespace, name)
-            if fresh is None:
+            if fresh is None or fresh["metadata"].get("uid") != (obj.get("metadata") or {}).get("uid"):
+                # Gone, or the name now belongs to a recreated Proxy: its finalizer is not ours to touch.
                 if present:
                     raise LookupError(f"Proxy {namespace}/{name} no longer exists")
                 return current

@@ -143,6 +143,25 @@ async def test_status_update_does_not_land_on_a_recreated_proxy() -> None:
         assert fresh is not None and not fresh.get("status")
 
 
+async def test_finalizer_removal_does_not_land_on_a_recreated_proxy() -> None:
+    """Our Proxy was deleted and another with the same name created (with our finalizer) meanwhile: the
+    conflict's re-read finds the new one, whose finalizer must stay, or deleting it would skip cleanup."""
+    async with emulator_with_crd() as (_emu, client):
+        kube = KubeApiClient(client)
+        old = await kube.set_finalizer(await create_proxy(client, "p"), present=True)
+        await patch_proxy(client, "p", {"metadata": {"finalizers": []}})
+        await delete_proxy(client, "p")
+        await create_proxy(client, "p")
+        await patch_proxy(client, "p", {"metadata": {"finalizers": [FINALIZER]}})
+        await kube.set_finalizer(old, present=False)
+        fresh = await kube.get_proxy("default", "p")
+        assert fresh is not None and fresh["metadata"]["uid"] != old["metadata"]["uid"]
+        assert fresh["metadata"]["finalizers"] == [FINALIZER]
+        with pytest.raises(LookupError):
+            await kube.set_finalizer({**old, "metadata": {**old["metadata"], "finalizers": []}},
+                                     present=True)
+
+
 async def test_status_update_of_a_vanished_proxy_raises_lookuperror() -> None:
     async with emulator_with_crd() as (_emu, client):
         kube = KubeApiClient(client)
