@@ -77,9 +77,12 @@ def next_health(h: Health, *, ok: bool, message: str, at: datetime, check: Healt
 
 class Prober:
     def __init__(self, *, kube: KubeApi, on_change: Callable[[Hashable], None], time_scale: float = 1.0,
-                 refresh: float = 60.0, logger: Logger | None = None) -> None:
+                 refresh: float = 60.0, on_refresh: Callable[[Hashable], None] | None = None,
+                 logger: Logger | None = None) -> None:
         self._kube = kube
         self._on_change = on_change
+        # The periodic nudge that only refreshes lastProbeTime: the manager lets a backing-off key wait.
+        self._on_refresh = on_refresh or on_change
         self._scale = time_scale
         self._refresh = refresh
         self._log = logger or get_logger("controller.health")
@@ -166,10 +169,12 @@ class Prober:
                           failures=after.failures)
             now = time.monotonic()
             if after.healthy != before.healthy or now - last_notify >= self._refresh * self._scale:
+                last_notify = now
                 if after.healthy != before.healthy:
                     log.info("health changed", healthy=after.healthy, message=message)
-                last_notify = now
-                self._on_change(key)
+                    self._on_change(key)
+                else:
+                    self._on_refresh(key)
             await asyncio.sleep(target.check.interval_seconds * self._scale)
 
     async def probe(self, target: ProbeTarget) -> tuple[bool, str]:

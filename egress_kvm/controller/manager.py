@@ -53,7 +53,7 @@ class Controller:
         self.gc_grace_period = gc_grace_period
         self.queue = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff)
         self.prober = Prober(kube=kube, on_change=self._enqueue_any, time_scale=probe_time_scale,
-                             logger=self.log.with_name("health"))
+                             on_refresh=self._enqueue_unless_backing_off, logger=self.log.with_name("health"))
         self.reconciler = Reconciler(kube=kube, prober=self.prober, providers=providers,
                                      providers_hash=providers_hash, timings=timings, logger=self.log)
         self._tasks: list[asyncio.Task[None]] = []
@@ -187,6 +187,15 @@ class Controller:
     def _enqueue_any(self, key: object) -> None:
         if isinstance(key, tuple) and len(key) == 3:
             key = key[:2]  # a replacement's probe key (reconciler.replacement_key): its Proxy's key
+        self.queue.add(key)  # type: ignore[arg-type]
+
+    def _enqueue_unless_backing_off(self, key: object) -> None:
+        """A probe refresh (no verdict change) for a key whose reconciles are failing waits for its
+        backoff timer: reconciling it would only retry the provider (a dead host's lock) early."""
+        if isinstance(key, tuple) and len(key) == 3:
+            key = key[:2]
+        if self.queue.failures(key) > 0:
+            return
         self.queue.add(key)  # type: ignore[arg-type]
 
     def _enqueue_all(self) -> None:

@@ -52,6 +52,23 @@ async def test_failing_delete_is_retried_on_backoff_not_in_a_loop(
     assert kube.objects[KEY]["metadata"]["finalizers"] == [FINALIZER]
 
 
+async def test_probe_refreshes_do_not_cut_a_failing_keys_backoff_short(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """The host's libvirt is unreachable while the VM still answers its probes: the prober's periodic
+    refresh (every 1.2 s here) must not re-run the failing reconcile before its 5 s backoff is up."""
+    c = make_controller({"kvm-home": provider}, transient_backoff=Backoff(5.0, 5.0))
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready", what="Ready")
+    provider.unreachable.add("nas1")
+    before = len(provider.calls)
+    c.enqueue(KEY)
+    await eventually(lambda: c.queue.failures(KEY) > 0, what="the first failed reconcile")
+    await asyncio.sleep(3.0)  # 2 refreshes, still inside the backoff
+    gets = [op for op, _ in provider.calls[before:] if op == "get"]
+    assert gets == ["get"], f"{len(gets)} provider round trips during one 5 s backoff"
+    assert phase(kube) == "Ready"  # the probes still pass: it keeps serving
+
+
 async def test_failing_delete_through_the_real_kube_layer_waits_its_backoff(
         cluster, proxy_server: MiniProxy) -> None:
     c, hv = cluster
