@@ -224,7 +224,7 @@ class Reconciler:
             desired = None
             ctx.log.info("cannot compute the desired instance; keeping the current one", reason=str(e))
         provider = desired.provider if desired else provider_for(spec, ctx.providers)
-        target = Ref(desired.name, desired.resolved.zone) if desired else current
+        target = Ref(desired.name, desired.resolved.zone, provider=spec.provider) if desired else current
         assert target is not None
 
         replacing = current is not None and current != target
@@ -526,8 +526,12 @@ class Reconciler:
 
     @staticmethod
     def _provider_for_ref(ctx: _Ctx, provider_name: str, ref: Ref) -> Provider | None:
-        """Status records name and zone only: the spec's provider if it serves the zone, else the one
-        provider that does (the spec's provider may have changed since the instance was made)."""
+        """The provider that made `ref`, as status records it (None if that entry is gone: never another
+        provider's same-named host). Status from before it was recorded has name and zone only: the
+        spec's provider if it serves the zone, else the one provider that does (the spec's provider may
+        have changed since the instance was made)."""
+        if ref.provider:
+            return ctx.providers.get(ref.provider)
         named = ctx.providers.get(provider_name)
         if named is not None and ref.zone in named.zones():
             return named

@@ -5,7 +5,7 @@ Kept apart from the reconciler so its decisions read as phases and reasons, not 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,19 +25,28 @@ COND_HOST = "HostReachable"
 
 @dataclass(frozen=True)
 class Ref:
-    """An instance as status records it (`status.instance`, `status.previousInstance`)."""
+    """An instance as status records it (`status.instance`, `status.previousInstance`).
+
+    `provider` names the providers-file entry that made it, so a delete goes to that entry and not to
+    another provider that happens to have a host of the same name. Status written before it existed
+    has none (""); it is not part of equality, so such status is not taken for a different instance."""
 
     name: str
     zone: str
+    provider: str = field(default="", compare=False)
 
     @classmethod
     def from_status(cls, value: Any) -> Ref | None:
         if isinstance(value, dict) and value.get("name"):
-            return cls(name=str(value["name"]), zone=str(value.get("zone") or ""))
+            return cls(name=str(value["name"]), zone=str(value.get("zone") or ""),
+                       provider=str(value.get("provider") or ""))
         return None
 
     def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "zone": self.zone}
+        d = {"name": self.name, "zone": self.zone}
+        if self.provider:
+            d["provider"] = self.provider
+        return d
 
 
 def now_rfc3339() -> str:

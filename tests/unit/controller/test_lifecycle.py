@@ -265,6 +265,26 @@ async def test_delete_with_provider_removed_from_config_does_not_hang(
     assert warnings and "'kvm-home' is not in the providers file" in warnings[0]
 
 
+async def test_delete_never_goes_to_another_providers_host_of_the_same_name(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """Host names are unique only within a provider. With the Proxy's provider removed from the file,
+    another provider's `nas1` is not where its VM is: the delete must not be sent there and reported
+    done; the Decision's ProviderMissing Warning says the VM was left behind."""
+    other = FakeProvider("kvm-other", zones=("nas1",))
+    c = make_controller({"kvm-home": provider, "kvm-other": other})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    name = kube.status(KEY)["instance"]["name"]
+    assert kube.status(KEY)["instance"]["provider"] == "kvm-home"
+    c.update_providers({"kvm-other": other}, "without kvm-home")
+    kube.delete(KEY)
+    await eventually(lambda: KEY not in kube.objects)
+    assert ("delete", name) not in other.calls
+    assert "Deleted" not in kube.reasons("px1")
+    warnings = [m for t, r, m in kube.events_for("px1") if r == "ProviderMissing"]
+    assert warnings and name in warnings[0]
+
+
 async def test_delete_while_host_unreachable_waits_and_keeps_the_finalizer(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
     make_controller({"kvm-home": provider})

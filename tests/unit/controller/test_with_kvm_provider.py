@@ -67,7 +67,7 @@ async def test_lifecycle_to_ready_and_deletion_over_the_kvm_provider(
     name = await boot(kube, hv["host0"])
     await eventually(lambda: phase(kube) == "Ready")
     st = kube.status(KEY)
-    assert st["instance"] == {"name": name, "zone": "host0"}
+    assert st["instance"] == {"name": name, "zone": "host0", "provider": PROVIDER}
     assert st["endpoint"] == f"http://127.0.0.1:{proxy_server.port}"
     seed = read_seed_iso(bytes(hv["host0"].volumes[f"{name}-seed.iso"].data))
     assert seed.files["user-data"] == b"#cloud-config\nruncmd: [tinyproxy]\n"  # not rewritten
