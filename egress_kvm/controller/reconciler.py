@@ -24,7 +24,8 @@ Secrets, provider, probe verdict) and carries out what it says. Error kinds map 
 SpecError/PermanentError -> Failed (not retried until metadata.generation or the providers file changes;
 while deleting: a DeleteBlocked Warning and slow retries, since dropping the finalizer would leak the VM),
 Waiting -> Pending (retried), QuotaError -> slow backoff, TransientError -> normal backoff; a host that
-cannot be reached sets the HostReachable condition and never leads to a recreate.
+cannot be reached (HostUnreachable, a TransientError) sets the HostReachable condition and never leads to
+a recreate; other transient errors (the host answered with an error) say "retrying" and leave it be.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj, SpecChanged
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.providers.base import (
     CreateRequest,
+    HostUnreachable,
     Instance,
     PermanentError,
     PowerState,
@@ -187,6 +189,8 @@ class Reconciler:
         except QuotaError as e:
             return await self._trouble(ctx, f"out of capacity: {e}", reason="QuotaExceeded", retry=QUOTA,
                                        event=Event(WARNING, "QuotaExceeded", str(e)))
+        except HostUnreachable as e:
+            return await self._trouble(ctx, f"retrying: {e}", reason="HostUnreachable", retry=TRANSIENT)
         except TransientError as e:
             return await self._trouble(ctx, f"retrying: {e}", reason="TransientError", retry=TRANSIENT)
 
@@ -252,7 +256,7 @@ class Reconciler:
 
         try:
             instance = await provider.get(target.name, target.zone)
-        except TransientError as e:
+        except HostUnreachable as e:
             return await self._unreachable(ctx, e, target=target)
         # While the old instance serves, status.ip is its address, not the new one's.
         had_ip = current == target and bool(ctx.status.get("ip")) and ctx.serving is None
@@ -558,7 +562,7 @@ class Reconciler:
         ctx.log.info("reconcile will be retried", reason=reason, message=message)
         changed = ctx.status.get("message") != message
         status = self._held_status(ctx, message=message, reason=reason)
-        if retry == TRANSIENT and reason == "TransientError":
+        if reason == "HostUnreachable":  # a host that answered with an error is reachable: say nothing
             set_condition(status, type_=COND_HOST, value="False", reason="Unreachable", message=message,
                           generation=ctx.generation)
         if event is not None and changed:

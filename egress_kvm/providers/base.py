@@ -31,6 +31,11 @@ class TransientError(ProviderError):
     """Anything that may work on retry: host unreachable, connection dropped, libvirt busy."""
 
 
+class HostUnreachable(TransientError):
+    """The host did not answer at all (dial failed, link lost or timed out), as opposed to a host that
+    answered with an error: only this one is reported as the HostReachable condition."""
+
+
 @dataclass(frozen=True)
 class Placement:
     zone: str | None = None

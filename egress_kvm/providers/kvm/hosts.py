@@ -16,7 +16,7 @@ from typing import Any
 
 from egress_kvm.config.models import HostConfig
 from egress_kvm.log import Logger
-from egress_kvm.providers.base import TransientError
+from egress_kvm.providers.base import HostUnreachable, TransientError
 from rpc.errors import ConnectFailed, ConnectionLost, DeadlineExceeded, LibvirtError, ProtocolError
 
 from .calllog import current_instance
@@ -79,7 +79,7 @@ class Host:
                 self._forget(reason)
             now = self._clock()
             if now < self._retry_at:
-                raise TransientError(f"host {self.name!r} unreachable ({self._last_error}); "
+                raise HostUnreachable(f"host {self.name!r} unreachable ({self._last_error}); "
                                      f"next dial in {self._retry_at - now:.1f}s")
             address = self.config.address
             try:
@@ -90,7 +90,7 @@ class Host:
                 self._last_error = _describe(exc)
                 self.log.v(1).info("libvirt host dial failed", address=address, error=self._last_error,
                                     retryIn=round(self._backoff, 2))
-                raise TransientError(
+                raise HostUnreachable(
                     f"host {self.name!r} ({address}) unreachable: {self._last_error}") from None
             self._backoff = 0.0
             self._retry_at = 0.0
@@ -141,10 +141,10 @@ class Host:
         except LINK_ERRORS as exc:
             reason = session.closed_reason or _describe(exc)
             if isinstance(exc, DeadlineExceeded):
-                raise TransientError(f"host {self.name!r}: {method} timed out: {_describe(exc)}") from None
+                raise HostUnreachable(f"host {self.name!r}: {method} timed out: {_describe(exc)}") from None
             if self._session is session:
                 await self._drop(session, reason)
-            raise TransientError(
+            raise HostUnreachable(
                 f"host {self.name!r}: libvirt connection lost during {method}: {reason}") from None
 
     async def upload(self, vol: Any, data: Any, *, length: int = 0) -> None:
@@ -167,7 +167,7 @@ class Host:
             reason = session.closed_reason or _describe(exc)
             if self._session is session:
                 await self._drop(session, reason)
-            raise TransientError(
+            raise HostUnreachable(
                 f"host {self.name!r}: connection lost reading {vol.name!r}: {reason}") from None
         return bytes(out)
 

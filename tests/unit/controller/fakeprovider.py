@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 from egress_kvm.providers.base import (
     CreateRequest,
+    HostUnreachable,
     Instance,
     PermanentError,
     Placement,
@@ -136,4 +137,4 @@ class FakeProvider:
     def _reach(self, zone: str, op: str, name: str) -> None:
         self.calls.append((op, name))
         if zone in self.unreachable:
-            raise TransientError(f"host {zone}: ssh: connect to 10.231.0.9:22: connection refused")
+            raise HostUnreachable(f"host {zone}: ssh: connect to 10.231.0.9:22: connection refused")

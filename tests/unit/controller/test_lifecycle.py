@@ -13,7 +13,7 @@ import pytest
 
 from egress_kvm.controller.status import get_condition
 from egress_kvm.kube.interfaces import FINALIZER
-from egress_kvm.providers.base import PowerState, QuotaError
+from egress_kvm.providers.base import PowerState, QuotaError, TransientError
 
 from .conftest import eventually
 from .fakekube import FakeKube
@@ -263,6 +263,30 @@ async def test_delete_with_provider_removed_from_config_does_not_hang(
     await eventually(lambda: KEY not in kube.objects)
     warnings = [m for t, r, m in kube.events_for("px1") if r == "ProviderMissing"]
     assert warnings and "'kvm-home' is not in the providers file" in warnings[0]
+
+
+async def test_a_host_that_answers_with_an_error_is_not_reported_unreachable(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """A libvirt error from a host that answered (storage, a busy job) is retried, but HostReachable is
+    about the link only: it stays True and the message does not say the zone is unreachable."""
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    real_get = provider.get
+
+    async def busy(name: str, zone: str):  # type: ignore[no-untyped-def]
+        provider.calls.append(("get", name))
+        raise TransientError(f"host {zone!r}: lookup {name!r} failed: cannot acquire state change lock")
+
+    provider.get = busy  # type: ignore[method-assign]
+    c.enqueue(KEY)
+    await eventually(lambda: "cannot acquire state change lock" in kube.status(KEY).get("message", ""))
+    st = kube.status(KEY)
+    assert st["message"].startswith("retrying: ") and "unreachable" not in st["message"]
+    assert cond(kube, "HostReachable")["status"] == "True"
+    assert phase(kube) == "Ready"
+    provider.get = real_get  # type: ignore[method-assign]
+    await eventually(lambda: kube.status(KEY).get("message", "").startswith("healthy"))
 
 
 async def test_delete_never_goes_to_another_providers_host_of_the_same_name(
