@@ -141,6 +141,9 @@ class Reconciler:
         # key -> starts since the instance was last Ready: a guest that keeps stopping (a crash at boot)
         # is started again on a growing delay, with an Event on the 1st, 2nd, 4th, 8th... start only.
         self.restarts: dict[Key, int] = {}
+        # key -> (reason, message) of the retryable trouble the last reconcile ended in: the same trouble
+        # again records no second Event, and a quota retry does not first rewrite "creating ...".
+        self.troubles: dict[Key, tuple[str, str]] = {}
 
     def set_providers(self, providers: Mapping[str, Provider], providers_hash: str) -> None:
         self.providers = dict(providers)
@@ -152,6 +155,7 @@ class Reconciler:
         self.failed.pop(key, None)
         self.phases.pop(key, None)
         self.restarts.pop(key, None)
+        self.troubles.pop(key, None)
 
     def _unwatch_all(self, key: Key) -> None:
         self.prober.unwatch(key)
@@ -167,7 +171,9 @@ class Reconciler:
         ctx = _Ctx(key=key, proxy=proxy, log=self.log.with_values(proxy=f"{key[0]}/{key[1]}"),
                    providers=self.providers, providers_hash=self.providers_hash)
         try:
-            return await self._reconcile(ctx)
+            result = await self._reconcile(ctx)
+            self.troubles.pop(key, None)  # it got through: a trouble seen again later is news
+            return result
         except SpecChanged as e:
             # The spec moved on under this reconcile: its outcome is moot; start over from the new one.
             ctx.log.v(1).info("spec changed during the reconcile; starting over", reason=str(e))
@@ -273,9 +279,14 @@ class Reconciler:
                             "Secret is back (spec.cloudInit.secretRef)"))
                 return Result(requeue_after=self.timings.pending_retry)
             self.prober.unwatch(probe_key)
-            # Record the name first: from here on, deletion and GC know this instance may exist.
-            await self._write(ctx, self._compose(ctx, phase=PROVISIONING, message=plan.message,
-                                                 instance=target, previous=previous, reason="Provisioning"))
+            # Record the name first: from here on, deletion and GC know this instance may exist. A retry
+            # after no capacity finds it recorded already: status keeps saying why it waits.
+            retrying_quota = (self.troubles.get(ctx.key, ("", ""))[0] == "QuotaExceeded"
+                              and Ref.from_status(ctx.status.get("instance")) == target)
+            if not retrying_quota:
+                await self._write(ctx, self._compose(ctx, phase=PROVISIONING, message=plan.message,
+                                                     instance=target, previous=previous,
+                                                     reason="Provisioning"))
             instance, previous = await self._create(ctx, desired, previous=previous, target=target)
             ctx.log.info("instance created", instance=target.name, zone=target.zone)
             ctx.events.extend(plan.events)
@@ -560,7 +571,8 @@ class Reconciler:
                        event: Event | None = None) -> Result:
         """A retryable error: keep the phase, say what went wrong, back off."""
         ctx.log.info("reconcile will be retried", reason=reason, message=message)
-        changed = ctx.status.get("message") != message
+        changed = self.troubles.get(ctx.key) != (reason, message)
+        self.troubles[ctx.key] = (reason, message)
         status = self._held_status(ctx, message=message, reason=reason)
         if reason == "HostUnreachable":  # a host that answered with an error is reachable: say nothing
             set_condition(status, type_=COND_HOST, value="False", reason="Unreachable", message=message,

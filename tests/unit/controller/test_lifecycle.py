@@ -232,6 +232,12 @@ async def test_quota_error_backs_off_slowly_with_a_message(
     assert cond(kube, "Ready")["reason"] == "QuotaExceeded"
     assert "QuotaExceeded" in kube.reasons("px1")
     assert c.queue.failures(KEY) >= 1
+    # Retries of the same shortage neither rewrite status nor repeat the Event.
+    await eventually(lambda: sum(1 for op, _ in provider.calls if op == "create") >= 3)
+    writes = kube.status_writes
+    await eventually(lambda: sum(1 for op, _ in provider.calls if op == "create") >= 6)
+    assert kube.status_writes == writes
+    assert kube.reasons("px1").count("QuotaExceeded") == 1
     provider.capacity = None
     await eventually(lambda: phase(kube) == "Ready")
 
