@@ -145,8 +145,9 @@ class FakeKube:
         stored["status"] = copy.deepcopy(status)
         self.status_writes += 1
         self._bump(stored, "MODIFIED")
+        written = copy.deepcopy(stored)  # what this write stored, not what others wrote since
         await asyncio.sleep(0)
-        return copy.deepcopy(stored)
+        return written
 
     async def set_finalizer(self, obj: Obj, *, present: bool) -> Obj:
         stored = self._stored_for(obj)
@@ -163,8 +164,9 @@ class FakeKube:
             self._remove(key_of(stored))
             return last
         self._bump(stored, "MODIFIED")
+        written = copy.deepcopy(stored)
         await asyncio.sleep(0)
-        return copy.deepcopy(stored)
+        return written
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
         data = self.secrets.get((namespace, name))

@@ -332,11 +332,22 @@ async def test_delete_while_host_unreachable_waits_and_keeps_the_finalizer(
 
 async def test_status_conflicts_are_survived(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """Conflicting writes are retried; and a status computed from generation 1 is never stored once the
+    spec is at generation 2 (the fake, like the client, refuses it: SpecChanged), so what status says it
+    observed is what it evaluated."""
     kube.inject_conflicts = 3
+    provider.hold_create = asyncio.Event()
     make_controller({"kvm-home": provider})
-    kube.create_proxy("px1", spec_for(proxy_server))
-    await eventually(lambda: phase(kube) == "Ready")
+    spec = spec_for(proxy_server)
+    kube.create_proxy("px1", spec)
+    await provider.create_started.wait()
+    kube.set_spec(KEY, {**spec, "placement": {**spec["placement"], "machineType": "large"}})
+    provider.hold_create.set()
+    await eventually(lambda: phase(kube) == "Ready" and kube.status(KEY)["observedGeneration"] == 2
+                     and "previousInstance" not in kube.status(KEY))
     assert kube.conflicts >= 3
+    assert kube.stale_rejected >= 1  # the write computed from generation 1 after the edit
+    assert provider.names() == {kube.status(KEY)["instance"]["name"]}
 
 
 async def test_external_mode_is_running_then_ready_by_probes_only(
