@@ -30,6 +30,7 @@ a recreate; other transient errors (the host answered with an error) say "retryi
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
@@ -206,9 +207,13 @@ class Reconciler:
             return await self._finalize(ctx)
         if FINALIZER not in (meta.get("finalizers") or []):
             ctx.proxy = await self.kube.set_finalizer(ctx.proxy, present=True)
-        if ctx.status.get("phase") == FAILED and self.failed.get(ctx.key) == (ctx.generation,
-                                                                               ctx.providers_hash):
-            return Result()  # Failed stays until the spec or the providers file changes
+        if ctx.status.get("phase") == FAILED and (
+                self.failed.get(ctx.key) == (ctx.generation, ctx.providers_hash)
+                or (ctx.status.get("observedGeneration") == ctx.generation
+                    and ctx.status.get("failedProviders") == providers_tag(ctx.providers_hash))):
+            # Failed stays until the spec or the providers file changes. The verdict is in status too,
+            # so a restart or a new leader does not retry it (a bad image would be downloaded again).
+            return Result()
         self.failed.pop(ctx.key, None)  # a verdict about other inputs (a stale one is re-decided)
         spec = parse_spec(ctx.proxy.get("spec"))
         if spec.mode == EXTERNAL:
@@ -561,10 +566,11 @@ class Reconciler:
         self._unwatch_all(ctx.key)
         self.failed[ctx.key] = (ctx.generation, ctx.providers_hash)
         ctx.log.info("proxy failed", message=message)
-        await self._write(ctx, self._compose(
-            ctx, phase=FAILED, message=message, reason="Failed",
-            instance=Ref.from_status(ctx.status.get("instance")),
-            previous=Ref.from_status(ctx.status.get("previousInstance"))))
+        status = self._compose(ctx, phase=FAILED, message=message, reason="Failed",
+                               instance=Ref.from_status(ctx.status.get("instance")),
+                               previous=Ref.from_status(ctx.status.get("previousInstance")))
+        status["failedProviders"] = providers_tag(ctx.providers_hash)
+        await self._write(ctx, status)
         return Result()
 
     async def _trouble(self, ctx: _Ctx, message: str, *, reason: str, retry: str,
@@ -688,6 +694,12 @@ def _cap_messages(status: Obj) -> None:
     for c in status.get("conditions") or []:
         if isinstance(c.get("message"), str):
             c["message"] = cap(c["message"])
+
+
+def providers_tag(providers_hash: str) -> str:
+    """A short tag of the providers file for status: enough to tell files apart, and not the file's own
+    digest (status is readable by every Proxy user; the file is the operator's)."""
+    return hashlib.sha256(f"egress-kvm providers {providers_hash}".encode()).hexdigest()[:16]
 
 
 def replacement_key(key: Key) -> tuple[str, str, str]:

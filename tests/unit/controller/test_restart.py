@@ -80,3 +80,41 @@ async def test_a_restart_does_not_seed_a_different_endpoint(
     await eventually(lambda: kube.status(KEY).get("ip") == "127.0.0.3")
     assert phase(kube) == "Running"  # nothing listens there: no verdict carried over to it
     assert "Healthy" not in {c["type"] for c in kube.status(KEY)["conditions"]}
+
+
+async def test_a_restarted_operator_does_not_retry_a_failed_proxy_until_its_inputs_change(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """The Failed verdict survives a restart (it is in status): a permanent create failure (a bad image
+    is downloaded whole before its checksum fails) is not run again by each new process or leader."""
+    from egress_kvm.providers.base import PermanentError
+
+    async def bad_image(request, *, progress=None):  # type: ignore[no-untyped-def]
+        provider.calls.append(("create", request.name))
+        raise PermanentError("image 'debian-13': sha256 mismatch")
+
+    provider.create = bad_image  # type: ignore[method-assign]
+    first = make_controller({"kvm-home": provider}, providers_hash="v1")
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Failed")
+    await first.stop(timeout=1.0)
+    creates = sum(1 for op, _ in provider.calls if op == "create")
+    assert creates == 1
+    assert "v1" not in kube.status(KEY)["failedProviders"]  # a tag, not the file's digest
+
+    second = make_controller({"kvm-home": provider}, providers_hash="v1")  # same file: no retry
+    done: list[object] = []
+    real_reconcile = second.reconciler.reconcile
+
+    async def counted(key):  # type: ignore[no-untyped-def]
+        result = await real_reconcile(key)
+        done.append(key)
+        return result
+
+    second.reconciler.reconcile = counted  # type: ignore[method-assign]  # before its first reconcile
+    await eventually(lambda: KEY in done, what="the new process reconciled px1")
+    await second.stop(timeout=1.0)
+    assert sum(1 for op, _ in provider.calls if op == "create") == creates
+    assert phase(kube) == "Failed"
+
+    make_controller({"kvm-home": provider}, providers_hash="v2")  # the file changed: tried again
+    await eventually(lambda: sum(1 for op, _ in provider.calls if op == "create") == creates + 1)
