@@ -77,6 +77,10 @@ class Timings:
     pending_retry: float = 30.0  # look again for something outside (a missing Secret)
     progress_interval: float = 2.0  # at most one status write per this many seconds for create progress
     restart_backoff_max: float = 300.0  # a VM that keeps stopping is started again at most this often
+    # A VM running without an IP is looked at every `poll` this many times, then on a growing delay up
+    # to ip_wait_max: a guest whose network never comes up must not cost a provider call every poll.
+    ip_wait_polls: int = 60
+    ip_wait_max: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,7 @@ class Reconciler:
         # key -> (reason, message) of the retryable trouble the last reconcile ended in: the same trouble
         # again records no second Event, and a quota retry does not first rewrite "creating ...".
         self.troubles: dict[Key, tuple[str, str]] = {}
+        self.ip_waits: dict[Key, int] = {}  # key -> looks in a row at its instance running without an IP
 
     def set_providers(self, providers: Mapping[str, Provider], providers_hash: str) -> None:
         self.providers = dict(providers)
@@ -157,6 +162,7 @@ class Reconciler:
         self.phases.pop(key, None)
         self.restarts.pop(key, None)
         self.troubles.pop(key, None)
+        self.ip_waits.pop(key, None)
 
     def _unwatch_all(self, key: Key) -> None:
         self.prober.unwatch(key)
@@ -334,6 +340,15 @@ class Reconciler:
             self.restarts.pop(ctx.key, None)
         if restart_delay is not None:
             return Result(requeue_after=restart_delay)
+        if plan.poll and instance is not None and instance.power_state is PowerState.RUNNING \
+                and not instance.ip:
+            waits = self.ip_waits[ctx.key] = self.ip_waits.get(ctx.key, 0) + 1
+            extra = waits - self.timings.ip_wait_polls
+            if extra > 0:
+                return Result(requeue_after=min(self.timings.poll * 2 ** min(extra, 20),
+                                                self.timings.ip_wait_max))
+        else:
+            self.ip_waits.pop(ctx.key, None)
         return Result(requeue_after=self.timings.poll if plan.poll else None)
 
     def _plan(self, ctx: _Ctx, spec: ProxySpec, *, target: Ref, instance: Instance | None, had_ip: bool,

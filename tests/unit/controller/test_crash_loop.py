@@ -1,5 +1,6 @@
-"""A guest that keeps stopping (a panic at boot; libvirt's default on_crash destroys it, so it shows as
-shut off): started again on a growing delay, with Events on the 1st, 2nd, 4th... start, not every poll."""
+"""Guests that never settle cost less and less: one that keeps stopping (a panic at boot; libvirt's
+default on_crash destroys it, so it shows as shut off) is started again on a growing delay, with Events
+on the 1st, 2nd, 4th... start, not every poll; one whose network never comes up is polled less often."""
 
 from __future__ import annotations
 
@@ -39,3 +40,20 @@ async def test_a_vm_that_keeps_stopping_is_restarted_on_a_growing_delay(
     c.enqueue(KEY)
     # Ready ends the streak: the next stop is told at once again.
     await eventually(lambda: phase(kube) == "Ready" and KEY not in c.reconciler.restarts)
+
+
+async def test_a_vm_that_never_gets_an_ip_is_looked_at_less_and_less_often(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    from egress_kvm.controller.reconciler import Timings
+
+    provider.ip_for = lambda name: None  # the guest's network never comes up
+    c = make_controller({"kvm-home": provider}, timings=Timings(
+        poll=0.02, pending_retry=0.05, progress_interval=0.0, ip_wait_polls=5, ip_wait_max=0.4))
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: "waiting for the IP address" in kube.status(KEY).get("message", ""))
+    await asyncio.sleep(1.5)  # 75 polls at a steady 0.02 s
+    gets = sum(1 for op, _ in provider.calls if op == "get")
+    assert gets <= 20, f"{gets} provider round trips while waiting for an IP"
+    name = kube.status(KEY)["instance"]["name"]
+    provider.vms[("nas1", name)] = dataclasses.replace(provider.vms[("nas1", name)], ip="127.0.0.1")
+    await eventually(lambda: phase(kube) == "Ready" and KEY not in c.reconciler.ip_waits)
