@@ -77,7 +77,8 @@ async def make_controller(kube: FakeKube) -> AsyncIterator[Callable[..., Control
 
     def make(providers: dict, **kw) -> Controller:
         opts = {**FAST, "resync_period": 3600.0, "gc_interval": 3600.0, **kw}
-        c = Controller(kube=kube, store=kube, providers=providers, **opts)
+        opts.setdefault("store", kube)  # or a LaggingStore: an informer cache behind the API server
+        c = Controller(kube=kube, providers=providers, **opts)
         kube.watch(c.on_event)
         started.append((c, asyncio.get_running_loop().create_task(c.run())))
         return c

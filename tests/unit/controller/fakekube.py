@@ -215,3 +215,31 @@ class FakeKube:
                 asyncio.get_running_loop().call_soon(w, kind, snapshot)
             except RuntimeError:  # no loop (a test setting up before it starts)
                 w(kind, snapshot)
+
+
+class LaggingStore:
+    """A ProxyStore (informer cache) that can fall behind the API server: `freeze()` keeps serving the
+    objects as they are now while the FakeKube moves on, as a stalled watch does, still reporting synced.
+    Without it the cache could never lag in a test, since FakeKube is both cache and API server."""
+
+    def __init__(self, api: FakeKube) -> None:
+        self._api = api
+        self._frozen: dict[Key, Obj] | None = None
+
+    def freeze(self) -> None:
+        self._frozen = copy.deepcopy(self._api.objects)
+
+    def thaw(self) -> None:
+        self._frozen = None
+
+    def get(self, key: Key) -> Obj | None:
+        if self._frozen is None:
+            return self._api.get(key)
+        obj = self._frozen.get(key)
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def keys(self) -> list[Key]:
+        return list(self._frozen) if self._frozen is not None else self._api.keys()
+
+    def has_synced(self) -> bool:
+        return True

@@ -8,7 +8,7 @@ from egress_kvm.controller.gc import collect_orphans
 from egress_kvm.providers.base import Instance, PowerState
 
 from .conftest import eventually
-from .fakekube import FakeKube
+from .fakekube import FakeKube, LaggingStore
 from .fakeprovider import FakeProvider
 from .proxyserver import MiniProxy
 from .test_lifecycle import KEY, phase, spec_for
@@ -158,3 +158,23 @@ async def test_periodic_gc_runs_in_the_controller(
     provider.plant(vm("proxy-orphan", uid="nobody"))
     make_controller({"kvm-home": provider}, gc_interval=0.05)
     await eventually(lambda: provider.names() == set())
+
+
+async def test_gc_with_a_stalled_cache_spares_what_a_replacement_created(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """Through the controller: the informer cache stalls, a spec edit replaces the VM (the reconciler
+    reads fresh), then GC runs on the stale cache, which still names the old VM and old spec."""
+    cache = LaggingStore(kube)
+    c = make_controller({"kvm-home": provider}, store=cache, gc_grace_period=0.0)
+    spec = spec_for(proxy_server)
+    kube.create_proxy("px1", spec)
+    await eventually(lambda: phase(kube) == "Ready")
+    old = kube.status(KEY)["instance"]["name"]
+    cache.freeze()
+    spec["placement"]["machineType"] = "large"
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: phase(kube) == "Ready" and kube.status(KEY)["instance"]["name"] != old
+                     and "previousInstance" not in kube.status(KEY))
+    new = kube.status(KEY)["instance"]["name"]
+    assert await c.collect_garbage() == []
+    assert provider.names() == {new}
