@@ -178,13 +178,20 @@ class Reconciler:
         ctx = _Ctx(key=key, proxy=proxy, log=self.log.with_values(proxy=f"{key[0]}/{key[1]}"),
                    providers=self.providers, providers_hash=self.providers_hash)
         try:
+            return await self._outcome(ctx)
+        except SpecChanged as e:
+            # The spec moved on under this reconcile (also while writing its error): its outcome is
+            # moot, and not an error; start over from the new spec.
+            ctx.log.v(1).info("spec changed during the reconcile; starting over", reason=str(e))
+            return Result(requeue_after=0.0)
+
+    async def _outcome(self, ctx: _Ctx) -> Result:
+        """One reconcile, with the provider's error kinds turned into their outcomes."""
+        key = ctx.key
+        try:
             result = await self._reconcile(ctx)
             self.troubles.pop(key, None)  # it got through: a trouble seen again later is news
             return result
-        except SpecChanged as e:
-            # The spec moved on under this reconcile: its outcome is moot; start over from the new one.
-            ctx.log.v(1).info("spec changed during the reconcile; starting over", reason=str(e))
-            return Result(requeue_after=0.0)
         except LookupError:
             if await self.kube.get_proxy(*key) is not None:
                 raise  # not a vanished Proxy (a KeyError is a LookupError too): a real error

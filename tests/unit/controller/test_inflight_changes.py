@@ -4,6 +4,7 @@ verdict must name the inputs it was computed from, so the newer ones are evaluat
 from __future__ import annotations
 
 import asyncio
+import io
 
 from egress_kvm.providers.base import PermanentError
 
@@ -15,7 +16,8 @@ from .test_lifecycle import KEY, phase, spec_for
 
 
 async def test_a_spec_fix_during_a_failing_create_is_evaluated_not_stamped_failed(
-        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller,
+        logs: io.StringIO) -> None:
     """The user fixes the image while the bad one downloads (generation 2); a progress write conflicts
     after the edit, then the old image fails permanently. Failed must not be recorded for generation 2."""
     gate = asyncio.Event()
@@ -42,6 +44,8 @@ async def test_a_spec_fix_during_a_failing_create_is_evaluated_not_stamped_faile
     st = kube.status(KEY)
     assert st["observedGeneration"] == 2
     assert "debian-13" not in st["message"]
+    assert kube.stale_rejected >= 1  # the Failed status computed from generation 1 was refused...
+    assert "reconcile failed" not in logs.getvalue()  # ...and that is a restart, not an error
 
 
 async def test_a_providers_fix_during_a_failing_create_is_tried(
