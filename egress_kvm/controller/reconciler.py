@@ -12,9 +12,9 @@ that hold:
   (QuotaError) on the host the old instance runs on, the old instance is deleted first and the create
   retried (delete-before-create), since a replacement that can never start is worse than a short gap; on
   another host deleting it would free nothing, so it keeps serving and the create is retried on the
-  quota backoff. While the old instance still runs with an
-  IP it keeps serving: status shows its `ip`/`endpoint` and its probe verdict (so a Ready Proxy stays
-  Ready), and the replacement is probed under a key of its own until it is Ready and takes over.
+  quota backoff. While the old instance still runs with an IP it keeps serving: status shows its
+  `ip`/`endpoint` and its probe verdict (so a Ready Proxy stays Ready), and the replacement is probed
+  under a key of its own until it is Ready and takes over.
 - A verdict recorded in status by an earlier operator process (a restart, a new leader) seeds the probes
   when the endpoint is unchanged, so a healthy Proxy is not flapped to Running by the handover; the
   probes run at once regardless, and only `failureThreshold` real failures demote it.
@@ -26,6 +26,13 @@ while deleting: a DeleteBlocked Warning and slow retries, since dropping the fin
 Waiting -> Pending (retried), QuotaError -> slow backoff, TransientError -> normal backoff; a host that
 cannot be reached (HostUnreachable, a TransientError) sets the HostReachable condition and never leads to
 a recreate; other transient errors (the host answered with an error) say "retrying" and leave it be.
+
+A verdict names the inputs it was computed from: generation, uid and providers file are frozen when the
+reconcile starts, a status write that finds a newer generation is refused (SpecChanged: start over), and
+Failed records the providers file (`failedProviders`) so a restart does not retry it. Guests that never
+settle cost less and less: a VM that keeps stopping is started on a doubling delay (Restarted on the 1st,
+2nd, 4th... start), one that never gets an IP is polled less often after a while, and the same retryable
+trouble twice records one Event.
 """
 
 from __future__ import annotations
