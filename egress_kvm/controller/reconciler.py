@@ -548,12 +548,13 @@ class Reconciler:
         for ref in refs:
             provider = self._provider_for_ref(ctx, provider_name, ref)
             if provider is None:
+                missing = ref.provider or provider_name  # the entry that made it, where status says
                 await self.kube.record_event(
                     ctx.proxy, type_=WARNING, reason="ProviderMissing",
-                    message=f"provider {provider_name!r} is not in the providers file: instance {ref.name} "
+                    message=f"provider {missing!r} is not in the providers file: instance {ref.name} "
                             f"on {ref.zone} was not deleted; removing the finalizer anyway")
                 ctx.log.info("provider gone; not deleting instance", instance=ref.name, zone=ref.zone,
-                             provider=provider_name)
+                             provider=missing)
                 continue
             await provider.delete(ref.name, ref.zone)
             ctx.log.info("instance deleted", instance=ref.name, zone=ref.zone)

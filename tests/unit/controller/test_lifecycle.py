@@ -312,7 +312,7 @@ async def test_delete_never_goes_to_another_providers_host_of_the_same_name(
     assert ("delete", name) not in other.calls
     assert "Deleted" not in kube.reasons("px1")
     warnings = [m for t, r, m in kube.events_for("px1") if r == "ProviderMissing"]
-    assert warnings and name in warnings[0]
+    assert warnings and name in warnings[0] and "'kvm-home'" in warnings[0]
 
 
 async def test_delete_while_host_unreachable_waits_and_keeps_the_finalizer(
