@@ -266,6 +266,15 @@ class Api:
             obj["status"] = self._crd_status(obj)
 
     # --- update / patch ----------------------------------------------------------------------
+    def _existing(self, rt: ResourceType, ns: str, name: str, subresource: str) -> tuple[str, Obj]:
+        """The namespace as stored (none for cluster-scoped kinds) and the object a write starts from."""
+        ns = ns if rt.namespaced else ""
+        self._check_subresource(rt, subresource)
+        current = self.store.get(rt.key, ns, name)
+        if current is None:
+            raise errors.not_found(rt.group_resource, name)
+        return ns, current
+
     def update(
         self,
         rt: ResourceType,
@@ -277,11 +286,7 @@ class Api:
         field_validation: str = "",
         dry_run: bool = False,
     ) -> tuple[Obj, list[str]]:
-        ns = ns if rt.namespaced else ""
-        self._check_subresource(rt, subresource)
-        current = self.store.get(rt.key, ns, name)
-        if current is None:
-            raise errors.not_found(rt.group_resource, name)
+        ns, current = self._existing(rt, ns, name, subresource)
         obj = self._check_body(rt, body)
         meta = obj.setdefault("metadata", {})
         if meta.get("name") and meta["name"] != name:
@@ -315,11 +320,7 @@ class Api:
         field_validation: str = "",
         dry_run: bool = False,
     ) -> tuple[Obj, list[str]]:
-        ns = ns if rt.namespaced else ""
-        self._check_subresource(rt, subresource)
-        current = self.store.get(rt.key, ns, name)
-        if current is None:
-            raise errors.not_found(rt.group_resource, name)
+        ns, current = self._existing(rt, ns, name, subresource)
         base = self.served(rt, copy.deepcopy(current))
         if content_type == "application/merge-patch+json":
             if not isinstance(body, dict):
