@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "deploy" / "crd" / "egressproxies.io_proxies.yaml"
 BIN = Path(sys.executable).parent
 KUBECTL = shutil.which("kubectl", path=str(BIN)) or shutil.which("kubectl")
-HEADER = ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "AGE"]
+HEADER = ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "REASON", "AGE"]
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -261,6 +261,36 @@ def test_healthy_column_is_blank_until_a_verdict(emu: Emu, ns: str) -> None:
         {"type": "Ready", "status": "True", "reason": "Ready"},
         {"type": "Healthy", "status": "True", "reason": "ProbeSucceeded"}]})
     assert [row()[c] for c in ("PHASE", "IP", "HEALTHY")] == ["Ready", "10.231.0.11", "True"]
+
+
+def test_reason_in_plain_get_and_wide_columns(emu: Emu, ns: str) -> None:
+    """A DeleteBlocked or Failed Proxy says why in a plain `get` (REASON); `-o wide` adds the message and
+    where the VM runs (priority-1 columns), which plain `get` leaves out."""
+    emu.kubectl("apply", "-f", "-", stdin=_proxy("r", ns))
+    _status(emu, ns, "r", {
+        "phase": "Deleting", "message": "delete refused: storage pool 'default' is not active",
+        "instance": {"name": "proxy-0123abcd", "zone": "nas1", "provider": "lab"},
+        "conditions": [{"type": "Ready", "status": "False", "reason": "DeleteBlocked"}]})
+    header, line = emu.kubectl("-n", ns, "get", "px", "r").stdout.splitlines()
+    assert header.split() == HEADER
+    assert _cells(header, line)["REASON"] == "DeleteBlocked"
+    header, line = emu.kubectl("-n", ns, "get", "px", "r", "-o", "wide").stdout.splitlines()
+    assert header.split() == [*HEADER[:-1], "MESSAGE", "ZONE", "INSTANCE", "AGE"]
+    cells = _cells(header, line)
+    assert (cells["PHASE"], cells["REASON"], cells["ZONE"], cells["INSTANCE"]) == (
+        "Deleting", "DeleteBlocked", "nas1", "proxy-0123abcd")
+    assert cells["MESSAGE"] == "delete refused: storage pool 'default' is not active"
+
+
+def test_explain_reads_as_documentation(emu: Emu) -> None:
+    """Every field of the served schema has a description: `kubectl explain` never says <no description>."""
+    for path in ("px.spec", "px.spec.placement", "px.spec.cloudInit.secretRef", "px.spec.healthCheck",
+                 "px.spec.auth.secretRef", "px.status", "px.status.instance", "px.status.conditions"):
+        out = emu.kubectl("explain", path).stdout
+        assert "FIELDS:" in out, out
+        assert "<no description>" not in out, (path, out)
+    out = emu.kubectl("explain", "px.spec.healthCheck.successThreshold").stdout
+    assert "Consecutive successful probes before Healthy becomes True." in out
 
 
 def test_describe_lists_the_proxy_events(emu: Emu, ns: str) -> None:
