@@ -71,6 +71,7 @@ class Controller:
     def on_event(self, kind: str, obj: Obj) -> None:
         key = key_of(obj)
         if kind == "DELETED":
+            metrics.forget_proxy(*key)
             self.reconciler.forget(key)
             self.queue.drop(key)
             self._seen.pop(key, None)
@@ -101,6 +102,7 @@ class Controller:
         if self._stopping:
             return  # stopped before it ever ran
         self._stopped = asyncio.Event()
+        metrics.init_controller(NAME, workers=self.workers)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._worker(), name=f"reconcile worker {i}")
                        for i in range(self.workers)]
@@ -128,9 +130,12 @@ class Controller:
                 key = await self.queue.get()
             except QueueShutDown:
                 return
+            active = metrics.ACTIVE_WORKERS.labels(NAME)
+            active.inc()
             try:
                 await self._process(key)  # type: ignore[arg-type]
             finally:
+                active.dec()
                 self.queue.done(key)
 
     async def _process(self, key: Key) -> None:

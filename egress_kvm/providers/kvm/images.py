@@ -25,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from egress_kvm.metrics import IMAGE_BYTES_FETCHED
+from egress_kvm.metrics import IMAGE_BYTES_FETCHED, IMAGE_IMPORTS
 from egress_kvm.providers.base import PermanentError, ProgressCallback, TransientError
 from rpc.errors import LibvirtError, NotFoundError
 
@@ -100,7 +100,13 @@ class ImageCache:
                 await delete_volume(host, marker)
             if base is not None:
                 await delete_volume(host, base)
-            return await self._fetch(host, pool, image, reason=reason, progress=progress)
+            try:
+                fetched = await self._fetch(host, pool, image, reason=reason, progress=progress)
+            except Exception:
+                IMAGE_IMPORTS.labels(host.name, image.label, "error").inc()
+                raise
+            IMAGE_IMPORTS.labels(host.name, image.label, "success").inc()
+            return fetched
 
     async def _cached(self, host: Host, base: Any, image: ImageSource) -> BaseImage:
         path = await host.call("storage_vol_get_path", base)
