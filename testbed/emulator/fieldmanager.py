@@ -300,25 +300,32 @@ def path_text(path: Path) -> str:
     return out
 
 
-def dropped_paths(before: set[Path], applied: set[Path], others: set[Path]) -> set[Path]:
-    """What an Apply removes: fields this manager applied before and applies no more that nobody else
-    owns; leaves and list items, plus the objects and lists that held only such fields."""
+@dataclass(frozen=True)
+class Dropped:
+    """What an Apply removes: `fields` (leaves and list items this manager applied before, applies no
+    more, and nobody else owns), and `holders`, objects that held such fields, removed once empty."""
+
+    fields: frozenset[Path]
+    holders: frozenset[Path]
+
+
+def dropped_paths(before: set[Path], applied: set[Path], others: set[Path]) -> Dropped:
     kept = applied | others
     gone = {p for p in before - kept if p in _leaves(before) or p[-1][:2] in ("k:", "v:")}
-    for p in sorted(before - kept - gone, key=len, reverse=True):
-        if len(p) > 1 and not any(q[:len(p)] == p for q in kept):
-            gone.add(p)
-    return gone
+    holders = {p for p in before - kept - gone if len(p) > 1}
+    return Dropped(frozenset(gone), frozenset(holders))
 
 
-def merge_applied(live: Obj, applied: Obj, *, applied_paths: set[Path], dropped: set[Path]) -> Obj:
-    """The live object with the applied configuration's fields set, and `dropped` (dropped_paths)
-    removed."""
+def merge_applied(live: Obj, applied: Obj, *, applied_paths: set[Path], dropped: Dropped) -> Obj:
+    """The live object with the applied configuration's fields set, and what `dropped` says removed."""
     out = copy.deepcopy(live)
     for path in sorted(_leaves(applied_paths), key=len):
         _set(out, path, copy.deepcopy(value_at(applied, path)))
-    for path in sorted(dropped, key=len, reverse=True):
+    for path in sorted(dropped.fields, key=len, reverse=True):
         _remove(out, path)
+    for path in sorted(dropped.holders, key=len, reverse=True):
+        if value_at(out, path) in ({}, []):
+            _remove(out, path)
     return out
 
 
