@@ -442,6 +442,14 @@ class Api:
         live = self.served(rt, copy.deepcopy(current))
         owners = fieldmanager.entries(current["metadata"])
         found = fieldmanager.conflicts(live, applied, paths, owners, manager=manager, subresource=subresource)
+        if found and manager == "kubectl":
+            # The real server's lastAppliedManager: kubectl's first server-side apply of an object it applied
+            # client-side takes over the fields of the last-applied annotation instead of conflicting.
+            allowed = fieldmanager.last_applied_fields(live, rt.schema)
+            if all(p in allowed for _, p in found):
+                force = True
+            else:
+                found = [(e, p) for e, p in found if p not in allowed]
         if found and not force:
             raise fieldmanager.conflict_error(found)
         before = next(

@@ -267,6 +267,19 @@ def conflicts(live: Obj, applied: Obj, applied_paths: set[Path], owners: list[En
     return found
 
 
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def last_applied_fields(live: Obj, schema: Obj | None) -> set[Path]:
+    """The fields of the client-side apply annotation: those a `kubectl` apply may take without conflict."""
+    text = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
+    try:
+        last = json.loads(text) if text else None
+    except ValueError:
+        return set()
+    return field_set(last, schema) if isinstance(last, dict) else set()
+
+
 def conflict_error(found: list[tuple[Entry, Path]]) -> ApiError:
     """409 as apiserver's NewConflictError words it."""
     causes = [{"reason": "FieldManagerConflict", "message": f"conflict with {e.shown()}",
