@@ -72,6 +72,7 @@ from .status import (
     READY,
     RUNNING,
     Ref,
+    failed_reason,
     get_condition,
     remove_condition,
     rfc3339,
@@ -213,7 +214,8 @@ class Reconciler:
                            f"remove the finalizer {FINALIZER} to let the Proxy go")
                 return await self._trouble(ctx, message, reason="DeleteBlocked", retry=QUOTA,
                                            event=Event(WARNING, "DeleteBlocked", message))
-            return await self._fail(ctx, str(e))
+            return await self._fail(ctx, str(e), reason=failed_reason(str(e),
+                                                                      spec_error=isinstance(e, SpecError)))
         except QuotaError as e:
             return await self._trouble(ctx, f"out of capacity: {e}", reason="QuotaExceeded", retry=QUOTA,
                                        event=Event(WARNING, "QuotaExceeded", str(e)))
@@ -593,11 +595,11 @@ class Reconciler:
 
     # --- outcomes that are not a plan ----------------------------------------------------------------
 
-    async def _fail(self, ctx: _Ctx, message: str) -> Result:
+    async def _fail(self, ctx: _Ctx, message: str, *, reason: str) -> Result:
         self._unwatch_all(ctx.key)
         self.failed[ctx.key] = (ctx.generation, ctx.providers_hash)
         ctx.log.info("proxy failed", message=message)
-        status = self._compose(ctx, phase=FAILED, message=message, reason="Failed",
+        status = self._compose(ctx, phase=FAILED, message=message, reason=reason,
                                instance=Ref.from_status(ctx.status.get("instance")),
                                previous=Ref.from_status(ctx.status.get("previousInstance")))
         status["failedProviders"] = providers_tag(ctx.providers_hash)
