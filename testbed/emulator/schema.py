@@ -13,6 +13,7 @@ accepting both types.
 from __future__ import annotations
 
 import copy
+import json
 import re
 from typing import Any
 
@@ -172,12 +173,33 @@ def validate(value: Any, schema: Schema | None, path: str = "") -> list[FieldErr
                     f"{path} in body should have at least {schema['minItems']} items",
                 )
             )
+        errs += _duplicates(value, schema, path)
         items = schema.get("items")
         if isinstance(items, dict):
             for i, item in enumerate(value):
                 errs += validate(item, items, f"{path}[{i}]")
     elif isinstance(value, dict):
         errs += _object(value, schema, path)
+    return errs
+
+
+def _duplicates(value: list[Any], schema: Schema, path: str) -> list[FieldError]:
+    """`x-kubernetes-list-type: map` (unique by its map keys) and `set` (unique values), as the real
+    server refuses them: `status.conditions[1]: Duplicate value: map[string]interface {}{"type":"Ready"}`."""
+    kind = schema.get("x-kubernetes-list-type")
+    if kind not in ("map", "set"):
+        return []
+    keys = list(schema.get("x-kubernetes-list-map-keys") or [])
+    seen: list[Any] = []
+    errs = []
+    for i, item in enumerate(value):
+        ident = {k: item.get(k) for k in keys} if kind == "map" and isinstance(item, dict) else item
+        if ident in seen:
+            shown = ("map[string]interface {}" + json.dumps(ident, separators=(",", ":"), sort_keys=True)
+                     if isinstance(ident, dict) else ident)
+            errs.append(FieldError("Duplicate", f"{path}[{i}]", shown))
+        else:
+            seen.append(ident)
     return errs
 
 

@@ -116,3 +116,15 @@ def test_apply_requires_a_field_manager(api: Api, proxies: ResourceType) -> None
     with pytest.raises(ApiError) as exc:
         api.patch(proxies, "default", "a", APPLY, proxy("a"), manager="")
     assert exc.value.code == 400 and "fieldManager is required" in exc.value.message
+
+
+def test_a_map_list_refuses_two_items_with_one_key(api: Api, proxies: ResourceType) -> None:
+    """x-kubernetes-list-type: map is a contract the real server enforces: one condition per type."""
+    api.create(proxies, "default", proxy("a"))
+    twice = {"status": {"conditions": [{"type": "Ready", "status": "True"},
+                                       {"type": "Ready", "status": "False"}]}}
+    with pytest.raises(ApiError) as exc:
+        api.patch(proxies, "default", "a", MERGE, twice, subresource="status")
+    assert exc.value.code == 422
+    assert ('status.conditions[1]: Duplicate value: map[string]interface {}{"type":"Ready"}'
+            in exc.value.message)
