@@ -324,7 +324,8 @@ class Dropped:
 
 def dropped_paths(before: set[Path], applied: set[Path], others: set[Path]) -> Dropped:
     kept = applied | others
-    gone = {p for p in before - kept if p in _leaves(before) or p[-1][:2] in ("k:", "v:")}
+    leaves = _leaves(before)
+    gone = {p for p in before - kept if p in leaves or p[-1][:2] in ("k:", "v:")}
     holders = {p for p in before - kept - gone if len(p) > 1}
     return Dropped(frozenset(gone), frozenset(holders))
 
@@ -405,8 +406,9 @@ def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api
     else:
         old_paths = field_set(old, schema, subresource=sub, status_subresource=status_subresource) \
             if old else set()
+        leaves = _leaves(new_paths)
         taken = {p for p in new_paths if p not in old_paths
-                 or (p in _leaves(new_paths) and value_at(old, p) != value_at(new, p))}
+                 or (p in leaves and value_at(old, p) != value_at(new, p))}
         taken_from_others = taken
     ident = (change.manager, change.operation, sub)
     after: list[Entry] = []
@@ -438,7 +440,8 @@ def _settle(paths: set[Path], everywhere: set[Path]) -> set[Path]:
     longer owned (it would read as owning the whole value)."""
     paths = paths & everywhere
     leaves = _leaves(everywhere)
-    return {p for p in paths if p in leaves or any(len(q) > len(p) and q[:len(p)] == p for q in paths)}
+    holding = {q[:i] for q in paths for i in range(1, len(q))}
+    return {p for p in paths if p in leaves or p in holding}
 
 
 def _without_times(items: list[Obj]) -> list[str]:
