@@ -76,6 +76,9 @@ class Controller:
             self.queue.drop(key)
             self._seen.pop(key, None)
             return
+        # The per-Proxy gauge mirrors status as stored (our writes come back as MODIFIED), so it is right
+        # from the first list after a restart too, also for a Failed Proxy that is not reconciled again.
+        metrics.set_proxy_conditions(*key, (obj.get("status") or {}).get("conditions"))
         # Like controller-runtime's GenerationChangedPredicate (plus deletion and finalizers): a MODIFIED
         # that only changed status is almost always our own write, and reconciling it again would cost a
         # provider round trip for nothing. Anything else a status change could matter for is covered by

@@ -43,7 +43,6 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from egress_kvm import metrics
 from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj, SpecChanged
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.providers.base import (
@@ -710,7 +709,6 @@ class Reconciler:
                 ctx.log.info("phase changed", old=old.get("phase"), new=status["phase"],
                              message=status.get("message"))
         self.phases[ctx.key] = status["phase"]
-        metrics.set_proxy_conditions(*ctx.key, status.get("conditions"))
         for ev in events:
             await self.kube.record_event(ctx.proxy, type_=ev.type_, reason=ev.reason, message=ev.message)
 

@@ -82,7 +82,6 @@ def remove_condition(status: Obj, type_: str) -> None:
         status["conditions"] = [c for c in status["conditions"] if c.get("type") != type_]
 
 
-
 # A Failed Proxy's Ready reason names what cannot work, so the REASON column of a plain `kubectl get px`
 # says why (the message, in -o wide, says how). The first matching field prefix of the message wins.
 FAILED_REASONS = (

@@ -107,7 +107,7 @@ def test_the_checker_catches_a_wrong_name_and_label() -> None:
 def test_alerts_cover_not_ready_host_unreachable_and_image_import() -> None:
     rule = yaml.safe_load((MONITORING / "prometheus_rule.yaml").read_text())
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert 'egress_kvm_proxy_condition{type="Ready"} == 0' in alerts["EgressProxyNotReady"]["expr"]
+    assert 'egress_kvm_proxy_condition{type="Ready"}) == 0' in alerts["EgressProxyNotReady"]["expr"]
     assert alerts["EgressProxyNotReady"]["for"] == "15m"
     assert 'type="HostReachable"' in alerts["EgressProxyHostUnreachable"]["expr"]
     assert 'egress_kvm_image_imports_total{result="error"}' in alerts["EgressKvmImageImportFailing"]["expr"]

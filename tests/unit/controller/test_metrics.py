@@ -119,3 +119,17 @@ def test_condition_gauge_drops_absent_conditions() -> None:
     assert _value("egress_kvm_proxy_condition", namespace="team-a", name="p", type="Healthy") is None
     metrics.forget_proxy("team-a", "p")
     assert _value("egress_kvm_proxy_condition", namespace="team-a", name="p", type="Ready") is None
+
+
+async def test_condition_gauge_follows_the_watch_even_without_a_reconcile(
+        kube: FakeKube, provider: FakeProvider, make_controller) -> None:
+    """After a restart, a Failed Proxy is not reconciled again, yet it must still count as not Ready: the
+    gauge mirrors status as the watch delivers it (the first list's ADDED events)."""
+    c = make_controller({"kvm-home": provider})
+    failed = {"metadata": {"namespace": "team-b", "name": "old", "uid": "u1", "generation": 1},
+              "status": {"phase": "Failed", "conditions": [
+                  {"type": "Ready", "status": "False", "reason": "InvalidPlacement"}]}}
+    c.on_event("ADDED", failed)
+    assert _value("egress_kvm_proxy_condition", namespace="team-b", name="old", type="Ready") == 0
+    c.on_event("DELETED", failed)
+    assert _value("egress_kvm_proxy_condition", namespace="team-b", name="old", type="Ready") is None
