@@ -773,6 +773,7 @@ class Api:
                     )
                 )
             errs += schema.check_crd_schema(s, f"spec.versions[{i}].schema.openAPIV3Schema")
+            errs += schema.check_root_metadata(s, f"spec.versions[{i}].schema.openAPIV3Schema")
         if old is not None:
             ospec = old.get("spec") or {}
             if ospec.get("group") != spec.get("group"):

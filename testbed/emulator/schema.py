@@ -283,6 +283,21 @@ def _object(value: dict[str, Any], schema: Schema, path: str) -> list[FieldError
     return errs
 
 
+def check_root_metadata(schema: Schema | None, path: str) -> list[FieldError]:
+    """The root's `metadata` may say only `type: object` and restrict `name`/`generateName`: the real
+    server refuses anything else there (even a description), since metadata is ObjectMeta."""
+    meta = ((schema or {}).get("properties") or {}).get("metadata")
+    if not isinstance(meta, dict):
+        return []
+    extra = {k for k in meta if k not in ("type", "properties")}
+    names = set(meta.get("properties") or {})
+    if extra or not names <= {"name", "generateName"} or meta.get("type", "object") != "object":
+        return [FieldError("Forbidden", f"{path}.properties[metadata]",
+                           detail="must not specify anything other than name and generateName, but metadata "
+                                  "is implicitly specified")]
+    return []
+
+
 def check_crd_schema(schema: Schema | None, path: str) -> list[FieldError]:
     """The structural-schema rules a real server enforces when a CRD is created, as far as they bite
     typical hand-written CRDs: `additionalProperties` next to `properties` (forbidden, apiextensions
