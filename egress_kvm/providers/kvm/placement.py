@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from egress_kvm.config.models import HostConfig, KvmConfig, MachineType, check_http_url
+from egress_kvm.config.models import KvmConfig, MachineType, check_http_url
 from egress_kvm.providers.base import PermanentError, Placement, ResolvedPlacement
 from egress_kvm.redact import redact_url
 
@@ -63,14 +63,6 @@ def resolve(placement: Placement, kvm: KvmConfig, *, provider: str) -> ResolvedP
     else:
         image = _pick("image", image, list(kvm.images), provider)
     return ResolvedPlacement(zone=zone, machine_type=machine_type, image=image)
-
-
-def host_for(kvm: KvmConfig, zone: str, *, provider: str) -> HostConfig:
-    host = kvm.host(zone)
-    if host is None:
-        known = ", ".join(h.name for h in kvm.hosts)
-        raise PermanentError(f"unknown zone {zone!r} for provider {provider!r} (known: {known})")
-    return host
 
 
 def machine_type(kvm: KvmConfig, key: str) -> MachineType:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from egress_kvm.backoff import Backoff
 from egress_kvm.kube.api import KubeApiClient, namespace_uid
-from egress_kvm.kube.backoff import Backoff
 from egress_kvm.kube.informer import ProxyInformer
 from egress_kvm.kube.interfaces import FINALIZER, SpecChanged
 from egress_kvm.kube.rest import KubeApiError, request_json
