@@ -5,65 +5,27 @@ the status `compose` builds. How it fits the operator is docs/architecture.md; t
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj, ProxyGone, SpecChanged
+from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, ProxyGone, SpecChanged
 from egress_kvm.log import Logger, get_logger
-from egress_kvm.providers.base import (
-    CreateRequest,
-    HostUnreachable,
-    Instance,
-    PowerState,
-    Provider,
-    QuotaError,
-    TransientError,
-)
+from egress_kvm.providers.base import HostUnreachable, Instance, PowerState, Provider, TransientError
 
-from .compose import (
-    Serving,
-    Verdict,
-    cap_messages,
-    compose,
-    external_verdict,
-    held,
-    providers_tag,
-    reason_for,
-)
+from . import actions
+from . import plan as rules
+from .compose import Verdict, compose, external_verdict, providers_tag, reason_for
+from .context import Context
+from .deletion import finalize
 from .desired import Desired, Waiting, desired_instance, provider_for, provider_for_ref
 from .health import Prober
 from .memory import Memory
 from .outcome import Fail, Result, Retry, Trouble, outcome_for
-from .plan import (
-    NORMAL,
-    WARNING,
-    Action,
-    Event,
-    Plan,
-    ip_wait_delay,
-    plan_instance,
-    plan_retire,
-    quota_fallback,
-    restart_announced,
-    restart_delay,
-    transition_events,
-)
-from .proxyspec import EXTERNAL, ProxySpec, SpecError, parse_spec
-from .status import (
-    COND_HOST,
-    DELETING,
-    FAILED,
-    PENDING,
-    PROVISIONING,
-    READY,
-    RUNNING,
-    Ref,
-    get_condition,
-    remove_condition,
-)
-from .verdict import Health, ProbeKey, ProbeTarget, stored_verdict
+from .plan import NORMAL, Action, Event, Plan
+from .proxyspec import EXTERNAL, ProxySpec, parse_spec
+from .status import COND_HOST, FAILED, PENDING, PROVISIONING, READY, Ref, get_condition, remove_condition
+from .verdict import ProbeKey, ProbeTarget
 
 
 @dataclass(frozen=True)
@@ -76,38 +38,6 @@ class Timings:
     # to ip_wait_max: a guest whose network never comes up must not cost a provider call every poll.
     ip_wait_polls: int = 60
     ip_wait_max: float = 60.0
-
-
-@dataclass
-class _Ctx:
-    """One reconcile's working state. `generation`, `uid` and the providers are frozen when it starts:
-    `proxy` is replaced by whatever a write returns, which after a conflict may carry a newer spec this
-    reconcile never evaluated, and a verdict must name the inputs it was computed from."""
-
-    key: Key
-    proxy: Obj
-    log: Logger
-    providers: Mapping[str, Provider] = field(default_factory=dict)
-    providers_hash: str = ""
-    events: list[Event] = field(default_factory=list)  # recorded with the next status write
-    serving: ProbeTarget | None = None  # the replaced instance while it still serves
-    generation: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.generation = int(self.proxy["metadata"].get("generation") or 0)
-
-    @property
-    def status(self) -> Obj:
-        return self.proxy.get("status") or {}
-
-    @property
-    def own(self) -> ProbeKey:
-        return ProbeKey(self.key)
-
-    @property
-    def probe_key(self) -> ProbeKey:
-        """The instance being provisioned is probed under its own key while the replaced one serves."""
-        return ProbeKey(self.key, replacement=self.serving is not None)
 
 
 class Reconciler:
@@ -128,15 +58,12 @@ class Reconciler:
         self.memory.forget_failed()  # a config fix may cure any Failed Proxy
 
     def forget(self, key: Key) -> None:
-        self._unwatch_all(key)
+        self.prober.unwatch(ProbeKey(key))
+        self.prober.unwatch(ProbeKey(key, replacement=True))
         self.memory.forget(key)
 
     def phase_counts(self) -> Counter[str]:
         return self.memory.phase_counts()
-
-    def _unwatch_all(self, key: Key) -> None:
-        self.prober.unwatch(ProbeKey(key))
-        self.prober.unwatch(ProbeKey(key, replacement=True))
 
     # --- entry point: errors become outcomes ---------------------------------------------------------
 
@@ -145,8 +72,9 @@ class Reconciler:
         if proxy is None:
             self.forget(key)
             return Result()
-        ctx = _Ctx(key=key, proxy=proxy, log=self.log.with_values(proxy=f"{key[0]}/{key[1]}"),
-                   providers=self.providers, providers_hash=self.providers_hash)
+        ctx = Context(key=key, proxy=proxy, log=self.log.with_values(proxy=f"{key[0]}/{key[1]}"),
+                      kube=self.kube, prober=self.prober, memory=self.memory, providers=self.providers,
+                      providers_hash=self.providers_hash)
         try:
             return await self._outcome(ctx)
         except SpecChanged as e:
@@ -155,7 +83,7 @@ class Reconciler:
             ctx.log.v(1).info("spec changed during the reconcile; starting over", reason=str(e))
             return Result(requeue_after=0.0)
 
-    async def _outcome(self, ctx: _Ctx) -> Result:
+    async def _outcome(self, ctx: Context) -> Result:
         """One reconcile, with the provider's error kinds turned into their outcomes (outcome.py)."""
         key = ctx.key
         try:
@@ -176,7 +104,7 @@ class Reconciler:
             state.trouble = None  # it got through: a trouble seen again later is news
         return result
 
-    async def _reconcile(self, ctx: _Ctx) -> Result:
+    async def _reconcile(self, ctx: Context) -> Result:
         meta = ctx.proxy["metadata"]
         if meta.get("deletionTimestamp"):
             return await self._finalize(ctx)
@@ -198,7 +126,7 @@ class Reconciler:
 
     # --- Managed: observe, plan, act -----------------------------------------------------------------
 
-    async def _managed(self, ctx: _Ctx, spec: ProxySpec) -> Result:
+    async def _managed(self, ctx: Context, spec: ProxySpec) -> Result:
         current = Ref.from_status(ctx.status.get("instance"))
         previous = Ref.from_status(ctx.status.get("previousInstance"))
         desired: Desired | None = None
@@ -233,54 +161,55 @@ class Reconciler:
                                            instance=target, previous=previous)
             instance, previous, plan = await self._create(ctx, spec, desired, plan, previous=previous)
         elif plan.action is Action.START:
-            delay = await self._start(ctx, provider, plan, target=target)
+            starts = await actions.start(ctx, provider, plan, target=target)
+            delay = rules.restart_delay(starts, poll=self.timings.poll, cap=self.timings.restart_backoff_max)
         if not plan.probe:
             self.prober.unwatch(ctx.probe_key)
         if plan.delete_previous and previous is not None:
-            await self._replaced(ctx, spec, target=target, previous=previous)
+            await actions.hand_over(ctx, provider_name=spec.provider, target=target, previous=previous)
             previous = None
         return await self._settle(ctx, spec, plan, target=target, previous=previous, instance=instance,
                                   delay=delay)
 
-    def _plan(self, ctx: _Ctx, spec: ProxySpec, *, target: Ref, instance: Instance | None, had_ip: bool,
+    def _plan(self, ctx: Context, spec: ProxySpec, *, target: Ref, instance: Instance | None, had_ip: bool,
               previous: Ref | None) -> Plan:
         if instance is not None and instance.power_state is PowerState.RUNNING and instance.ip:
-            self._watch(ctx, ctx.probe_key, ProbeTarget(instance.ip, spec.port, spec.health, _ns(ctx),
+            ctx.watch(ctx.probe_key, ProbeTarget(instance.ip, spec.port, spec.health, ctx.namespace,
                                                         spec.auth_secret))
-        return plan_instance(target=target, instance=instance, had_ip=had_ip,
+        return rules.plan_instance(target=target, instance=instance, had_ip=had_ip,
                              health=self.prober.health(ctx.probe_key),
                              success_threshold=spec.health.success_threshold,
                              has_previous=previous is not None)
 
-    async def _replace(self, ctx: _Ctx, spec: ProxySpec, *, current: Ref, previous: Ref | None,
+    async def _replace(self, ctx: Context, spec: ProxySpec, *, current: Ref, previous: Ref | None,
                        target: Ref) -> Ref | None:
         """The inputs changed: retire what plan_retire says, then say so; returns the new previous."""
         serves = previous is None and await self._serves(ctx, spec, current) is not False
-        retire = plan_retire(current=current, previous=previous, target=target, current_serves=serves)
+        retire = rules.plan_retire(current=current, previous=previous, target=target, current_serves=serves)
         for ref in retire.delete:
-            await self._delete_ref(ctx, spec, ref)
+            await ctx.delete(spec.provider, ref)
         ctx.events.append(Event(NORMAL, "Replacing", f"provisioning inputs changed: replacing instance "
                                                      f"{current.name} with {target.name}"))
         self.prober.unwatch(ProbeKey(ctx.key, replacement=True))  # a new replacement starts over
         await self._observe_serving(ctx, spec, retire.previous)
         if ctx.serving is None:
             self.prober.unwatch(ctx.own)
-        await self._say(ctx, Verdict(PROVISIONING, f"replacing instance {current.name} with {target.name}",
+        await ctx.say(Verdict(PROVISIONING, f"replacing instance {current.name} with {target.name}",
                                      "Provisioning", instance=target, previous=retire.previous))
         return retire.previous
 
-    async def _observe_serving(self, ctx: _Ctx, spec: ProxySpec, previous: Ref | None) -> None:
+    async def _observe_serving(self, ctx: Context, spec: ProxySpec, previous: Ref | None) -> None:
         """The replaced instance keeps serving (probed under the Proxy's key) while it runs with an IP."""
         inst = await self._serves(ctx, spec, previous) if previous is not None else None
         ctx.serving = None
         if inst:
             assert inst.ip is not None
-            ctx.serving = ProbeTarget(inst.ip, spec.port, spec.health, _ns(ctx), spec.auth_secret)
-            self._watch(ctx, ctx.own, ctx.serving)
+            ctx.serving = ProbeTarget(inst.ip, spec.port, spec.health, ctx.namespace, spec.auth_secret)
+            ctx.watch(ctx.own, ctx.serving)
         else:
             self.prober.unwatch(ProbeKey(ctx.key, replacement=True))
 
-    async def _serves(self, ctx: _Ctx, spec: ProxySpec, ref: Ref) -> Instance | bool:
+    async def _serves(self, ctx: Context, spec: ProxySpec, ref: Ref) -> Instance | bool:
         """`ref` as the provider sees it if it runs with an IP; False if it does not (or its provider is
         gone); True if the provider could not tell."""
         provider = provider_for_ref(ctx.providers, spec.provider, ref)
@@ -292,7 +221,7 @@ class Reconciler:
             return True
         return inst if inst is not None and inst.power_state is PowerState.RUNNING and inst.ip else False
 
-    async def _create(self, ctx: _Ctx, spec: ProxySpec, desired: Desired, plan: Plan, *,
+    async def _create(self, ctx: Context, spec: ProxySpec, desired: Desired, plan: Plan, *,
                       previous: Ref | None) -> tuple[Instance, Ref | None, Plan]:
         target = Ref(desired.name, desired.resolved.zone, provider=spec.provider)
         self.prober.unwatch(ctx.probe_key)
@@ -301,9 +230,10 @@ class Reconciler:
         trouble = self.memory.peek(ctx.key).trouble
         if not (trouble is not None and trouble[0] == "QuotaExceeded"
                 and Ref.from_status(ctx.status.get("instance")) == target):
-            await self._say(ctx, Verdict(PROVISIONING, plan.message, "Provisioning", instance=target,
+            await ctx.say(Verdict(PROVISIONING, plan.message, "Provisioning", instance=target,
                                          previous=previous))
-        instance, previous = await self._provision(ctx, spec, desired, previous=previous, target=target)
+        instance, previous = await actions.create(ctx, desired, target=target, previous=previous,
+                                                 progress_interval=self.timings.progress_interval)
         ctx.log.info("instance created", instance=target.name, zone=target.zone)
         ctx.events.extend(plan.events)
         plan = self._plan(ctx, spec, target=target, instance=instance, had_ip=False, previous=previous)
@@ -311,74 +241,12 @@ class Reconciler:
             plan = Plan(phase=PROVISIONING, message=plan.message, ip=plan.ip, poll=True)
         return instance, previous, plan
 
-    async def _provision(self, ctx: _Ctx, spec: ProxySpec, desired: Desired, *, previous: Ref | None,
-                         target: Ref) -> tuple[Instance, Ref | None]:
-        """Create `target`; returns the instance and what is left of `previous` (None if it had to go)."""
-        request = CreateRequest(name=desired.name, owner_uid=ctx.proxy["metadata"].get("uid", ""),
-                                placement=desired.placement, user_data=desired.user_data,
-                                owner_namespace=_ns(ctx), owner_name=ctx.key[1])
-        last = 0.0
-
-        async def progress(message: str) -> None:
-            nonlocal last
-            if time.monotonic() - last < self.timings.progress_interval:
-                return
-            last = time.monotonic()
-            try:
-                await self._say(ctx, Verdict(PROVISIONING, f"creating instance {target.name}: {message}",
-                                             "Provisioning", instance=target, previous=previous))
-            except Exception as e:  # progress is cosmetic: never let it fail the create
-                ctx.log.v(1).info("progress status not written", error=str(e))
-
-        try:
-            return await desired.provider.create(request, progress=progress), previous
-        except QuotaError as e:
-            if not quota_fallback(previous=previous, target=target):
-                raise
-            assert previous is not None
-            # No room for both on this host: give up create-before-delete for this one replacement.
-            await self._delete_ref(ctx, spec, previous)
-            gone, previous = previous, None  # progress() reads `previous`: it must not bring it back
-            ctx.serving = None
-            ctx.events.append(Event(WARNING, "ReplacingWithoutOverlap",
-                                    f"no capacity for {target.name} next to {gone.name} ({e}); deleted "
-                                    f"{gone.name} first"))
-            await self._say(ctx, Verdict(PROVISIONING, f"deleted {gone.name} to make room; creating "
-                                         f"{target.name}", "Provisioning", instance=target))
-            return await desired.provider.create(request, progress=progress), None
-
-    async def _start(self, ctx: _Ctx, provider: Provider, plan: Plan, *, target: Ref) -> float:
-        self.prober.unwatch(ctx.probe_key)
-        await provider.start(target.name, target.zone)
-        state = self.memory[ctx.key]
-        state.restarts += 1
-        ctx.log.info("instance started", instance=target.name, zone=target.zone, message=plan.message,
-                     startsInARow=state.restarts)
-        if restart_announced(state.restarts):
-            suffix = (f" (started {state.restarts} times since it was last Ready)"
-                      if state.restarts > 1 else "")
-            ctx.events.extend(Event(e.type_, e.reason, e.message + suffix) for e in plan.events)
-        return restart_delay(state.restarts, poll=self.timings.poll, cap=self.timings.restart_backoff_max)
-
-    async def _replaced(self, ctx: _Ctx, spec: ProxySpec, *, target: Ref, previous: Ref) -> None:
-        """The replacement is Ready: the replaced instance goes, and its probes hand over."""
-        probe_key = ctx.probe_key
-        await self._delete_ref(ctx, spec, previous)
-        ctx.events.append(Event(NORMAL, "Replaced", f"instance {target.name} is Ready; deleted the "
-                                                    f"instance it replaced, {previous.name}"))
-        if probe_key != ctx.own:  # the replacement takes over the Proxy's probes, verdict and all
-            new_target, verdict = self.prober.target(probe_key), self.prober.health(probe_key)
-            self.prober.unwatch(probe_key)
-            if new_target is not None:
-                self.prober.watch(ctx.own, new_target, seed=verdict)
-        ctx.serving = None
-
-    async def _settle(self, ctx: _Ctx, spec: ProxySpec, plan: Plan, *, target: Ref, previous: Ref | None,
+    async def _settle(self, ctx: Context, spec: ProxySpec, plan: Plan, *, target: Ref, previous: Ref | None,
                       instance: Instance | None, delay: float | None) -> Result:
         """Write the plan's status; when to look again."""
         health = self.prober.health(ctx.own) if plan.probe else None
         endpoint = ProbeTarget(plan.ip, spec.port, spec.health).endpoint if plan.ip else None
-        await self._say(ctx, Verdict(plan.phase, plan.message, reason_for(plan.phase, health), ip=plan.ip,
+        await ctx.say(Verdict(plan.phase, plan.message, reason_for(plan.phase, health), ip=plan.ip,
                                      endpoint=endpoint, instance=target, previous=previous, health=health,
                                      probing=plan.probe, host_ok=(True, f"zone {target.zone} answered")))
         state = self.memory[ctx.key]
@@ -390,90 +258,46 @@ class Reconciler:
                 and not instance.ip:
             state.ip_waits += 1
             t = self.timings
-            return Result(requeue_after=ip_wait_delay(state.ip_waits, poll=t.poll, polls=t.ip_wait_polls,
-                                                      cap=t.ip_wait_max))
+            return Result(requeue_after=rules.ip_wait_delay(state.ip_waits, poll=t.poll,
+                                                            polls=t.ip_wait_polls, cap=t.ip_wait_max))
         state.ip_waits = 0
         return Result(requeue_after=self.timings.poll if plan.poll else None)
 
-    def _watch(self, ctx: _Ctx, key: ProbeKey, target: ProbeTarget) -> None:
-        """Probe `target`; a probe that starts afresh for the Proxy's own key (this process has not been
-        probing it: a restart, a new leader) takes the verdict status recorded for the same endpoint."""
-        seed = None
-        if key == ctx.own and self.prober.target(key) is None:
-            seed = stored_verdict(ctx.status, target)
-        self.prober.watch(key, target, seed=seed)
-
     # --- External ------------------------------------------------------------------------------------
 
-    async def _external(self, ctx: _Ctx, spec: ProxySpec) -> Result:
+    async def _external(self, ctx: Context, spec: ProxySpec) -> Result:
         for ref in (Ref.from_status(ctx.status.get("instance")),
                     Ref.from_status(ctx.status.get("previousInstance"))):
             if ref is not None:  # switched from Managed: its instances go
-                await self._delete_ref(ctx, spec, ref)
+                await ctx.delete(spec.provider, ref)
         self.prober.unwatch(ProbeKey(ctx.key, replacement=True))
         assert spec.external_host is not None and spec.external_port is not None
-        target = ProbeTarget(spec.external_host, spec.external_port, spec.health, _ns(ctx), spec.auth_secret)
-        self._watch(ctx, ctx.own, target)
+        target = ProbeTarget(spec.external_host, spec.external_port, spec.health, ctx.namespace,
+                             spec.auth_secret)
+        ctx.watch(ctx.own, target)
         status = compose(ctx.status, external_verdict(self.prober.health(ctx.own), host=spec.external_host,
                                                       target=target), generation=ctx.generation)
         remove_condition(status, COND_HOST)  # no host of ours is involved
-        await self._write(ctx, status)
+        await ctx.write(status)
         return Result()
 
     # --- deletion ------------------------------------------------------------------------------------
 
-    async def _finalize(self, ctx: _Ctx) -> Result:
-        if FINALIZER not in (ctx.proxy["metadata"].get("finalizers") or []):
-            self.forget(ctx.key)
-            return Result()
-        self._unwatch_all(ctx.key)
-        instance = Ref.from_status(ctx.status.get("instance"))
-        previous = Ref.from_status(ctx.status.get("previousInstance"))
-        refs = [r for r in (instance, previous) if r is not None]
-        if ctx.status.get("phase") != DELETING:  # a retry keeps the message that says why it is retried
-            names = ", ".join(r.name for r in refs) or "(no instance)"
-            await self._say(ctx, Verdict(DELETING, f"deleting {names}", "Deleting", instance=instance,
-                                         previous=previous))
-        provider_name = str((ctx.proxy.get("spec") or {}).get("provider") or "")
-        for ref in refs:
-            provider = provider_for_ref(ctx.providers, provider_name, ref)
-            if provider is None:
-                missing = ref.provider or provider_name  # the entry that made it, where status says
-                await self.kube.record_event(
-                    ctx.proxy, type_=WARNING, reason="ProviderMissing",
-                    message=f"provider {missing!r} is not in the providers file: instance {ref.name} "
-                            f"on {ref.zone} was not deleted; removing the finalizer anyway")
-                ctx.log.info("provider gone; not deleting instance", instance=ref.name, zone=ref.zone,
-                             provider=missing)
-                continue
-            await provider.delete(ref.name, ref.zone)
-            ctx.log.info("instance deleted", instance=ref.name, zone=ref.zone)
-            await self.kube.record_event(ctx.proxy, type_=NORMAL, reason="Deleted",
-                                         message=f"deleted instance {ref.name} on {ref.zone}")
-        await self.kube.set_finalizer(ctx.proxy, present=False)
+    async def _finalize(self, ctx: Context) -> Result:
+        if FINALIZER in (ctx.proxy["metadata"].get("finalizers") or []):
+            await finalize(ctx)
         self.forget(ctx.key)
         return Result()
-
-    async def _delete_ref(self, ctx: _Ctx, spec: ProxySpec, ref: Ref) -> None:
-        provider = provider_for_ref(ctx.providers, spec.provider, ref)
-        if provider is None:
-            ctx.events.append(Event(WARNING, "ProviderMissing",
-                                    f"no provider serves zone {ref.zone}: instance {ref.name} not deleted"))
-            return
-        await provider.delete(ref.name, ref.zone)
-        ctx.log.info("instance deleted", instance=ref.name, zone=ref.zone)
-        ctx.events.append(Event(NORMAL, "Deleted", f"deleted instance {ref.name} on {ref.zone}"))
-
     # --- outcomes that are not a plan ----------------------------------------------------------------
 
-    async def _pending(self, ctx: _Ctx, message: str, *, instance: Ref | None,
+    async def _pending(self, ctx: Context, message: str, *, instance: Ref | None,
                        previous: Ref | None) -> Result:
         self.prober.unwatch(ctx.probe_key)
-        await self._say(ctx, Verdict(PENDING, message, "Waiting", instance=instance, previous=previous))
+        await ctx.say(Verdict(PENDING, message, "Waiting", instance=instance, previous=previous))
         return Result(requeue_after=self.timings.pending_retry)
 
-    async def _fail(self, ctx: _Ctx, fail: Fail) -> Result:
-        self._unwatch_all(ctx.key)
+    async def _fail(self, ctx: Context, fail: Fail) -> Result:
+        ctx.unwatch_all()
         self.memory[ctx.key].failed = (ctx.generation, ctx.providers_hash)
         ctx.log.info("proxy failed", message=fail.message)
         status = compose(ctx.status, Verdict(FAILED, fail.message, "Failed",
@@ -481,10 +305,10 @@ class Reconciler:
                                              previous=Ref.from_status(ctx.status.get("previousInstance"))),
                          generation=ctx.generation)
         status["failedProviders"] = providers_tag(ctx.providers_hash)
-        await self._write(ctx, status)
+        await ctx.write(status)
         return Result()
 
-    async def _trouble(self, ctx: _Ctx, trouble: Trouble) -> Result:
+    async def _trouble(self, ctx: Context, trouble: Trouble) -> Result:
         """A retryable error: keep the phase, say what went wrong, back off."""
         ctx.log.info("reconcile will be retried", reason=trouble.reason, message=trouble.message)
         state = self.memory[ctx.key]
@@ -492,68 +316,18 @@ class Reconciler:
             ctx.events.append(trouble.event)
         state.trouble = (trouble.reason, trouble.message)
         try:
-            await self._write(ctx, self._held(ctx, message=trouble.message, reason=trouble.reason,
+            await ctx.write(ctx.held(message=trouble.message, reason=trouble.reason,
                                               unreachable=trouble.message if trouble.unreachable else None))
         except ProxyGone:
             self.forget(ctx.key)
             return Result()
         return Result(retry=trouble.retry)
 
-    async def _unreachable(self, ctx: _Ctx, err: TransientError, *, target: Ref) -> Result:
+    async def _unreachable(self, ctx: Context, err: TransientError, *, target: Ref) -> Result:
         """The host did not answer: say so, keep everything as it is; never recreate on this."""
-        await self._write(ctx, self._held(ctx, message=f"zone {target.zone} unreachable: {err}",
+        await ctx.write(ctx.held(message=f"zone {target.zone} unreachable: {err}",
                                           reason="HostUnreachable", unreachable=str(err)))
         return Result(retry=Retry.TRANSIENT)
-
-    def _held(self, ctx: _Ctx, *, message: str, reason: str, unreachable: str | None) -> Obj:
-        health = self.prober.health(ctx.own)
-        if health is None and ctx.status.get("phase") in (RUNNING, READY):
-            health = self._probe_stored(ctx)
-        return held(ctx.status, message=message, reason=reason, generation=ctx.generation, health=health,
-                    unreachable=unreachable)
-
-    def _probe_stored(self, ctx: _Ctx) -> Health | None:
-        """Nothing observed (the host did not answer) and this process is not probing yet (a restart):
-        probe the endpoint status names, which the VM serves without its host's help, seeded with the
-        recorded verdict. Without it a stale Ready would stand with no probe behind it."""
-        ip = ctx.status.get("ip")
-        try:
-            spec = parse_spec(ctx.proxy.get("spec"))
-        except SpecError:
-            return None
-        if not ip or spec.mode == EXTERNAL:
-            return None
-        target = ProbeTarget(str(ip), spec.port, spec.health, _ns(ctx), spec.auth_secret)
-        if ctx.status.get("endpoint") != target.endpoint:
-            return None
-        self._watch(ctx, ctx.own, target)
-        return self.prober.health(ctx.own)
-
-    # --- writing -------------------------------------------------------------------------------------
-
-    async def _say(self, ctx: _Ctx, verdict: Verdict) -> None:
-        serving = Serving(ctx.serving, self.prober.health(ctx.own)) if ctx.serving is not None else None
-        await self._write(ctx, compose(ctx.status, verdict, generation=ctx.generation, serving=serving))
-
-    async def _write(self, ctx: _Ctx, status: Obj) -> None:
-        cap_messages(status)
-        old = ctx.status
-        events = [*ctx.events, *transition_events(
-            old_phase=old.get("phase"), new_phase=status["phase"], message=status.get("message", ""),
-            endpoint=status.get("endpoint"), ip=status.get("ip"))]
-        ctx.events.clear()
-        if status != old:
-            ctx.proxy = await self.kube.update_proxy_status(ctx.proxy, status)
-            if old.get("phase") != status["phase"]:
-                ctx.log.info("phase changed", old=old.get("phase"), new=status["phase"],
-                             message=status.get("message"))
-        self.memory[ctx.key].phase = status["phase"]
-        for ev in events:
-            await self.kube.record_event(ctx.proxy, type_=ev.type_, reason=ev.reason, message=ev.message)
-
-
-def _ns(ctx: _Ctx) -> str:
-    return str(ctx.proxy["metadata"].get("namespace", ""))
 
 
 __all__ = ["Reconciler", "Result", "Retry", "Timings", "get_condition"]
