@@ -69,7 +69,9 @@ async def discover(host: Host, dom: Any, *, mac: str, bridge: str, name: str) ->
     log = host.log.with_values(name=name).v(1)
     agent_error: str | None = None
     try:
-        ifaces = await host.call("domain_interface_addresses", dom, InterfaceAddressesSource.AGENT, 0)
+        agent = InterfaceAddressesSource.AGENT
+        ifaces = await host.call("domain_interface_addresses",
+                                 lambda lv: lv.domain_interface_addresses(dom, agent, 0))
         ip = pick_address(ifaces, mac)
         if ip:
             return ip
@@ -78,7 +80,9 @@ async def discover(host: Host, dom: Any, *, mac: str, bridge: str, name: str) ->
         log.info("address source gave nothing", source="agent", error=exc.message,
                  libvirtCode=exc.code, libvirtCodeName=exc.code_name)
     try:
-        ifaces = await host.call("domain_interface_addresses", dom, InterfaceAddressesSource.ARP, 0)
+        arp = InterfaceAddressesSource.ARP
+        ifaces = await host.call("domain_interface_addresses",
+                                 lambda lv: lv.domain_interface_addresses(dom, arp, 0))
         return pick_address(ifaces, mac)
     except LibvirtError as exc:
         log.info("address source gave nothing", source="arp", error=exc.message,

@@ -185,14 +185,14 @@ class KvmProvider:
                 self._check_ours(host, name, meta, action="delete")
                 if dom.id != -1:  # running (the lookup's id is -1 for an inactive domain)
                     try:
-                        await host.call("domain_destroy_flags", dom, 0)
+                        await host.call("domain_destroy_flags", lambda lv: lv.domain_destroy_flags(dom, 0))
                         log.v(1).info("domain destroyed")
                     except LibvirtError as exc:
                         if exc.code not in (ErrorCode.OPERATION_INVALID, ErrorCode.NO_DOMAIN):
                             raise  # 55: it stopped meanwhile, which is what we want
                 with contextlib.suppress(NotFoundError):
-                    await host.call("domain_undefine_flags", dom,
-                                    DOMAIN_UNDEFINE_NVRAM | DOMAIN_UNDEFINE_MANAGED_SAVE)
+                    await host.call("domain_undefine_flags", lambda lv: lv.domain_undefine_flags(dom,
+                                    DOMAIN_UNDEFINE_NVRAM | DOMAIN_UNDEFINE_MANAGED_SAVE))
                     log.v(1).info("domain undefined")
             pool = await self._pool(host, required=False)
             if pool is not None:
@@ -212,7 +212,9 @@ class KvmProvider:
         out: list[Instance] = []
         for host in hosts:
             async with self._operation(host, "", "list"):
-                listing = await host.call("connect_list_all_domains", 1, CONNECT_LIST_DOMAINS_PERSISTENT)
+                listing = await host.call("connect_list_all_domains",
+                                          lambda lv: lv.connect_list_all_domains(
+                                              1, CONNECT_LIST_DOMAINS_PERSISTENT))
                 for dom in listing.domains:
                     try:
                         meta = await self._metadata(host, dom)
@@ -249,7 +251,7 @@ class KvmProvider:
 
         iso = seed.build_seed_iso(name=name, user_data=request.user_data, vendor_data=self.config.vendor_data)
         disk_bytes = self.config.disk_size_gb * GIB
-        info = await host.call("storage_pool_get_info", pool)
+        info = await host.call("storage_pool_get_info", lambda lv: lv.storage_pool_get_info(pool))
         capacity.check_pool_space(host=host.name, pool=pool.name, available=info.available,
                                   needed=disk_bytes + len(iso), what=f"VM {name!r} (overlay + seed)")
         # Before any volume: a host short of memory must not hold (or, on every retry, rewrite) this
@@ -284,13 +286,13 @@ class KvmProvider:
             seed_volume=naming.seed_volume(name), seed_bus=cfg.seed_bus, bridge=cfg.bridge,
             mac=naming.mac_address(name), meta=meta)
         try:
-            dom = await host.call("domain_define_xml", domain_xml(spec))
+            dom = await host.call("domain_define_xml", lambda lv: lv.domain_define_xml(domain_xml(spec)))
         except LibvirtError as exc:
             if exc.code not in (ErrorCode.OPERATION_FAILED, ErrorCode.DOM_EXIST):
                 raise
             # Defined by someone else between our lookup and now: only another operator can (our own
             # creates of a name are serialised), so it is used only if this cluster made it.
-            dom = await host.call("domain_lookup_by_name", name)
+            dom = await host.call("domain_lookup_by_name", lambda lv: lv.domain_lookup_by_name(name))
             theirs = await self._metadata(host, dom)
             self._check_ours(host, name, theirs, action="reuse")
         log.v(1).info("domain defined", mac=spec.mac, memoryMiB=mtype.memory_mib, vcpus=mtype.vcpus)
@@ -303,7 +305,8 @@ class KvmProvider:
         """Create a per-instance volume; one left by an interrupted earlier attempt is replaced."""
         for attempt in (1, 2):
             try:
-                return await host.call("storage_vol_create_xml", pool, xml, 0)
+                return await host.call("storage_vol_create_xml",
+                                       lambda lv: lv.storage_vol_create_xml(pool, xml, 0))
             except LibvirtError as exc:
                 if capacity.is_no_space(exc):
                     raise capacity.no_space(exc, host=host.name, pool=pool.name, available=available,
@@ -319,7 +322,8 @@ class KvmProvider:
 
     async def _pool(self, host: Host, *, required: bool) -> Any | None:
         try:
-            pool = await host.call("storage_pool_lookup_by_name", host.config.pool)
+            pool = await host.call("storage_pool_lookup_by_name",
+                                   lambda lv: lv.storage_pool_lookup_by_name(host.config.pool))
         except NotFoundError:
             if not required:
                 return None
@@ -328,7 +332,7 @@ class KvmProvider:
 
     async def _lookup_domain(self, host: Host, name: str) -> Any | None:
         try:
-            return await host.call("domain_lookup_by_name", name)
+            return await host.call("domain_lookup_by_name", lambda lv: lv.domain_lookup_by_name(name))
         except NotFoundError:
             return None
 
@@ -352,7 +356,9 @@ class KvmProvider:
 
     async def _metadata(self, host: Host, dom: Any) -> metadata.InstanceMetadata | None:
         try:
-            xml = await host.call("domain_get_metadata", dom, DOMAIN_METADATA_ELEMENT, metadata.NAMESPACE, 0)
+            xml = await host.call("domain_get_metadata",
+                                  lambda lv: lv.domain_get_metadata(
+                                      dom, DOMAIN_METADATA_ELEMENT, metadata.NAMESPACE, 0))
         except LibvirtError as exc:
             if exc.code == ErrorCode.NO_DOMAIN_METADATA:
                 return None
@@ -373,7 +379,7 @@ class KvmProvider:
 
     async def _ensure_running(self, host: Host, dom: Any, name: str, *, machine_type: str) -> Any:
         """Start the domain unless it runs, resume it if paused; returns its state as it is now."""
-        st = await host.call("domain_get_state", dom, 0)
+        st = await host.call("domain_get_state", lambda lv: lv.domain_get_state(dom, 0))
         if st.state == DomainState.PAUSED:
             return await self._resume(host, dom, name, reason=st.reason)
         if power_state(st.state) == PowerState.RUNNING:
@@ -391,7 +397,7 @@ class KvmProvider:
         back; on a file server it is often far below what is really available. So a shortfall is checked
         again against MemAvailable from /proc/meminfo (over SSH exec, when the host allows it).
         """
-        free = await host.call("node_get_free_memory")
+        free = await host.call("node_get_free_memory", lambda lv: lv.node_get_free_memory())
         if free >= memory_mib * capacity.MIB:
             return
         available = await capacity.mem_available(host)
@@ -400,7 +406,7 @@ class KvmProvider:
 
     async def _start(self, host: Host, dom: Any, name: str) -> Any:
         try:
-            dom = await host.call("domain_create_with_flags", dom, 0)
+            dom = await host.call("domain_create_with_flags", lambda lv: lv.domain_create_with_flags(dom, 0))
         except LibvirtError as exc:
             if exc.code != ErrorCode.OPERATION_INVALID:  # 55: already running
                 raise
@@ -425,12 +431,12 @@ class KvmProvider:
             if not room.enough:
                 raise room.error()
         try:
-            await host.call("domain_resume", dom)
+            await host.call("domain_resume", lambda lv: lv.domain_resume(dom))
         except LibvirtError as exc:
             if exc.code != ErrorCode.OPERATION_INVALID:
                 raise
             # 55: no longer paused (resumed or stopped meanwhile); only "running now" is what we wanted.
-            st = await host.call("domain_get_state", dom, 0)
+            st = await host.call("domain_get_state", lambda lv: lv.domain_get_state(dom, 0))
             if power_state(st.state) != PowerState.RUNNING:
                 raise TransientError(f"VM {name!r} on host {host.name!r} could not be resumed: "
                                      f"{exc.message}") from None
@@ -454,22 +460,24 @@ class KvmProvider:
             if pool is None:
                 return room
             try:
-                await host.call("storage_pool_refresh", pool, 0)
+                await host.call("storage_pool_refresh", lambda lv: lv.storage_pool_refresh(pool, 0))
             except LibvirtError as exc:  # e.g. an upload in progress: decide on libvirt's last figures
                 host.log.with_values(name=name).v(1).info("pool refresh refused", pool=pool.name,
                                                           error=exc.message)
-            room.available = (await host.call("storage_pool_get_info", pool)).available
+            room.available = (await host.call("storage_pool_get_info",
+                                              lambda lv: lv.storage_pool_get_info(pool))).available
             overlay = await lookup_volume(host, pool, naming.overlay_volume(name))
             if overlay is None:
                 room.needed = self.config.disk_size_gb * GIB
             else:
-                info = await host.call("storage_vol_get_info", overlay)
+                info = await host.call("storage_vol_get_info", lambda lv: lv.storage_vol_get_info(overlay))
                 room.needed = max(info.capacity - info.allocation, RESUME_MIN_ROOM)
         return room
 
     async def _instance(self, host: Host, dom: Any, name: str, meta: Meta | None, *,
                         state: Any | None = None) -> Instance:
-        st = state if state is not None else await host.call("domain_get_state", dom, 0)
+        st = state if state is not None else await host.call("domain_get_state",
+                                                             lambda lv: lv.domain_get_state(dom, 0))
         message = ""
         if st.state == DomainState.PAUSED and st.reason == DOMAIN_PAUSED_IOERROR:
             # Reported as Paused (so the controller calls start, which resumes it) only once there is
