@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from egress_kvm import metrics
+from egress_kvm.backoff import Backoff
 from egress_kvm.kube.interfaces import Key, KubeApi, Obj, ProxyStore, key_of
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.providers.base import Provider
@@ -24,7 +25,7 @@ from egress_kvm.providers.base import Provider
 from .gc import Collected, collect_orphans
 from .health import Prober
 from .outcome import Result, Retry
-from .queue import QUOTA_BACKOFF, TRANSIENT_BACKOFF, Backoff, QueueShutDown, WorkQueue
+from .queue import QUOTA_BACKOFF, TRANSIENT_BACKOFF, QueueShutDown, WorkQueue
 from .reconciler import Reconciler, Timings
 from .verdict import ProbeKey
 

@@ -202,8 +202,7 @@ class Reconciler:
         """The replaced instance keeps serving (probed under the Proxy's key) while it runs with an IP."""
         inst = await self._serves(ctx, spec, previous) if previous is not None else None
         ctx.serving = None
-        if inst:
-            assert inst.ip is not None
+        if isinstance(inst, Instance) and inst.ip:
             ctx.serving = ProbeTarget(inst.ip, spec.port, spec.health, ctx.namespace, spec.auth_secret)
             ctx.watch(ctx.own, ctx.serving)
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -100,7 +101,7 @@ class Host:
             self._backoff.reset()
             self._retry_at = 0.0
             self._session = session
-            session.on_close(lambda reason, s=session: self._dropped_while_idle(s, reason))
+            session.on_close(functools.partial(self._dropped_while_idle, session))
             self.log.v(1).info("libvirt host connected", address=address, user=self.config.user,
                                 socket=self.config.socket)
             return session

@@ -21,13 +21,13 @@ import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 
 from egress_kvm.metrics import IMAGE_BYTES_FETCHED
 from egress_kvm.providers.base import PermanentError, ProgressCallback, TransientError
 from rpc.errors import LibvirtError, NotFoundError
+from rpc.types import StoragePool, StorageVol
 
 from . import capacity, qcow2
 from .domain_xml import volume_xml
@@ -42,7 +42,7 @@ PROGRESS_EVERY = 5.0
 
 @dataclass(frozen=True)
 class BaseImage:
-    volume: Any  # rpc StorageVol
+    volume: StorageVol
     path: str
     format: str
     downloaded: bool
@@ -51,7 +51,7 @@ class BaseImage:
 HttpFactory = Callable[[], Awaitable[aiohttp.ClientSession]]
 
 
-async def lookup_volume(host: Host, pool: Any, name: str) -> Any | None:
+async def lookup_volume(host: Host, pool: StoragePool, name: str) -> StorageVol | None:
     try:
         return await host.call("storage_vol_lookup_by_name",
                                lambda lv: lv.storage_vol_lookup_by_name(pool, name))
@@ -59,7 +59,7 @@ async def lookup_volume(host: Host, pool: Any, name: str) -> Any | None:
         return None
 
 
-async def delete_volume(host: Host, vol: Any) -> None:
+async def delete_volume(host: Host, vol: StorageVol) -> None:
     with contextlib.suppress(NotFoundError):
         await host.call("storage_vol_delete", lambda lv: lv.storage_vol_delete(vol, 0))
 
@@ -72,7 +72,7 @@ class ImageCache:
         self._progress_every = progress_every
         self._clock = clock
 
-    async def ensure(self, host: Host, pool: Any, image: ImageSource, *,
+    async def ensure(self, host: Host, pool: StoragePool, image: ImageSource, *,
                      progress: ProgressCallback | None = None) -> BaseImage:
         async with host.exclusive(f"image:{pool.name}/{image.base_volume}"):
             base = await lookup_volume(host, pool, image.base_volume)
@@ -103,11 +103,11 @@ class ImageCache:
                 await delete_volume(host, base)
             return await self._fetch(host, pool, image, reason=reason, progress=progress)
 
-    async def _cached(self, host: Host, base: Any, image: ImageSource) -> BaseImage:
+    async def _cached(self, host: Host, base: StorageVol, image: ImageSource) -> BaseImage:
         path = await host.call("storage_vol_get_path", lambda lv: lv.storage_vol_get_path(base))
         return BaseImage(volume=base, path=path, format=image.format, downloaded=False)
 
-    async def _fetch(self, host: Host, pool: Any, image: ImageSource, *, reason: str,
+    async def _fetch(self, host: Host, pool: StoragePool, image: ImageSource, *, reason: str,
                      progress: ProgressCallback | None) -> BaseImage:
         log = host.log.with_values(image=image.label, pool=pool.name, volume=image.base_volume)
         log.info("fetching base image into host pool", url=image.shown_url, reason=reason)
@@ -215,7 +215,7 @@ async def _source(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield chunk
 
 
-async def _discard(host: Host, vol: Any) -> None:
+async def _discard(host: Host, vol: StorageVol) -> None:
     """Best effort: a volume we could not finish must not look finished (it has no marker either way)."""
     with contextlib.suppress(Exception):
         await delete_volume(host, vol)

@@ -21,7 +21,6 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import aiohttp
 
@@ -49,7 +48,7 @@ from rpc.constants import (
     ErrorCode,
 )
 from rpc.errors import LibvirtError, NotFoundError
-from rpc.types import DomainGetStateRet
+from rpc.types import Domain, DomainGetStateRet, StoragePool, StorageVol
 
 from . import capacity, metadata, naming, placement, seed
 from .addresses import discover
@@ -194,7 +193,7 @@ class KvmProvider:
                     await host.call("domain_undefine_flags", lambda lv: lv.domain_undefine_flags(dom,
                                     DOMAIN_UNDEFINE_NVRAM | DOMAIN_UNDEFINE_MANAGED_SAVE))
                     log.v(1).info("domain undefined")
-            pool = await self._pool(host, required=False)
+            pool = await self._find_pool(host)
             if pool is not None:
                 for vol_name in (naming.overlay_volume(name), naming.seed_volume(name)):
                     vol = await lookup_volume(host, pool, vol_name)
@@ -246,7 +245,7 @@ class KvmProvider:
         cfg = host.config
         mtype = placement.machine_type(self.config, resolved.machine_type)
         source = placement.image_source(self.config, resolved.image)
-        pool = await self._pool(host, required=True)
+        pool = await self._pool(host)
         base = await self._images.ensure(host, pool, source, progress=progress)
 
         iso = seed.build_seed_iso(name=name, user_data=request.user_data, vendor_data=self.config.vendor_data)
@@ -301,7 +300,8 @@ class KvmProvider:
                         owner_uid=meta.owner_uid, created_at=meta.created_at,
                         owner_namespace=meta.owner_namespace, owner_name=meta.owner_name)
 
-    async def _create_volume(self, host: Host, pool: Any, xml: str, vol_name: str, *, available: int) -> Any:
+    async def _create_volume(self, host: Host, pool: StoragePool, xml: str, vol_name: str, *,
+                             available: int) -> StorageVol:
         """Create a per-instance volume; one left by an interrupted earlier attempt is replaced."""
         for attempt in (1, 2):
             try:
@@ -320,23 +320,26 @@ class KvmProvider:
 
     # -- shared steps ----------------------------------------------------------------------------
 
-    async def _pool(self, host: Host, *, required: bool) -> Any | None:
-        try:
-            pool = await host.call("storage_pool_lookup_by_name",
-                                   lambda lv: lv.storage_pool_lookup_by_name(host.config.pool))
-        except NotFoundError:
-            if not required:
-                return None
-            raise TransientError(f"host {host.name!r} has no storage pool {host.config.pool!r}") from None
+    async def _pool(self, host: Host) -> StoragePool:
+        pool = await self._find_pool(host)
+        if pool is None:
+            raise TransientError(f"host {host.name!r} has no storage pool {host.config.pool!r}")
         return pool
 
-    async def _lookup_domain(self, host: Host, name: str) -> Any | None:
+    async def _find_pool(self, host: Host) -> StoragePool | None:
+        try:
+            return await host.call("storage_pool_lookup_by_name",
+                                   lambda lv: lv.storage_pool_lookup_by_name(host.config.pool))
+        except NotFoundError:
+            return None
+
+    async def _lookup_domain(self, host: Host, name: str) -> Domain | None:
         try:
             return await host.call("domain_lookup_by_name", lambda lv: lv.domain_lookup_by_name(name))
         except NotFoundError:
             return None
 
-    async def _lookup_with_metadata(self, host: Host, name: str) -> tuple[Any | None, Meta | None]:
+    async def _lookup_with_metadata(self, host: Host, name: str) -> tuple[Domain | None, Meta | None]:
         """The domain of that name and its metadata; (None, None) when there is none.
 
         A domain undefined between the lookup and the metadata read (NO_DOMAIN on the latter, which goes
@@ -354,7 +357,7 @@ class KvmProvider:
                     raise
         raise AssertionError("unreachable")
 
-    async def _metadata(self, host: Host, dom: Any) -> metadata.InstanceMetadata | None:
+    async def _metadata(self, host: Host, dom: Domain) -> metadata.InstanceMetadata | None:
         try:
             xml = await host.call("domain_get_metadata",
                                   lambda lv: lv.domain_get_metadata(
@@ -377,7 +380,8 @@ class KvmProvider:
             raise PermanentError(f"domain {name!r} on host {host.name!r} belongs to cluster "
                                  f"{meta.cluster_id!r}, not {self.cluster_id!r}; refusing to {action} it")
 
-    async def _ensure_running(self, host: Host, dom: Any, name: str, *, machine_type: str) -> Any:
+    async def _ensure_running(self, host: Host, dom: Domain, name: str, *,
+                              machine_type: str) -> DomainGetStateRet:
         """Start the domain unless it runs, resume it if paused; returns its state as it is now."""
         st = await host.call("domain_get_state", lambda lv: lv.domain_get_state(dom, 0))
         if st.state == DomainState.PAUSED:
@@ -404,7 +408,7 @@ class KvmProvider:
         capacity.check_free_memory(host=host.name, free_bytes=max(free, available or 0),
                                    memory_mib=memory_mib, machine_type=machine_type)
 
-    async def _start(self, host: Host, dom: Any, name: str) -> Any:
+    async def _start(self, host: Host, dom: Domain, name: str) -> Domain:
         try:
             dom = await host.call("domain_create_with_flags", lambda lv: lv.domain_create_with_flags(dom, 0))
         except LibvirtError as exc:
@@ -413,7 +417,7 @@ class KvmProvider:
         host.log.with_values(name=name).v(1).info("KVM domain ensured running")
         return dom
 
-    async def _resume(self, host: Host, dom: Any, name: str, *, reason: int) -> Any:
+    async def _resume(self, host: Host, dom: Domain, name: str, *, reason: int) -> DomainGetStateRet:
         """Resume a paused domain; returns the state it is in now.
 
         Raises TransientError while a libvirt job holds it paused, and QuotaError for an I/O-error pause
@@ -456,7 +460,7 @@ class KvmProvider:
         """
         room = _Room(host=host.name, pool=host.config.pool, name=name)
         with contextlib.suppress(LibvirtError):  # a figure it cannot read stays unknown: no resume
-            pool = await self._pool(host, required=False)
+            pool = await self._find_pool(host)
             if pool is None:
                 return room
             try:
@@ -474,8 +478,8 @@ class KvmProvider:
                 room.needed = max(info.capacity - info.allocation, RESUME_MIN_ROOM)
         return room
 
-    async def _instance(self, host: Host, dom: Any, name: str, meta: Meta | None, *,
-                        state: Any | None = None) -> Instance:
+    async def _instance(self, host: Host, dom: Domain, name: str, meta: Meta | None, *,
+                        state: DomainGetStateRet | None = None) -> Instance:
         st = state if state is not None else await host.call("domain_get_state",
                                                              lambda lv: lv.domain_get_state(dom, 0))
         message = ""
@@ -489,12 +493,12 @@ class KvmProvider:
                        f"({capacity.fmt_bytes(room.available or 0)} available)")
         elif st.state == DomainState.PAUSED:
             message = f"paused ({paused_reason(st.reason)})"
-        state = power_state(st.state)
+        power = power_state(st.state)
         ip = None
-        if state == PowerState.RUNNING:
+        if power == PowerState.RUNNING:
             ip = await discover(host, dom, mac=naming.mac_address(name), bridge=host.config.bridge, name=name)
         return Instance(
-            name=name, zone=host.name, power_state=state, ip=ip,
+            name=name, zone=host.name, power_state=power, ip=ip,
             owner_uid=meta.owner_uid if meta else "", created_at=meta.created_at if meta else None,
             owner_namespace=meta.owner_namespace if meta else "", owner_name=meta.owner_name if meta else "",
             message=message)
