@@ -4,7 +4,7 @@ A probe is an HTTP GET of `healthCheck.url` through the proxy at the endpoint (w
 from the auth Secret when the Proxy names one), or, without a URL, a TCP connect to the endpoint. A proxy
 becomes healthy after `successThreshold` consecutive successes and unhealthy after `failureThreshold`
 consecutive failures: one good probe proves little while cloud-init is still restarting the proxy
-(lab.md quirk 5), and one lost probe should not page anyone.
+(docs/lab.md, quirk 3), and one lost probe should not page anyone.
 
 The prober owns no status: it keeps the latest `Health` per key and enqueues the key when the verdict
 changes (and every `refresh` seconds, so `status.lastProbeTime` stays roughly current without a status

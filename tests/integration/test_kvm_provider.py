@@ -2,7 +2,7 @@
 
 One VM boots with the spec's SATA seed and is checked row by row against "What lands on the host" with
 virsh; its IP comes from `get`, first through the guest agent and then, with the agent stopped, through
-the host's neighbour table (libvirt's ARP source fails on this kernel, lab.md quirk 3). A second VM boots
+the host's neighbour table (libvirt's ARP source fails on this kernel, docs/lab.md quirk 2). A second VM boots
 with `seedBus: scsi`. Boots are sequential and few: each takes about a minute under software emulation.
 """
 
