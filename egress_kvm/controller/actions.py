@@ -18,7 +18,7 @@ async def create(ctx: Context, desired: Desired, *, target: Ref, previous: Ref |
                  progress_interval: float) -> tuple[Instance, Ref | None]:
     """Create `target`; returns the instance and what is left of `previous` (None if it had to go)."""
     request = CreateRequest(name=desired.name, owner_uid=ctx.proxy["metadata"].get("uid", ""),
-                            placement=desired.placement, user_data=desired.user_data,
+                            placement=desired.resolved, user_data=desired.user_data,
                             owner_namespace=ctx.namespace, owner_name=ctx.key[1])
     last = 0.0
 

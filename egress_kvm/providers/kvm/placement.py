@@ -65,6 +65,16 @@ def resolve(placement: Placement, kvm: KvmConfig, *, provider: str) -> ResolvedP
     return ResolvedPlacement(zone=zone, machine_type=machine_type, image=image)
 
 
+def checked(resolved: ResolvedPlacement, kvm: KvmConfig, *, provider: str) -> ResolvedPlacement:
+    """A placement resolved elsewhere, checked against this config (nothing filled in): a create must
+    not trust its input to name a host, size and image the config has."""
+    again = resolve(Placement(zone=resolved.zone, machine_type=resolved.machine_type, image=resolved.image),
+                    kvm, provider=provider)
+    if again != resolved:  # cannot happen for a fully named placement; a bug if it does
+        raise PermanentError(f"placement {resolved} is not resolved for provider {provider!r}")
+    return resolved
+
+
 def machine_type(kvm: KvmConfig, key: str) -> MachineType:
     return kvm.machine_types[key]
 

@@ -139,7 +139,7 @@ class KvmProvider:
 
     async def create(self, request: CreateRequest, *, progress: ProgressCallback | None = None) -> Instance:
         name = _checked_name(request.name)
-        resolved = self.resolve(request.placement)
+        resolved = placement.checked(request.placement, self.config, provider=self.name)
         host = self.host(resolved.zone)
         # One create per name at a time on this host: a second would replace the first one's volumes.
         async with self._operation(host, name, "create"), host.exclusive(f"instance:{name}"):
