@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from egress_kvm.kube.interfaces import KubeApi, Obj
-from egress_kvm.providers.base import PermanentError, Placement, Provider, ResolvedPlacement
+from egress_kvm.providers.base import PermanentError, Provider, ResolvedPlacement
 
 from .naming import instance_name, user_data_digest
 from .proxyspec import ProxySpec, SpecError
@@ -27,7 +27,6 @@ class Waiting(Exception):
 @dataclass(frozen=True)
 class Desired:
     provider: Provider
-    placement: Placement
     resolved: ResolvedPlacement
     name: str
     user_data: bytes = field(repr=False)
@@ -80,5 +79,5 @@ async def desired_instance(*, proxy: Obj, spec: ProxySpec, providers: Mapping[st
     user_data = await load_user_data(kube=kube, namespace=meta.get("namespace", ""), spec=spec)
     name = instance_name(uid=meta.get("uid", ""), provider=spec.provider, placement=resolved,
                          user_data_sha256=user_data_digest(user_data))
-    return Desired(provider=provider, placement=spec.placement, resolved=resolved, name=name,
+    return Desired(provider=provider, resolved=resolved, name=name,
                    user_data=user_data)

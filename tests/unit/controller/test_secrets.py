@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from egress_kvm.controller.desired import Desired
-from egress_kvm.providers.base import CreateRequest, Placement, ResolvedPlacement
+from egress_kvm.providers.base import CreateRequest, ResolvedPlacement
 
 from .conftest import eventually
 from .fakekube import FakeKube
@@ -61,5 +61,5 @@ def test_user_data_is_not_in_reprs() -> None:
     req = CreateRequest(name="proxy-x", owner_uid="u", placement=ResolvedPlacement("z", "m", "i"),
                         user_data=FROM_SECRET)
     assert FROM_SECRET.decode() not in repr(req)
-    d = Desired(provider=None, placement=Placement(), resolved=None, name="n", user_data=FROM_SECRET)  # type: ignore[arg-type]
+    d = Desired(provider=None, resolved=None, name="n", user_data=FROM_SECRET)  # type: ignore[arg-type]
     assert FROM_SECRET.decode() not in repr(d)
