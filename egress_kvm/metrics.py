@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from importlib import metadata
 
 from prometheus_client import (
@@ -25,7 +25,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # the library leaves it unannotated
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)
@@ -117,7 +117,7 @@ class QueueMetrics:
     from add to get (queue duration) and from get to done (work duration), retries, depth, and the two
     in-progress gauges, computed at scrape time from the keys being processed."""
 
-    def __init__(self, name: str, *, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, name: str, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._added: dict[Hashable, float] = {}
         self._started: dict[Hashable, float] = {}

@@ -81,25 +81,3 @@ def remove_condition(status: Obj, type_: str) -> None:
     if status.get("conditions"):
         status["conditions"] = [c for c in status["conditions"] if c.get("type") != type_]
 
-
-# A Failed Proxy's Ready reason names what cannot work, so the REASON column of a plain `kubectl get px`
-# says why (the message, in -o wide, says how). The first matching field prefix of the message wins.
-FAILED_REASONS = (
-    ("spec.provider", "UnknownProvider"),
-    ("spec.placement", "InvalidPlacement"),
-    ("spec.cloudInit", "InvalidCloudInit"),
-    ("spec.external", "InvalidExternalAddress"),
-    ("spec.healthCheck", "InvalidHealthCheck"),
-    ("spec", "InvalidSpec"),
-)
-
-
-def failed_reason(message: str, *, spec_error: bool) -> str:
-    """`InvalidPlacement`, `UnknownProvider`, ... for an error in the spec (its message starts with the
-    field); `ProviderRejected` for a provider's permanent error about an acceptable spec."""
-    if spec_error:
-        for prefix, reason in FAILED_REASONS:
-            if message == prefix or message.startswith((f"{prefix}:", f"{prefix}.")):
-                return reason
-        return "InvalidSpec"
-    return "ProviderRejected"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from egress_kvm.controller.status import failed_reason
+from egress_kvm.controller.outcome import failed_reason
 
 
 @pytest.mark.parametrize("message,spec_error,reason", [
