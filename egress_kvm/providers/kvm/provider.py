@@ -53,7 +53,7 @@ from rpc.types import DomainGetStateRet
 
 from . import capacity, metadata, naming, placement, seed
 from .addresses import discover
-from .calllog import current_instance, make_observer
+from .calllog import current_instance, make_observer, make_tracer
 from .domain_xml import DomainSpec, domain_xml, volume_xml
 from .hosts import Host
 from .images import ImageCache, delete_volume, lookup_volume
@@ -117,7 +117,8 @@ class KvmProvider:
         self._hosts: dict[str, Host] = {}
         for h in config.hosts:
             options = DialOptions(ssh_key_file=config.ssh_key_file, known_hosts_file=known_hosts,
-                                  observer=make_observer(self._log, host=h.name))
+                                  observer=make_observer(self._log, host=h.name),
+                                  tracer=make_tracer(self._log, host=h.name))
             self._hosts[h.name] = Host(config=h, dial=dial, options=options, log=self._log)
         self._http: aiohttp.ClientSession | None = None
         self._http_timeout = http_timeout or aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
