@@ -8,11 +8,13 @@ runs the operator, as the manager Deployment invokes it with controller-runtime-
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import inspect
+import os
 import sys
 from collections.abc import Sequence
+
+from egress_kvm import eventloop
 
 COMMANDS = ("run", "preflight", "lab", "emulator")
 
@@ -34,7 +36,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(args_list)
     result = args.func(args)
     if inspect.iscoroutine(result):
-        result = asyncio.run(result)
+        try:
+            loop = eventloop.choose(os.environ)
+        except ValueError as e:
+            result.close()
+            parser.error(str(e))
+        result = eventloop.run(result, loop)
     raise SystemExit(int(result or 0))
 
 
