@@ -162,6 +162,11 @@ class _Call:
     token: Any
     deadline: float
     timeout: float
+    plain: bool  # opens nothing on the daemon (no stream, no event registration)
+
+
+_REPLY = int(MessageType.REPLY)
+_OK = int(MessageStatus.OK)
 
 
 @dataclass(slots=True)
@@ -273,7 +278,8 @@ class ClientProtocol:
         payload = procedure.encode_args(args)
         serial = self._next_serial()
         deadline = now + timeout
-        self._pending[serial] = _Call(procedure, token, deadline, timeout)
+        plain = not procedure.stream and procedure.number != PROC_REGISTER_ANY
+        self._pending[serial] = _Call(procedure, token, deadline, timeout, plain)
         heapq.heappush(self._deadlines, (deadline, serial))
         if len(self._deadlines) > 2 * len(self._pending) + 64:
             self._deadlines = [(d, s) for d, s in self._deadlines if s in self._pending]
@@ -452,9 +458,23 @@ class ClientProtocol:
             return self.close(self._protocol_lost(e))
         events: list[Event] = []
         tracer = self._tracer
+        pending = self._pending
         for packet in packets:
+            header = packet.header
             if tracer is not None:
-                self._trace_in(packet.header, len(packet.payload))
+                self._trace_in(header, len(packet.payload))
+            # The common case first, without building a message object: REPLY/OK to a plain call.
+            if header.type == _REPLY and header.status == _OK and header.prog == REMOTE_PROGRAM:
+                call = pending.get(header.serial)
+                if call is not None and call.plain and call.proc.number == header.proc:
+                    del pending[header.serial]
+                    try:
+                        value = call.proc.decode_ret(packet.payload)
+                    except ProtocolError as e:
+                        events.append(CallFailed(header.serial, call.token, e))
+                        continue
+                    events.append(CallDone(header.serial, call.token, value))
+                    continue
             try:
                 ev = classify(packet)
             except ProtocolError as e:
