@@ -399,7 +399,11 @@ class ClientProtocol:
         wake = self._deadlines[0][0] if self._deadlines else None
         interval = self.keepalive_interval
         if interval is not None:
-            ka = max(self.last_rx, self._last_ping) + interval
+            # the next PING, or the moment the peer counts as dead, whichever is first
+            ka = min(
+                max(self.last_rx, self._last_ping) + interval,
+                self.last_rx + interval * (self.keepalive_count + 1),
+            )
             wake = ka if wake is None else min(wake, ka)
         return wake
 

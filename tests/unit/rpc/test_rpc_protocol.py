@@ -208,6 +208,7 @@ def test_keepalive_pings_after_silence_and_declares_the_peer_dead_after_interval
     p.receive_data(PONG, now=7)  # any packet is liveness
     assert p.pongs_received == 1
     assert p.tick(21.9) == [] and p.data_to_send() == PING
+    assert p.next_wakeup() == 22  # the peer's death is due before the next PING would be
     events = p.tick(22)
     assert isinstance(events[-1], ConnectionClosed)
     assert "no data from test for 15.0 s (keepalive: interval 5 s x 3)" in str(events[-1].error)
