@@ -25,12 +25,16 @@ import collections
 import contextlib
 import enum
 import heapq
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .constants import (
     KEEPALIVE_PROGRAM,
+    LEN_SIZE,
+    MESSAGE_MAX,
+    MIN_PACKET,
     REMOTE_PROGRAM,
     MessageStatus,
     MessageType,
@@ -165,8 +169,13 @@ class _Call:
     plain: bool  # opens nothing on the daemon (no stream, no event registration)
 
 
+_CALL = int(MessageType.CALL)
 _REPLY = int(MessageType.REPLY)
 _OK = int(MessageStatus.OK)
+#: length word + header (prog, vers, proc, type, serial, status): a call's 28 bytes in one pack
+_CALL_HEADER = struct.Struct(">IIIiiII")
+#: the largest call payload a packet can carry
+_MAX_CALL_PAYLOAD = MESSAGE_MAX + LEN_SIZE - MIN_PACKET
 
 
 @dataclass(slots=True)
@@ -272,21 +281,33 @@ class ClientProtocol:
     ) -> tuple[int, bytes]:
         """Encode one call; returns its serial and the packet to write. A stream procedure's call opens a
         Stream (see `stream`), which becomes usable when its CallDone arrives."""
-        self._check_open()
+        if self._closed is not None:
+            self._check_open()
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
         payload = procedure.encode_args(args)
-        serial = self._next_serial()
+        serial = self._serial = (self._serial + 1) & 0xFFFFFFFF or 1
         deadline = now + timeout
-        plain = not procedure.stream and procedure.number != PROC_REGISTER_ANY
-        self._pending[serial] = _Call(procedure, token, deadline, timeout, plain)
-        heapq.heappush(self._deadlines, (deadline, serial))
-        if len(self._deadlines) > 2 * len(self._pending) + 64:
-            self._deadlines = [(d, s) for d, s in self._deadlines if s in self._pending]
+        stream = procedure.stream
+        pending = self._pending
+        plain = not stream and procedure.number != PROC_REGISTER_ANY
+        pending[serial] = _Call(procedure, token, deadline, timeout, plain)
+        deadlines = self._deadlines
+        heapq.heappush(deadlines, (deadline, serial))
+        if len(deadlines) > 2 * len(pending) + 64:
+            self._deadlines = [(d, s) for d, s in deadlines if s in pending]
             heapq.heapify(self._deadlines)
-        if procedure.stream:
+        if stream:
             self._streams[serial] = Stream(proc=procedure, serial=serial)
-        data = encode_call(proc=procedure.number, serial=serial, payload=payload)
+        if len(payload) > _MAX_CALL_PAYLOAD:
+            del pending[serial]
+            encode_call(proc=procedure.number, serial=serial, payload=payload)  # raises, naming the size
+        data = (
+            _CALL_HEADER.pack(
+                MIN_PACKET + len(payload), REMOTE_PROGRAM, 1, procedure.number, _CALL, serial, _OK
+            )
+            + payload
+        )
         if self._tracer is not None:
             self._trace_out(data)
         return serial, data
