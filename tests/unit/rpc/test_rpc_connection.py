@@ -208,6 +208,8 @@ async def test_close_sends_connect_close_and_leaves_no_tasks(server: FakeServer)
     await client.close()
     await client.close()  # idempotent
     assert [r.proc for r in server.received][-1] == 2
+    assert not client.is_connected
+    # the link's reader (a pump task for this stream-pair link) has ended with the close
     others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
     assert all("libvirt" not in t.get_name() for t in others)
 
