@@ -25,8 +25,11 @@ from typing import Any
 
 import aiohttp
 
-from egress_kvm.config.models import KvmConfig
+from egress_kvm.config.models import EgressConfig, KvmConfig
 from egress_kvm.log import Logger, get_logger
+from egress_kvm.policy.connect import checked_session
+from egress_kvm.policy.egress import Policy, Purpose
+from egress_kvm.policy.policies import configured_image_policy, url_image_policy
 from egress_kvm.providers.base import (
     CreateRequest,
     Instance,
@@ -57,6 +60,7 @@ from .calllog import current_instance, make_observer
 from .domain_xml import DomainSpec, domain_xml, volume_xml
 from .hosts import Host
 from .images import ImageCache, delete_volume, lookup_volume
+from .placement import ImageSource
 from .session import Dialer, DialOptions, ssh_dial
 
 GIB = 1024**3
@@ -105,7 +109,8 @@ class KvmProvider:
 
     def __init__(self, *, name: str, config: KvmConfig, cluster_id: str, dial: Dialer = ssh_dial,
                  log: Logger | None = None, now: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 http_timeout: aiohttp.ClientTimeout | None = None) -> None:
+                 http_timeout: aiohttp.ClientTimeout | None = None,
+                 egress: EgressConfig | None = None) -> None:
         if not cluster_id:
             raise ValueError("cluster_id must not be empty: it keeps clusters sharing a host apart")
         self.name = name
@@ -119,7 +124,9 @@ class KvmProvider:
             options = DialOptions(ssh_key_file=config.ssh_key_file, known_hosts_file=known_hosts,
                                   observer=make_observer(self._log, host=h.name))
             self._hosts[h.name] = Host(config=h, dial=dial, options=options, log=self._log)
-        self._http: aiohttp.ClientSession | None = None
+        self._http: dict[Purpose, aiohttp.ClientSession] = {}
+        self._image_policies = {Purpose.CONFIGURED_IMAGE: configured_image_policy(egress),
+                                Purpose.URL_IMAGE: url_image_policy(egress, config.url_images)}
         self._http_timeout = http_timeout or aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
         self._images = ImageCache(http=self._http_session)
 
@@ -129,7 +136,8 @@ class KvmProvider:
         return list(self._hosts)
 
     def resolve(self, placement_: Placement) -> ResolvedPlacement:
-        return placement.resolve(placement_, self.config, provider=self.name)
+        return placement.resolve(placement_, self.config, provider=self.name,
+                                 url_policy=self._image_policies[Purpose.URL_IMAGE])
 
     def host(self, zone: str) -> Host:
         host = self._hosts.get(zone)
@@ -231,9 +239,9 @@ class KvmProvider:
         for host in self._hosts.values():
             with contextlib.suppress(Exception):
                 await host.close()
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        for session in self._http.values():
+            await session.close()
+        self._http.clear()
 
     # -- create ----------------------------------------------------------------------------------
 
@@ -511,10 +519,14 @@ class KvmProvider:
         finally:
             current_instance.reset(token)
 
-    async def _http_session(self) -> aiohttp.ClientSession:
-        if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(timeout=self._http_timeout, trust_env=False)
-        return self._http
+    async def _http_session(self, image: ImageSource) -> tuple[aiohttp.ClientSession, Policy]:
+        """The session (one per purpose: its resolver enforces that purpose's policy) and the policy."""
+        purpose = Purpose.URL_IMAGE if image.direct else Purpose.CONFIGURED_IMAGE
+        policy = self._image_policies[purpose]
+        session = self._http.get(purpose)
+        if session is None or session.closed:
+            session = self._http[purpose] = checked_session(policy, timeout=self._http_timeout)
+        return session, policy
 
 
 @dataclass
