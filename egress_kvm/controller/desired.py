@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from egress_kvm.kube.interfaces import KubeApi, Obj
+from egress_kvm.policy.secrets import SecretNotUsable, read_usable_secret
 from egress_kvm.providers.base import PermanentError, Placement, Provider, ResolvedPlacement
 
 from .naming import instance_name, user_data_digest
@@ -44,7 +45,11 @@ async def load_user_data(*, kube: KubeApi, namespace: str, spec: ProxySpec) -> b
     if spec.user_data_ref is None:
         return (spec.user_data or "").encode()
     ref = spec.user_data_ref
-    data = await kube.read_secret(namespace, ref.name)
+    try:
+        data = await read_usable_secret(kube, namespace=namespace, name=ref.name,
+                                        field="spec.cloudInit.secretRef")
+    except SecretNotUsable as e:
+        raise Waiting(str(e)) from None
     if data is None:
         raise Waiting(f"waiting for Secret {namespace}/{ref.name} (spec.cloudInit.secretRef)")
     if ref.key not in data:

@@ -45,6 +45,7 @@ from datetime import UTC, datetime
 
 from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj, SpecChanged
 from egress_kvm.log import Logger, get_logger
+from egress_kvm.policy.external import external_refusal
 from egress_kvm.providers.base import (
     CreateRequest,
     HostUnreachable,
@@ -512,8 +513,12 @@ class Reconciler:
                 await self._delete_ref(ctx, spec, ref)
         self.prober.unwatch(replacement_key(ctx.key))
         assert spec.external_host is not None and spec.external_port is not None
+        refused = external_refusal(self.prober.policies, host=spec.external_host, port=spec.external_port,
+                                   auth=bool(spec.auth_secret))
+        if refused is not None:
+            raise SpecError(refused)
         target = ProbeTarget(spec.external_host, spec.external_port, spec.health, ctx.namespace,
-                             spec.auth_secret)
+                             spec.auth_secret, external=True)
         self._watch(ctx, ctx.key, target)
         health = self.prober.health(ctx.key)
         if health is not None and health.healthy:

@@ -35,6 +35,7 @@ from ..kube.interfaces import Obj
 from ..kube.leader import LeaderElector, lease_namespace
 from ..kube.rest import KubeApiError
 from ..metrics import REGISTRY
+from ..policy.policies import EgressPolicies
 from ..providers.base import Provider
 from .flags import Options
 from .http import HttpServer, health_app, metrics_app
@@ -156,7 +157,8 @@ class Operator:
             kube=kube, store=self.informer, providers=self.providers, providers_hash=self.loaded.digest,
             workers=opts.max_concurrent_reconciles, resync_period=opts.resync_period,
             gc_interval=opts.gc_interval, gc_grace_period=opts.gc_grace_period,
-            logger=log.get_logger("controller"), namespace=opts.namespace or None)
+            logger=log.get_logger("controller"), namespace=opts.namespace or None,
+            egress=EgressPolicies.from_config(self.loaded.config.egress))
 
         try:
             await self._start_http(stack)
@@ -279,7 +281,8 @@ class Operator:
                 continue
             last_error = ""
             old, self.providers, self.loaded, current = self.providers, providers, loaded, loaded.digest
-            self.controller.update_providers(providers, loaded.digest)
+            self.controller.update_providers(providers, loaded.digest,
+                                             egress=EgressPolicies.from_config(loaded.config.egress))
             self.log.info("providers config reloaded", path=path,
                           providers=[p.name for p in loaded.config.providers])
             task = asyncio.create_task(self._retire(old), name="retire-providers")

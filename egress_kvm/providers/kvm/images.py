@@ -169,7 +169,8 @@ class ImageCache:
         except (aiohttp.ClientError, NameNotResolved, TooManyRedirects) as exc:
             # A fixed phrase, never the library's text: it quotes URLs (queries, userinfo) and peers.
             why = failure_phrase(exc)
-            raise TransientError(f"image {image.label!r}: downloading {image.shown_url} failed: {why}") from None
+            raise TransientError(
+                f"image {image.label!r}: downloading {image.shown_url} failed: {why}") from None
         except TimeoutError:
             raise TransientError(f"image {image.label!r}: downloading {image.shown_url} timed out") from None
         IMAGE_BYTES_FETCHED.labels(host.name, image.label).inc(moved)

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 from egress_kvm.controller.health import Health, Prober, ProbeTarget, next_health
 from egress_kvm.controller.proxyspec import HealthCheck
+from egress_kvm.policy.secrets import USABLE
 
 from .conftest import eventually
 from .fakekube import FakeKube
@@ -67,10 +68,10 @@ async def test_auth_from_the_secret(target: TargetServer) -> None:
     try:
         ok, msg = await p.probe(t)
         assert not ok and "auth Secret default/auth is missing" in msg and "spec.auth.secretRef" in msg
-        kube.put_secret("default", "auth", {"username": b"u", "password": b"bad"})
+        kube.put_secret("default", "auth", {"username": b"u", "password": b"bad"}, labels=USABLE)
         ok, msg = await p.probe(t)
         assert not ok and "HTTP 407" in msg
-        kube.put_secret("default", "auth", {"username": b"u", "password": b"pw"})
+        kube.put_secret("default", "auth", {"username": b"u", "password": b"pw"}, labels=USABLE)
         ok, msg = await p.probe(t)
         assert ok, msg
         assert target.hits == 1
