@@ -112,9 +112,10 @@ def parse_rule(text: str) -> Rule:
         return Rule(network=network, port=port)
     if ":" in body:
         raise ValueError("is not an IP network (write an IPv6 one with a port as [addr/len]:port)")
-    if not _HOST_NAME.fullmatch(body) or len(body) > 253:
+    name = body[:-1] if body.endswith(".") else body  # a fully qualified name's root dot
+    if not _HOST_NAME.fullmatch(name) or len(name) > 253:
         raise ValueError("is not a host name, *.domain, IP address or CIDR")
-    return Rule(host=body.lower().rstrip("."), port=port)
+    return Rule(host=name.lower(), port=port)
 
 
 def _port(text: str | None) -> int:
