@@ -15,7 +15,7 @@ from egress_kvm.kube.interfaces import KubeApi, Obj
 from egress_kvm.policy.secrets import SecretNotUsable, read_usable_secret
 from egress_kvm.providers.base import PermanentError, Placement, Provider, ResolvedPlacement
 
-from .naming import instance_name, user_data_digest
+from .naming import instance_name, legacy_user_data_digest, user_data_digest
 from .proxyspec import ProxySpec, SpecError
 
 
@@ -69,5 +69,9 @@ async def desired_instance(*, proxy: Obj, spec: ProxySpec, providers: Mapping[st
     user_data = await load_user_data(kube=kube, namespace=meta.get("namespace", ""), spec=spec)
     name = instance_name(uid=meta.get("uid", ""), provider=spec.provider, placement=resolved,
                          user_data_sha256=user_data_digest(user_data))
+    legacy = instance_name(uid=meta.get("uid", ""), provider=spec.provider, placement=resolved,
+                           user_data_sha256=legacy_user_data_digest(user_data))
+    if ((proxy.get("status") or {}).get("instance") or {}).get("name") == legacy:
+        name = legacy  # made before names were keyed: same inputs, so no replacement (naming.py)
     return Desired(provider=provider, placement=spec.placement, resolved=resolved, name=name,
                    user_data=user_data)

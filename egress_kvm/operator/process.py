@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import log
 from ..config import ConfigError
+from ..controller.naming import set_name_key
 from ..kube.api import KubeApiClient, namespace_uid
 from ..kube.backoff import Backoff
 from ..kube.client import KubeConfigError, new_api_client, pod_namespace
@@ -35,6 +36,7 @@ from ..kube.interfaces import Obj
 from ..kube.leader import LeaderElector, lease_namespace
 from ..kube.rest import KubeApiError
 from ..metrics import REGISTRY
+from ..policy import namekey
 from ..policy.policies import EgressPolicies
 from ..providers.base import Provider
 from .flags import Options
@@ -116,6 +118,14 @@ class Operator:
             except (KubeApiError, OSError, TimeoutError) as exc:
                 return self._fatal(exc, "cannot determine the cluster id (the kube-system Namespace uid); "
                                         "pass --cluster-id")
+            try:
+                key = namekey.load(opts.instance_name_key_file, cluster_id=cluster_id)
+            except OSError as exc:
+                return self._fatal(exc, "cannot read the instance-name key", path=opts.instance_name_key_file)
+            set_name_key(key.key)
+            if not key.from_file:
+                self.log.info("no instance-name key file: instance names are keyed with the cluster id only "
+                              "(see docs/security.md)", path=opts.instance_name_key_file)
             try:
                 self.providers = await build(self.loaded, cluster_id=cluster_id)
             except ConfigError as exc:
