@@ -80,8 +80,8 @@ def check_http_url(value: str) -> str:
         raise ValueError("is not an http(s) URL")
     if not parts.hostname:
         raise ValueError("has no host")
-    if any(c.isspace() for c in value):
-        raise ValueError("contains whitespace")
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise ValueError("contains whitespace or control characters")
     try:
         _ = parts.port
     except ValueError:

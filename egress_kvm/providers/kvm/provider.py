@@ -266,6 +266,22 @@ class KvmProvider:
 
         overlay_xml = volume_xml(name=naming.overlay_volume(name), capacity=disk_bytes, fmt="qcow2",
                                  backing_path=base.path, backing_format=base.format)
+        # Every document is built before the first volume exists: a value lxml refuses must leave
+        # nothing behind (and, being permanent, would otherwise leave it on every retry).
+        meta = metadata.InstanceMetadata(
+            cluster_id=self.cluster_id, owner_uid=request.owner_uid, created_at=self._now(),
+            owner_namespace=request.owner_namespace, owner_name=request.owner_name, zone=resolved.zone,
+            machine_type=resolved.machine_type, image=source.label)  # a URL without credentials
+        spec = DomainSpec(
+            name=name, domain_type=cfg.domain_type, vcpus=mtype.vcpus, memory_mib=mtype.memory_mib,
+            cpu=cfg.cpu_config, pool=pool.name, overlay_volume=naming.overlay_volume(name),
+            seed_volume=naming.seed_volume(name), seed_bus=cfg.seed_bus, bridge=cfg.bridge,
+            mac=naming.mac_address(name), meta=meta)
+        try:
+            xml = domain_xml(spec)
+        except ValueError as exc:  # lxml: a control character in a value (the spec checks should stop it)
+            raise PermanentError(f"instance {name!r}: a placement or owner value cannot be written to the "
+                                 f"domain XML ({type(exc).__name__})") from None
         await self._create_volume(host, pool, overlay_xml, naming.overlay_volume(name),
                                   available=info.available)
         log.v(1).info("overlay created", pool=pool.name, volume=naming.overlay_volume(name),
@@ -282,17 +298,8 @@ class KvmProvider:
             raise
         log.v(1).info("seed ISO uploaded", pool=pool.name, volume=naming.seed_volume(name), length=len(iso))
 
-        meta = metadata.InstanceMetadata(
-            cluster_id=self.cluster_id, owner_uid=request.owner_uid, created_at=self._now(),
-            owner_namespace=request.owner_namespace, owner_name=request.owner_name, zone=resolved.zone,
-            machine_type=resolved.machine_type, image=source.label)  # a URL without credentials
-        spec = DomainSpec(
-            name=name, domain_type=cfg.domain_type, vcpus=mtype.vcpus, memory_mib=mtype.memory_mib,
-            cpu=cfg.cpu_config, pool=pool.name, overlay_volume=naming.overlay_volume(name),
-            seed_volume=naming.seed_volume(name), seed_bus=cfg.seed_bus, bridge=cfg.bridge,
-            mac=naming.mac_address(name), meta=meta)
         try:
-            dom = await host.call("domain_define_xml", domain_xml(spec))
+            dom = await host.call("domain_define_xml", xml)
         except LibvirtError as exc:
             if exc.code not in (ErrorCode.OPERATION_FAILED, ErrorCode.DOM_EXIST):
                 raise
