@@ -43,6 +43,11 @@ NASTY = st.one_of(
 SERVED_URL = st.text(max_size=12).map(lambda path: f"http://SERVED/{path}.qcow2")
 VALUE = st.one_of(NASTY, SERVED_URL, st.none(), st.integers(-5, 70000), st.booleans(),
                   st.lists(st.text(max_size=5), max_size=2))
+SPEC_FIELDS = [("mode",), ("provider",), ("placement", "zone"), ("placement", "machineType"),
+               ("placement", "image"), ("placement", "region"), ("port",), ("cloudInit", "userData"),
+               ("cloudInit", "secretRef", "name"), ("cloudInit", "secretRef", "key"),
+               ("auth", "secretRef", "name"), ("external", "address"), ("healthCheck", "url"),
+               ("healthCheck", "intervalSeconds")]
 
 GOOD_SPEC: dict[str, Any] = {"mode": "Managed", "provider": "kvm-test",
                              "placement": {"zone": "host0", "machineType": "small", "image": "debian-12"},
