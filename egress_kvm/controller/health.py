@@ -31,7 +31,7 @@ from egress_kvm import metrics
 from egress_kvm.kube.interfaces import KubeApi
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.policy.connect import resolve_checked
-from egress_kvm.policy.egress import Purpose, decide, explain
+from egress_kvm.policy.egress import Purpose, decide, explain, precheck
 from egress_kvm.policy.phrases import failure_phrase
 from egress_kvm.policy.policies import EgressPolicies
 from egress_kvm.policy.secrets import SecretNotUsable, read_usable_secret
@@ -208,6 +208,12 @@ class Prober:
         """Where to connect: for an External endpoint, the resolved address the egress policy admits
         (connected to as is, so the name cannot resolve elsewhere in between); a VM's IP as it is."""
         if not target.external:
+            # The guest reports its own IP: one naming loopback, link-local or the metadata service
+            # would turn the operator's probe into a request there.
+            verdict = precheck(self.policies.vm_probe, host=target.host, port=target.port)
+            if not verdict.allowed:
+                raise _ProbeFailed(f"not probing {target.host}: "
+                                   f"{explain(verdict, purpose=Purpose.VM_PROBE, shown='the VM address')}")
             return target.host
         async with asyncio.timeout(target.check.timeout_seconds):
             address = await resolve_checked(self.policies.external_probe, host=target.host, port=target.port)

@@ -46,6 +46,7 @@ class Purpose(enum.Enum):
     CONFIGURED_IMAGE = "configured image"  # the admin's own images[].url: denied ranges only
     EXTERNAL_PROBE = "External probe"  # health probe of spec.external.address: allowlist optional
     EXTERNAL_AUTH = "credentials"  # Proxy-Authorization to an External endpoint: allowlist required
+    VM_PROBE = "VM probe"  # a Managed VM's IP (reported by its guest): only the fixed denied set applies
 
 
 class Verdict(enum.Enum):
@@ -229,6 +230,7 @@ _OFF = {
     Purpose.EXTERNAL_AUTH: "no endpoint may receive credentials (egress.authEndpoints is empty)",
     Purpose.EXTERNAL_PROBE: "External probes are off",
     Purpose.CONFIGURED_IMAGE: "configured images are off",
+    Purpose.VM_PROBE: "VM probes are off",
 }
 
 

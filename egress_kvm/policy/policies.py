@@ -19,6 +19,7 @@ class EgressPolicies:
     external_probe: Policy
     external_auth: Policy
     configured_image: Policy
+    vm_probe: Policy  # cluster ranges do not apply: VMs live on private LANs
 
     @classmethod
     def from_config(cls, egress: EgressConfig | None = None) -> EgressPolicies:
@@ -28,7 +29,8 @@ class EgressPolicies:
         return cls(
             external_probe=Policy(Purpose.EXTERNAL_PROBE, external, **common),
             external_auth=Policy(Purpose.EXTERNAL_AUTH, Allowlist.parse(egress.auth_endpoints), **common),
-            configured_image=Policy(Purpose.CONFIGURED_IMAGE, None, **common))
+            configured_image=Policy(Purpose.CONFIGURED_IMAGE, None, **common),
+            vm_probe=Policy(Purpose.VM_PROBE, None, cluster=(), exempt=common["exempt"]))
 
 
 def _common(egress: EgressConfig) -> dict[str, Any]:

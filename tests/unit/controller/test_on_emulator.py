@@ -29,7 +29,7 @@ from egress_kvm.policy.secrets import USABLE
 from egress_kvm.providers.kvm import addresses
 from testbed.emulator import Emulator
 
-from .conftest import FAST, eventually
+from .conftest import FAST, LOOPBACK_POLICIES, eventually
 from .proxyserver import MiniProxy
 
 CRD = Path(__file__).resolve().parents[3] / "deploy/crd/egressproxies.io_proxies.yaml"
@@ -88,7 +88,7 @@ async def cluster(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Cluste
         controller_ref: list[Controller] = []
         informer = ProxyInformer(op_client, namespace=None,
                                  on_event=lambda kind, obj: controller_ref[0].on_event(kind, obj))
-        controller = Controller(kube=KubeApiClient(op_client), store=informer,
+        controller = Controller(kube=KubeApiClient(op_client), store=informer, egress=LOOPBACK_POLICIES,
                                 providers={"kvm-test": provider}, resync_period=3600, gc_interval=3600,
                                 **FAST)
         controller_ref.append(controller)

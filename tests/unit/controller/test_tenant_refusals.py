@@ -4,6 +4,7 @@ status, and nothing reaches the place it aimed at."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 from egress_kvm.config.models import EgressConfig
@@ -146,3 +147,19 @@ async def test_a_probe_reports_a_fixed_phrase_never_the_banner(
     finally:
         srv.close()
         await srv.wait_closed()
+
+
+async def test_a_guest_reported_metadata_address_is_not_probed(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """The guest controls the IP its agent reports: naming the metadata service (or loopback) must not
+    make the operator send its probes there. (Cluster ranges do not apply: VMs live on private LANs.)"""
+    c = make_controller({"kvm-home": provider}, egress=EgressPolicies.from_config())
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: bool(kube.status(KEY).get("instance")))
+    name = kube.status(KEY)["instance"]["name"]
+    await eventually(lambda: ("nas1", name) in provider.vms)
+    provider.vms[("nas1", name)] = dataclasses.replace(provider.vms[("nas1", name)], ip="169.254.169.254")
+    c.enqueue(KEY)
+    await eventually(lambda: "not probing 169.254.169.254" in kube.status(KEY).get("message", ""))
+    assert "cloud metadata address" in kube.status(KEY)["message"]
+    assert kube.status(KEY)["phase"] != "Ready"
