@@ -165,7 +165,7 @@ class ImageCache:
                         raise exc.cause from None  # handled below as the download's own failure
                     raise
         except EgressDenied as exc:
-            raise PermanentError(f"image {image.label!r} ({image.shown_url}) refused: {exc}") from None
+            raise PermanentError(f"image {image.label!r} ({image.shown_url}): {exc}") from None
         except (aiohttp.ClientError, NameNotResolved, TooManyRedirects) as exc:
             # A fixed phrase, never the library's text: it quotes URLs (queries, userinfo) and peers.
             why = failure_phrase(exc)

@@ -118,7 +118,8 @@ async def test_a_redirect_to_the_metadata_service_is_refused(servers: Servers, w
     provider, hv = fake_kvm_provider(images=_image(a), precache=False,
                                      egress=_egress(allowedCIDRs=[f"127.0.0.1/32:{a.port}"]))
     msg = await _refused(provider, hv, request(), match="cloud metadata address")
-    assert "redirect 1" in msg and "169.254" not in msg.split("refused:", 1)[1]
+    # where the redirect pointed is not echoed (a tenant's server chose it)
+    assert "redirect 1" in msg and "169.254" not in msg and "fd00" not in msg
 
 
 async def test_a_redirect_to_another_loopback_port_is_refused(servers: Servers) -> None:
