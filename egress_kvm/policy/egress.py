@@ -5,14 +5,18 @@ the cluster network, where a request can reach what the tenant cannot: the cloud
 loopback services of the operator's own pod, the cluster's Services and Pods. So every such request is
 decided here, on the address it will really connect to (after DNS resolution, on every redirect hop):
 
-1. an allow entry *by CIDR* that contains the address (and matches the port) admits it: an admin who
-   writes `127.0.0.1/32` means it, and nothing else can lift the denials below;
+1. an admin's entry *by CIDR* that contains the address (and matches the port) lifts the denials below:
+   one in `egress.allowedCIDRs` (any purpose) or in the purpose's own allowlist. An admin who writes
+   `127.0.0.1/32` means it; a host-name entry never lifts a denial (the name may resolve anywhere);
 2. otherwise an address in a denied range is refused: the fixed set (loopback, link-local with the
    metadata addresses 169.254.169.254 and fd00:ec2::254, unspecified, multicast, reserved) and the
    configurable cluster ranges (default: the private ranges, where pods and Services live);
 3. otherwise, where the purpose needs an allowlist (URL images, credentials), the host must match an
    entry by name or the address an entry by CIDR; without one the purpose is off;
 4. otherwise (an External probe with no allowlist configured) the address is admitted.
+
+A Managed VM's IP (which its guest reports) is held to the fixed set only: cluster ranges do not apply,
+since the VMs themselves live on private LANs.
 
 No I/O here: `connect.py` resolves names and connects to the address that was decided on, so a DNS
 answer that changes between check and use (rebinding) cannot redirect the connection.
@@ -33,6 +37,7 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 DEFAULT_CLUSTER_CIDRS: tuple[str, ...] = (
     "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")  # 0.x.y.z reaches the local host on Linux
 _METADATA = (ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"))
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -154,6 +159,8 @@ def address_class(address: Address, cluster: Sequence[Network]) -> Verdict:
     """The denied range an address is in, or ALLOWED."""
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1 on the wire
+    elif isinstance(address, ipaddress.IPv6Address) and address in _NAT64:
+        address = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)  # a NAT64 gateway forwards to it
     if address in _METADATA:
         return Verdict.METADATA
     if address.is_loopback:

@@ -30,6 +30,8 @@ ip = ipaddress.ip_address
     ("127.8.9.10", Verdict.LOOPBACK),
     ("::1", Verdict.LOOPBACK),
     ("::ffff:127.0.0.1", Verdict.LOOPBACK),  # v4-mapped: the same host on the wire
+    ("64:ff9b::a9fe:a9fe", Verdict.METADATA),  # NAT64 of 169.254.169.254
+    ("64:ff9b::cb00:7107", Verdict.ALLOWED),  # NAT64 of 203.0.113.7
     ("169.254.169.254", Verdict.METADATA),
     ("fd00:ec2::254", Verdict.METADATA),
     ("169.254.1.1", Verdict.LINK_LOCAL),
