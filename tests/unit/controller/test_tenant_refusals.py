@@ -163,3 +163,16 @@ async def test_a_guest_reported_metadata_address_is_not_probed(
     await eventually(lambda: "not probing 169.254.169.254" in kube.status(KEY).get("message", ""))
     assert "cloud metadata address" in kube.status(KEY)["message"]
     assert kube.status(KEY)["phase"] != "Ready"
+
+
+async def test_an_admin_allowing_the_endpoint_in_the_providers_file_un_fails_the_proxy(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, target: TargetServer,
+        make_controller) -> None:
+    c = make_controller({}, egress=EgressPolicies.from_config())
+    kube.create_proxy("px1", {"mode": "External", "external": {"address": f"127.0.0.1:{proxy_server.port}"},
+                              "healthCheck": {"url": target.url, "intervalSeconds": 1}})
+    await eventually(lambda: phase(kube) == "Failed")
+    assert proxy_server.requests == 0
+    allowed = _policies(allowedCIDRs=[f"127.0.0.1/32:{proxy_server.port}"])
+    c.update_providers({}, "hash-with-egress", egress=allowed)
+    await eventually(lambda: phase(kube) == "Ready")
