@@ -23,7 +23,7 @@ class EgressPolicies:
 
     @classmethod
     def from_config(cls, egress: EgressConfig | None = None) -> EgressPolicies:
-        egress = egress or EgressConfig()
+        egress = egress or EgressConfig.model_validate({})
         common = _common(egress)
         external = None if egress.external_endpoints is None else Allowlist.parse(egress.external_endpoints)
         return cls(
@@ -33,7 +33,8 @@ class EgressPolicies:
             vm_probe=Policy(Purpose.VM_PROBE, None, cluster=(), exempt=common["exempt"]))
 
 
-def _common(egress: EgressConfig) -> dict[str, Any]:
+def _common(egress: EgressConfig | None) -> dict[str, Any]:
+    egress = egress or EgressConfig.model_validate({})
     cidrs = DEFAULT_CLUSTER_CIDRS if egress.cluster_cidrs is None else egress.cluster_cidrs
     return {"cluster": tuple(ipaddress.ip_network(c, strict=False) for c in cidrs),
             "exempt": Allowlist.parse(egress.allowed_cidrs)}
@@ -41,9 +42,9 @@ def _common(egress: EgressConfig) -> dict[str, Any]:
 
 def url_image_policy(egress: EgressConfig | None, entries: Sequence[str]) -> Policy:
     """placement.image as a URL: only what the kvm entry's urlImages lists (none: URL images are off)."""
-    return Policy(Purpose.URL_IMAGE, Allowlist.parse(entries), **_common(egress or EgressConfig()))
+    return Policy(Purpose.URL_IMAGE, Allowlist.parse(entries), **_common(egress))
 
 
 def configured_image_policy(egress: EgressConfig | None) -> Policy:
     """The admin's own images[].url: no allowlist, but the denied ranges hold on it and every redirect."""
-    return Policy(Purpose.CONFIGURED_IMAGE, None, **_common(egress or EgressConfig()))
+    return Policy(Purpose.CONFIGURED_IMAGE, None, **_common(egress))

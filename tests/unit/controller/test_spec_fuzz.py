@@ -129,7 +129,7 @@ async def _attempt(spec_doc: Any, providers_doc: dict[str, Any], *, served: str)
             return
         desired = await desired_instance(proxy=proxy, spec=spec, providers={entry.name: provider}, kube=kube)
         created = await desired.provider.create(CreateRequest(
-            name=desired.name, owner_uid="uid-1", placement=desired.placement, user_data=desired.user_data,
+            name=desired.name, owner_uid="uid-1", placement=desired.resolved, user_data=desired.user_data,
             owner_namespace="default", owner_name="px"))
     except (SpecError, Waiting) as exc:
         assert _names_a_field(str(exc)), str(exc)
@@ -235,11 +235,11 @@ async def _provider_refuses_control_characters(served: str) -> None:
     assert entry.kvm is not None
     hv = FakeHypervisors(["host0"])
     provider = KvmProvider(name=entry.name, config=entry.kvm, cluster_id="fuzz", dial=hv.dial)
-    from egress_kvm.providers.base import Placement
+    from egress_kvm.providers.base import ResolvedPlacement
     try:
         for image in (f"http://{served}/a\x01b.qcow2", "debian-12\x01"):
             try:
-                await provider.create(CreateRequest(name="proxy-abc", owner_uid="u", placement=Placement(
+                await provider.create(CreateRequest(name="proxy-abc", owner_uid="u", placement=ResolvedPlacement(
                     zone="host0", machine_type="small", image=image), user_data=b""))
             except PermanentError as exc:
                 assert "placement.image" in str(exc)
