@@ -25,7 +25,7 @@ from egress_kvm.config import ConfigError, parse_providers
 from egress_kvm.controller.desired import Waiting, desired_instance
 from egress_kvm.controller.proxyspec import SpecError, parse_spec
 from egress_kvm.policy.secrets import USABLE
-from egress_kvm.providers.base import CreateRequest, PermanentError, ProviderError
+from egress_kvm.providers.base import CreateRequest, PermanentError, ProviderError, ResolvedPlacement
 from egress_kvm.providers.kvm import KvmProvider
 
 from .fakekube import FakeKube
@@ -235,12 +235,12 @@ async def _provider_refuses_control_characters(served: str) -> None:
     assert entry.kvm is not None
     hv = FakeHypervisors(["host0"])
     provider = KvmProvider(name=entry.name, config=entry.kvm, cluster_id="fuzz", dial=hv.dial)
-    from egress_kvm.providers.base import ResolvedPlacement
     try:
         for image in (f"http://{served}/a\x01b.qcow2", "debian-12\x01"):
             try:
-                await provider.create(CreateRequest(name="proxy-abc", owner_uid="u", placement=ResolvedPlacement(
-                    zone="host0", machine_type="small", image=image), user_data=b""))
+                where = ResolvedPlacement(zone="host0", machine_type="small", image=image)
+                await provider.create(CreateRequest(name="proxy-abc", owner_uid="u", placement=where,
+                                                    user_data=b""))
             except PermanentError as exc:
                 assert "placement.image" in str(exc)
             else:
