@@ -28,7 +28,7 @@ from lxml import etree
 
 from egress_kvm import log
 from egress_kvm.config import parse_providers
-from egress_kvm.providers.base import CreateRequest, Placement, PowerState
+from egress_kvm.providers.base import CreateRequest, Placement, PowerState, ResolvedPlacement
 from egress_kvm.providers.kvm import KvmProvider, metadata, naming, seed
 from egress_kvm.providers.registry import build_providers
 from testbed import lab as labmod
@@ -400,8 +400,15 @@ async def test_a_control_character_in_placement_image_leaves_nothing(lab: Any, l
         pool_before = volumes(info)
         domains_before = set(virsh(info, "list", "--all", "--name").split())
         for image in (url, "debian-12\x01"):
+            # resolving (what the controller does first) refuses it ...
             with pytest.raises(PermanentError, match=r"placement\.image"):
-                await provider.create(request("proxy-it-ctl", info, image=image))
+                provider.resolve(Placement(zone="host0", image=image))
+            # ... and so does create itself, for a placement that skipped that step
+            where = ResolvedPlacement(zone="host0", machine_type="small", image=image)
+            with pytest.raises(PermanentError, match=r"placement\.image"):
+                await provider.create(CreateRequest(name="proxy-it-ctl", owner_uid="uid-ctl", placement=where,
+                                                    user_data=user_data(info), owner_namespace="it",
+                                                    owner_name="proxy-it-ctl"))
         assert volumes(info) == pool_before
         assert set(virsh(info, "list", "--all", "--name").split()) == domains_before
         print(f"\npool volumes before/after: {len(pool_before)}/{len(volumes(info))}; "
