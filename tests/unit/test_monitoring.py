@@ -1,5 +1,5 @@
-"""deploy/monitoring (the optional kustomize component): every metric and label its alerts and its
-Grafana dashboard query exists in the operator's registry, named and labelled as the operator exports
+"""deploy/components/monitoring (the optional kustomize component): every metric and label its alerts and
+its Grafana dashboard query exists in the operator's registry, named and labelled as the operator exports
 it; and the component renders with kustomize on top of deploy/."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import egress_kvm.kube.leader as leader
 from egress_kvm import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-MONITORING = ROOT / "deploy" / "monitoring"
+MONITORING = ROOT / "deploy" / "components" / "monitoring"
 # Labels Prometheus adds to every scraped series (target labels of the ServiceMonitor).
 TARGET_LABELS = {"job", "instance", "pod", "namespace", "service", "container", "endpoint"}
 PROMQL_WORDS = {
