@@ -9,6 +9,7 @@ left before a single element is built.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -94,7 +95,59 @@ UHYPER = _Number("unsigned hyper", _U64, "pack_uhyper", "unpack_uhyper")
 #: char, unsigned char, short and enum all take 4 bytes on the wire (XDR has no smaller integer).
 CHAR = INT
 UCHAR = UINT
+SHORT = INT
+USHORT = UINT
 ENUM = INT
+
+_F64 = struct.Struct(">d")
+_F32 = struct.Struct(">f")
+
+
+class _Float(Codec):
+    """double (8 bytes) and float (4 bytes), IEEE 754 big-endian; an int is accepted when packing."""
+
+    def __init__(self, name: str, fmt: struct.Struct) -> None:
+        self.name = name
+        self._fmt = fmt
+        self.min_size = fmt.size
+
+    def pack(self, p: xdrlib3.Packer, v: Any) -> None:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise TypeError(f"expected a number ({self.name}), got {type(v).__name__}")
+        try:
+            data = self._fmt.pack(v)
+        except (struct.error, OverflowError):
+            raise ValueError(f"{v} out of range for {self.name}") from None
+        p.pack_fopaque(len(data), data)
+
+    def unpack(self, r: Reader) -> float:
+        r.need(self.min_size, field=self.name)
+        return float(self._fmt.unpack(bytes(r.unpack_fopaque(self.min_size)))[0])
+
+
+DOUBLE = _Float("double", _F64)
+FLOAT = _Float("float", _F32)
+
+
+class _Bool(Codec):
+    """bool: 4 bytes, 0 or 1; anything else on the wire is malformed."""
+
+    name = "bool"
+
+    def pack(self, p: xdrlib3.Packer, v: Any) -> None:
+        if not isinstance(v, bool | int) or v not in (0, 1):
+            raise ValueError(f"expected a bool, got {v!r}")
+        p.pack_uint(int(v))
+
+    def unpack(self, r: Reader) -> bool:
+        r.need(4, field=self.name)
+        v = r.unpack_uint()
+        if v > 1:
+            raise ProtocolError(f"{r.what}: bool must be 0 or 1, got {v}")
+        return bool(v)
+
+
+BOOL = _Bool()
 
 
 def check_string_len(n: int, *, limit: int, r: Reader, field: str) -> None:
@@ -237,6 +290,77 @@ class Array(Codec):
         r.need(n * self.inner.min_size, field=f"{n} items of {self.name}")
         unpack = self.inner.unpack
         return tuple(unpack(r) for _ in range(n))
+
+
+class FixedArray(Codec):
+    """T x[n]: exactly n elements, no count; decoded as a tuple."""
+
+    def __init__(self, inner: Codec, n: int) -> None:
+        self.inner = inner
+        self.n = n
+        self.min_size = n * inner.min_size
+        self.name = f"{inner.name}[{n}]"
+
+    def pack(self, p: xdrlib3.Packer, v: Any) -> None:
+        items = list(v)
+        if len(items) != self.n:
+            raise ValueError(f"{self.name} needs exactly {self.n} items, got {len(items)}")
+        for item in items:
+            self.inner.pack(p, item)
+
+    def unpack(self, r: Reader) -> tuple[Any, ...]:
+        r.need(self.min_size, field=self.name)
+        unpack = self.inner.unpack
+        return tuple(unpack(r) for _ in range(self.n))
+
+
+class XdrUnion(Codec):
+    """A discriminated union: the discriminant, then the arm it selects (void arms carry nothing).
+
+    Values are `factory(discriminant, value)` (a dataclass with the discriminant's field and `value`);
+    a discriminant no arm names (and no default) is refused both ways.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        discriminant: Codec,
+        arms: dict[int, tuple[str, Codec] | None],
+        default: tuple[str, Codec] | None,
+        factory: Callable[..., Any],
+    ) -> None:
+        self.name = name
+        self.discriminant = discriminant
+        self.arms = arms
+        self.default = default
+        self.factory = factory
+        self.min_size = discriminant.min_size
+        self._disc_field = dataclasses.fields(factory)[0].name
+
+    def _arm(self, d: int) -> tuple[str, Codec] | None:
+        if d in self.arms:
+            return self.arms[d]
+        if self.default is not None:
+            return self.default
+        raise KeyError(d)
+
+    def pack(self, p: xdrlib3.Packer, v: Any) -> None:
+        d = getattr(v, self._disc_field)
+        try:
+            arm = self._arm(d)
+        except KeyError:
+            raise ValueError(f"{self.name}: no arm for {self._disc_field}={d!r}") from None
+        self.discriminant.pack(p, d)
+        if arm is not None:
+            arm[1].pack(p, v.value)
+
+    def unpack(self, r: Reader) -> Any:
+        d = self.discriminant.unpack(r)
+        try:
+            arm = self._arm(d)
+        except KeyError:
+            raise ProtocolError(f"{r.what}: {self.name}: unknown {self._disc_field} {d}") from None
+        return self.factory(d, None if arm is None else arm[1].unpack(r))
 
 
 class Struct(Codec):
