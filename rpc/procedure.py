@@ -11,10 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import xdrlib3
-
 from .errors import ProtocolError
-from .xdr import Reader, Struct
+from .xdr import Struct, decode_all
 
 
 def one(value: Any) -> Any:
@@ -41,48 +39,39 @@ class Procedure:
         return self.name.lower()
 
     def encode_args(self, values: Sequence[Any]) -> bytes:
-        if self.args is None:
+        args = self.args
+        if args is None:
             if values:
                 raise TypeError(f"{self.method} takes no arguments")
             return b""
-        if len(values) != len(self.args.fields):
-            raise TypeError(f"{self.method} takes {len(self.args.fields)} arguments, got {len(values)}")
-        p = xdrlib3.Packer()
-        self.args.pack_values(p, values, where=self.method)
-        return p.get_buffer()
+        if len(values) != len(args.fields):
+            raise TypeError(f"{self.method} takes {len(args.fields)} arguments, got {len(values)}")
+        return args.encode_values(values, where=self.method)
 
     def decode_args(self, payload: bytes) -> tuple[Any, ...]:
-        r = Reader(payload, what=f"{self.name} args")
+        what = f"{self.name} args"
         if self.args is None:
-            r.finish()
+            if payload:
+                raise ProtocolError(f"{what}: {len(payload)} unexpected trailing bytes")
             return ()
-        try:
-            values = tuple(codec.unpack(r) for _, codec in self.args.fields)
-        except EOFError:
-            raise ProtocolError(f"{r.what}: truncated") from None
-        r.finish()
-        return values
+        return tuple(decode_all(self.args.dec_values, payload, what=what))
 
     def decode_ret(self, payload: bytes) -> Any:
-        r = Reader(payload, what=f"{self.name} reply")
-        if self.ret is None:
-            r.finish()
+        ret = self.ret
+        if ret is None:
+            if payload:
+                raise ProtocolError(f"{self.name} reply: {len(payload)} unexpected trailing bytes")
             return None
-        try:
-            fields = self.ret.fields
-            value = fields[0][1].unpack(r) if len(fields) == 1 else self.ret.unpack(r)
-        except EOFError:
-            raise ProtocolError(f"{r.what}: truncated") from None
-        r.finish()
-        return value
+        fields = ret.fields
+        return decode_all((fields[0][1] if len(fields) == 1 else ret).dec, payload, what=f"{self.name} reply")
 
     def encode_ret(self, value: Any) -> bytes:
         """The reply payload for `value` (what a server sends); used by tests and the fake server."""
         if self.ret is None:
             return b""
-        p = xdrlib3.Packer()
+        out = bytearray()
         if len(self.ret.fields) == 1:
-            self.ret.fields[0][1].pack(p, value)
+            self.ret.fields[0][1].enc(out, value)
         else:
-            self.ret.pack(p, value)
-        return p.get_buffer()
+            self.ret.enc(out, value)
+        return bytes(out)
