@@ -426,8 +426,10 @@ class XdrUnion(Codec):
 class Struct(Codec):
     """A struct: fields in wire order, built into `factory(*values)` when decoded.
 
-    Consecutive fields with a `struct` format (numbers, fixed opaques) are decoded by one precompiled
-    unpack: a reply of two ints is one call into C, not two trips through Python.
+    Encoding and decoding run on every call, so each Struct compiles its own straight-line `enc`, `dec`
+    and `encode_values` (the way dataclasses and namedtuple build their methods): no per-field loop, and
+    consecutive fields with a `struct` format (numbers, fixed opaques) are read by one precompiled
+    unpack, so a reply of two ints is one call into C.
     """
 
     def __init__(self, name: str, fields: Sequence[tuple[str, Codec]], factory: Callable[..., Any]) -> None:
@@ -436,36 +438,82 @@ class Struct(Codec):
         self.factory = factory
         self.min_size = sum(c.min_size for _, c in self.fields)
         self._names = tuple(n for n, _ in self.fields)
-        self._encs = tuple(c.enc for _, c in self.fields)
-        # decode plan: (unpack_from, size) for a run of fixed formats, (None, codec.dec) for the rest
-        plan: list[tuple[Any, Any]] = []
-        run = ""
-        for _, c in self.fields:
-            if c.fmt is not None:
-                run += c.fmt
-                continue
+        if not all(n.isidentifier() for n in self._names):
+            raise ValueError(f"{name}: field names must be identifiers: {self._names}")
+        self._compile()
+
+    def _compile(self) -> None:
+        ns: dict[str, Any] = {"bytearray": bytearray, "factory": self.factory}
+        n = len(self.fields)
+        # enc(out, v): each field's encoder on the attribute of the same name
+        lines = ["def enc(out, v):"] + [f"    e{i}(out, v.{f})" for i, f in enumerate(self._names)]
+        # encode_values(values, where): positional call arguments; on a bad one, the slow path names it
+        args = "".join(f"a{i}, " for i in range(n))
+        lines += ["def encode_values(values, *, where):", "    out = bytearray()"]
+        if n:
+            lines += [f"    {args} = values", "    try:"]
+            lines += [f"        e{i}(out, a{i})" for i in range(n)]
+            lines += ["    except (TypeError, ValueError, AttributeError):"]
+            lines += ["        return named(values, where)"]
+        lines += ["    return bytes(out)"]
+        # dec(buf, pos): runs of fixed formats in one unpack_from, the rest through their codec's dec
+        lines += ["def dec_values(buf, pos):"]
+        values: list[str] = []
+        run: list[str] = []
+        fmt = ""
+
+        def flush() -> None:
+            nonlocal fmt
             if run:
-                s = struct.Struct(">" + run)
-                plan.append((s.unpack_from, s.size))
-                run = ""
-            plan.append((None, c.dec))
-        if run:
-            s = struct.Struct(">" + run)
-            plan.append((s.unpack_from, s.size))
-        self._plan = tuple(plan)
-        if len(plan) == 1 and plan[0][0] is not None:
-            self.dec = self._dec_one_run  # type: ignore[method-assign]
+                s = struct.Struct(">" + fmt)
+                k = f"u{len(ns)}"
+                ns[k] = s.unpack_from
+                lines.append(f"    {', '.join(run)}, = {k}(buf, pos)")
+                lines.append(f"    pos += {s.size}")
+                run.clear()
+                fmt = ""
 
-    def enc(self, out: bytearray, v: Any) -> None:
-        for fname, enc in zip(self._names, self._encs, strict=True):
-            enc(out, getattr(v, fname))
+        for i, (_, c) in enumerate(self.fields):
+            ns[f"e{i}"] = c.enc
+            if c.fmt is not None:
+                run.append(f"v{i}")
+                fmt += c.fmt
+            else:
+                flush()
+                ns[f"d{i}"] = c.dec
+                lines.append(f"    v{i}, pos = d{i}(buf, pos)")
+            values.append(f"v{i}")
+        flush()
+        tup = f"({', '.join(values)},)" if values else "()"
+        lines += [f"    return {tup}, pos"]
+        body = "\n".join(lines[lines.index("def dec_values(buf, pos):") + 1 : -1])
+        lines += ["def dec(buf, pos):", body, f"    return factory({', '.join(values)}), pos"]
+        ns["named"] = self._encode_values_named
+        exec(compile("\n".join(lines), f"<xdr struct {self.name}>", "exec"), ns)
+        self.enc = ns["enc"]  # type: ignore[method-assign]
+        self.dec = ns["dec"]  # type: ignore[method-assign]
+        self.dec_values = ns["dec_values"]  # type: ignore[method-assign]
+        self.encode_values = ns["encode_values"]  # type: ignore[method-assign]
 
-    def encode_values(self, values: Sequence[Any], *, where: str) -> bytes:
+    def enc(self, out: bytearray, v: Any) -> None:  # pragma: no cover - replaced in _compile
+        raise NotImplementedError
+
+    def dec(self, buf: bytes, pos: int) -> Decoded:  # pragma: no cover - replaced in _compile
+        raise NotImplementedError
+
+    def dec_values(self, buf: bytes, pos: int) -> Decoded:  # pragma: no cover - replaced in _compile
+        """The fields' values as a tuple, not built into the factory (call arguments)."""
+        raise NotImplementedError
+
+    def encode_values(self, values: Sequence[Any], *, where: str) -> bytes:  # pragma: no cover - replaced
         """Encode positional values (call arguments); a bad one is named in the error."""
+        raise NotImplementedError
+
+    def _encode_values_named(self, values: Sequence[Any], where: str) -> bytes:
         out = bytearray()
-        for fname, enc, value in zip(self._names, self._encs, values, strict=True):
+        for (fname, codec), value in zip(self.fields, values, strict=True):
             try:
-                enc(out, value)
+                codec.enc(out, value)
             except (TypeError, ValueError) as e:
                 raise type(e)(f"{where}: argument {fname}={_short(value)}: {e}") from None
             except AttributeError as e:  # not the struct the field needs (e.g. a name for a Domain)
@@ -475,25 +523,6 @@ class Struct(Codec):
     def pack_values(self, p: xdrlib3.Packer, values: Sequence[Any], *, where: str) -> None:
         data = self.encode_values(values, where=where)
         p.pack_fopaque(len(data), data)
-
-    def dec_values(self, buf: bytes, pos: int) -> tuple[list[Any], int]:
-        values: list[Any] = []
-        for unpack_from, x in self._plan:
-            if unpack_from is None:
-                v, pos = x(buf, pos)
-                values.append(v)
-            else:
-                values.extend(unpack_from(buf, pos))
-                pos += x
-        return values, pos
-
-    def dec(self, buf: bytes, pos: int) -> Decoded:
-        values, pos = self.dec_values(buf, pos)
-        return self.factory(*values), pos
-
-    def _dec_one_run(self, buf: bytes, pos: int) -> Decoded:
-        unpack_from, size = self._plan[0]
-        return self.factory(*unpack_from(buf, pos)), pos + size
 
 
 def _short(value: Any) -> str:
