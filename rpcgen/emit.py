@@ -585,12 +585,12 @@ def emit_docs(model: Model, procs: list[Proc], release: str) -> str:
     for p in left:
         lines.append(f"| {p.number} | {p.name} | {p.left_out} |")
     lines += ["", "## Methods", "", "| # | method | returns |", "|---|---|---|"]
-    for p in covered + hand:
+    for p in sorted(covered + hand, key=lambda p: p.number):
         if p in hand:
             lines.append(f"| {p.number} | `{p.method}(...)` | hand-written stream method |")
             continue
         params, _, ret = method_signature(model, p)
-        args = ", ".join(x.split(":")[0] + (" =" + x.split("=")[1] if "=" in x else "") for x in params)
+        args = ", ".join(x.split(":")[0] + ("=" + x.split(" = ")[1] if " = " in x else "") for x in params)
         lines.append(f"| {p.number} | `{p.method}({args})` | `{ret.replace('|', '&#124;')}` |")
     return "\n".join(lines) + "\n"
 
