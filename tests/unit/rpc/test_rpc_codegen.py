@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from rpc import constants, xdr
+from rpc.methods import ProcedureMethods
 from rpc.procedures import BY_NAME, MESSAGES, PROCEDURES
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -193,3 +194,38 @@ def test_constants_module_names_the_limits_it_always_had() -> None:
     ):
         assert getattr(constants, name) == CONSTS[name], name
     assert CONSTS["VIR_NET_MESSAGE_MAX"] == constants.MESSAGE_MAX
+
+
+# -- the generated methods ------------------------------------------------------------------------------
+
+
+class Recorder(ProcedureMethods):
+    """The generated methods on a stand-in for the connection's call path."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, tuple[Any, ...], float | None]] = []
+
+    async def call(self, proc: int, args: tuple[Any, ...], *, timeout: float | None = None) -> Any:  # noqa: ASYNC109
+        self.calls.append((proc, args, timeout))
+        return "result"
+
+
+CALLABLE = [p for p in PROCEDURES if not p.stream]
+
+
+def test_every_callable_procedure_has_a_method_and_nothing_else_does() -> None:
+    methods = {n for n in vars(ProcedureMethods) if not n.startswith("_") and n != "call"}
+    assert methods == {p.method for p in CALLABLE}
+    assert not any(hasattr(ProcedureMethods, p.method) for p in PROCEDURES if p.stream)
+
+
+@pytest.mark.parametrize("proc", CALLABLE, ids=lambda p: p.name)
+async def test_each_method_calls_its_own_procedure_with_its_arguments_in_order(proc: Any) -> None:
+    from test_rpc_codecs import sample
+
+    args = tuple(sample(c, i) for i, (_, c) in enumerate(proc.args.fields)) if proc.args else ()
+    rec = Recorder()
+    assert await getattr(rec, proc.method)(*args, timeout=7.5) == "result"
+    assert rec.calls == [(proc.number, args, 7.5)]
+    proc.encode_args(args)  # the values the method passed are what the table encodes
+
