@@ -228,4 +228,3 @@ async def test_each_method_calls_its_own_procedure_with_its_arguments_in_order(p
     assert await getattr(rec, proc.method)(*args, timeout=7.5) == "result"
     assert rec.calls == [(proc.number, args, 7.5)]
     proc.encode_args(args)  # the values the method passed are what the table encodes
-
