@@ -82,6 +82,9 @@ class Codec:
     name: str = "value"
     fmt: str | None = None
 
+    def _ensure(self) -> None:
+        """Make this codec (and what it holds) ready for its fast path; see Struct."""
+
     def enc(self, out: bytearray, v: Any) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
@@ -298,6 +301,9 @@ class Optional(Codec):
         self.inner = inner
         self.name = f"optional {inner.name}"
 
+    def _ensure(self) -> None:
+        self.inner._ensure()
+
     def enc(self, out: bytearray, v: Any) -> None:
         if v is None:
             out += b"\0\0\0\0"
@@ -321,6 +327,9 @@ class Array(Codec):
         self.inner = inner
         self.limit = limit
         self.name = f"{inner.name}<{limit}>"
+
+    def _ensure(self) -> None:
+        self.inner._ensure()
 
     def enc(self, out: bytearray, v: Any) -> None:
         items = v if isinstance(v, list | tuple) else list(v)
@@ -354,6 +363,9 @@ class FixedArray(Codec):
         self.n = n
         self.min_size = n * inner.min_size
         self.name = f"{inner.name}[{n}]"
+
+    def _ensure(self) -> None:
+        self.inner._ensure()
 
     def enc(self, out: bytearray, v: Any) -> None:
         items = list(v)
@@ -394,6 +406,11 @@ class XdrUnion(Codec):
         self.min_size = discriminant.min_size
         self._disc_field = dataclasses.fields(factory)[0].name
 
+    def _ensure(self) -> None:
+        for arm in (*self.arms.values(), self.default):
+            if arm is not None:
+                arm[1]._ensure()
+
     def _arm(self, d: int) -> tuple[str, Codec] | None:
         if d in self.arms:
             return self.arms[d]
@@ -429,7 +446,8 @@ class Struct(Codec):
     Encoding and decoding run on every call, so each Struct compiles its own straight-line `enc`, `dec`
     and `encode_values` (the way dataclasses and namedtuple build their methods): no per-field loop, and
     consecutive fields with a `struct` format (numbers, fixed opaques) are read by one precompiled
-    unpack, so a reply of two ints is one call into C.
+    unpack, so a reply of two ints is one call into C. It compiles on first use (with the structs it
+    holds), not at import: the table has hundreds of structs and a process uses a few.
     """
 
     def __init__(self, name: str, fields: Sequence[tuple[str, Codec]], factory: Callable[..., Any]) -> None:
@@ -440,7 +458,14 @@ class Struct(Codec):
         self._names = tuple(n for n, _ in self.fields)
         if not all(n.isidentifier() for n in self._names):
             raise ValueError(f"{name}: field names must be identifiers: {self._names}")
-        self._compile()
+        self._compiled = False
+
+    def _ensure(self) -> None:
+        if not self._compiled:
+            self._compiled = True  # first: a struct that (indirectly) holds itself compiles once
+            for _, c in self.fields:
+                c._ensure()
+            self._compile()
 
     def _compile(self) -> None:
         ns: dict[str, Any] = {"bytearray": bytearray, "factory": self.factory}
@@ -495,19 +520,24 @@ class Struct(Codec):
         self.dec_values = ns["dec_values"]  # type: ignore[method-assign]
         self.encode_values = ns["encode_values"]  # type: ignore[method-assign]
 
-    def enc(self, out: bytearray, v: Any) -> None:  # pragma: no cover - replaced in _compile
-        raise NotImplementedError
+    # Until the first use compiles them onto the instance, these compile and then delegate.
+    def enc(self, out: bytearray, v: Any) -> None:
+        self._ensure()
+        self.enc(out, v)
 
-    def dec(self, buf: bytes, pos: int) -> Decoded:  # pragma: no cover - replaced in _compile
-        raise NotImplementedError
+    def dec(self, buf: bytes, pos: int) -> Decoded:
+        self._ensure()
+        return self.dec(buf, pos)
 
-    def dec_values(self, buf: bytes, pos: int) -> Decoded:  # pragma: no cover - replaced in _compile
+    def dec_values(self, buf: bytes, pos: int) -> Decoded:
         """The fields' values as a tuple, not built into the factory (call arguments)."""
-        raise NotImplementedError
+        self._ensure()
+        return self.dec_values(buf, pos)
 
-    def encode_values(self, values: Sequence[Any], *, where: str) -> bytes:  # pragma: no cover - replaced
+    def encode_values(self, values: Sequence[Any], *, where: str) -> bytes:
         """Encode positional values (call arguments); a bad one is named in the error."""
-        raise NotImplementedError
+        self._ensure()
+        return self.encode_values(values, where=where)
 
     def _encode_values_named(self, values: Sequence[Any], where: str) -> bytes:
         out = bytearray()
