@@ -92,7 +92,7 @@ _TOKEN = re.compile(
     """,
     re.VERBOSE | re.DOTALL,
 )
-_ANNOTATION = re.compile(r"@(\w+):\s*([^\n*]*?)\s*$", re.MULTILINE)
+_ANNOTATION = re.compile(r"@(\w+):\s*([^\n*]*?)\s*(?:\*/)?$", re.MULTILINE)
 
 
 def _tokens(text: str) -> list[tuple[str, str, int]]:
