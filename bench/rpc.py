@@ -36,9 +36,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import rpc
-from egress_kvm import lab
-from egress_kvm.lab.layout import LabLayout
-from egress_kvm.lab.procs import read_pid
+from testbed import lab
+from testbed.lab.layout import LabLayout
+from testbed.lab.procs import read_pid
 
 DOMAIN = "rpcbench-dom"
 VOLUME = "rpcbench-upload.raw"

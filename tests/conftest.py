@@ -1,4 +1,4 @@
-"""Shared fixtures: the hypervisor lab (egress_kvm.lab), one per test session.
+"""Shared fixtures: the hypervisor lab (testbed.lab), one per test session.
 
 `lab_host`: a lab's hosts (sshd + libvirtd + bridge), image or not, for RPC/provider tests.
 `lab`: the same lab with the test image built and served (for tests that boot VMs).
@@ -54,8 +54,8 @@ class _SessionLab:
         self.owned_dir: Path | None = None
 
     def get(self, *, image: bool):  # type: ignore[no-untyped-def]
-        from egress_kvm import lab
-        from egress_kvm.lab.layout import default_state_dir
+        from testbed import lab
+        from testbed.lab.layout import default_state_dir
 
         reason = lab.unavailable_reason()
         if reason:
@@ -77,7 +77,7 @@ class _SessionLab:
 
     def close(self) -> None:
         if self.owned_dir is not None:
-            from egress_kvm import lab
+            from testbed import lab
 
             lab.down(self.owned_dir)
             self.owned_dir = None

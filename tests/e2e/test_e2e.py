@@ -19,7 +19,7 @@ import pytest
 import yaml
 from e2e_stack import CRD, Emulator, Kubectl, Operator, log_records, wait_until
 
-from egress_kvm import lab as labmod
+from testbed import lab as labmod
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 

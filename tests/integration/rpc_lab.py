@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import rpc
-from egress_kvm import lab
+from testbed import lab
 
 HOST = "host0"
 
@@ -47,8 +47,8 @@ def unix_socket_path(info: lab.LabInfo) -> str:
 
 
 def libvirtd_pid(info: lab.LabInfo) -> int:
-    from egress_kvm.lab.layout import LabLayout
-    from egress_kvm.lab.procs import read_pid
+    from testbed.lab.layout import LabLayout
+    from testbed.lab.procs import read_pid
 
     layout = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=info.state_dir)
     pid = read_pid(layout.host(0).pidfile("libvirtd"))
@@ -162,8 +162,8 @@ def wait_gone(pid: int, timeout: float = 10.0) -> None:
 
 def restart_libvirtd(info: lab.LabInfo) -> None:
     """Start the host's libvirtd again in its namespaces (after a test killed it) and wait for its socket."""
-    from egress_kvm.lab.layout import LabLayout
-    from egress_kvm.lab.procs import read_pid
+    from testbed.lab.layout import LabLayout
+    from testbed.lab.procs import read_pid
 
     layout = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=info.state_dir)
     h = layout.host(0)
@@ -196,8 +196,8 @@ def fields(text: str) -> dict[str, str]:
 
 def owned_ssh_pids(info: lab.LabInfo) -> set[int]:
     """Every process under the host's sshd now (its per-connection session processes)."""
-    from egress_kvm.lab.layout import LabLayout
-    from egress_kvm.lab.procs import read_pid
+    from testbed.lab.layout import LabLayout
+    from testbed.lab.procs import read_pid
 
     layout = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=info.state_dir)
     sshd = read_pid(layout.host(0).pidfile("sshd"))

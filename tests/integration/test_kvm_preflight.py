@@ -84,7 +84,7 @@ async def test_preflight_fails_on_a_missing_bridge(lab_host: Any, tmp_path: Path
 
 async def test_preflight_fails_on_an_inactive_pool(lab_host: Any, tmp_path: Path) -> None:
     """A pool of its own (defined, never started), so the lab's `default` pool is left alone."""
-    from egress_kvm import lab as labmod
+    from testbed import lab as labmod
 
     virsh = ["virsh", "-q", "-c", "qemu:///system"]
     labmod.host_run(lab_host, "host0", [*virsh, "pool-undefine", "itpool"], check=False)  # an earlier run's
@@ -99,7 +99,7 @@ async def test_preflight_fails_on_an_inactive_pool(lab_host: Any, tmp_path: Path
 
 
 async def test_preflight_fails_on_an_interface_that_is_not_a_bridge(lab_host: Any, tmp_path: Path) -> None:
-    from egress_kvm import lab as labmod
+    from testbed import lab as labmod
 
     # A veth pair (this kernel has no dummy module); deleting one end removes both.
     labmod.host_run(lab_host, "host0", ["ip", "link", "del", "itveth0"], check=False)  # an earlier run's

@@ -26,12 +26,12 @@ import pytest
 import yaml
 from lxml import etree
 
-from egress_kvm import lab as labmod
 from egress_kvm import log
 from egress_kvm.config import parse_providers
 from egress_kvm.providers.base import CreateRequest, Placement, PowerState
 from egress_kvm.providers.kvm import KvmProvider, metadata, naming, seed
 from egress_kvm.providers.registry import build_providers
+from testbed import lab as labmod
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 

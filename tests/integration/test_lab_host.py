@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from egress_kvm import lab
-from egress_kvm.lab import procs
-from egress_kvm.lab.host import authorized_keys_path
-from egress_kvm.lab.layout import LabLayout
+from testbed import lab
+from testbed.lab import procs
+from testbed.lab.host import authorized_keys_path
+from testbed.lab.layout import LabLayout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -17,7 +17,7 @@ import pycdlib
 import pytest
 import yaml
 
-from egress_kvm import lab as labmod
+from testbed import lab as labmod
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

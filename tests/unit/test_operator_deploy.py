@@ -118,7 +118,7 @@ def test_sample_proxy_names_the_sample_provider() -> None:
 async def test_kubectl_apply_k_deploy_and_the_sample_proxy_against_the_emulator(tmp_path: Path) -> None:
     import asyncio
 
-    from egress_kvm.emulator import Emulator
+    from testbed.emulator import Emulator
 
     kubectl = _kubectl()
     async with Emulator.running(port=0) as emu:

@@ -77,3 +77,34 @@ def test_containerfile_installs_exactly_the_list_as_non_root() -> None:
     users = re.findall(r"^USER\s+(\S+)", instructions, re.MULTILINE)
     assert users and users[-1].split(":")[0] not in ("0", "root")
     assert "apt-get" not in instructions  # nothing from the distro beyond the base image
+
+
+def test_image_copies_no_test_bed() -> None:
+    """The Containerfile copies the operator's packages only: the emulator and lab stay out of the image."""
+    copied = re.findall(r"^COPY\s+(?!--from)(\S+)", (ROOT / "Containerfile").read_text(), re.MULTILINE)
+    assert "egress_kvm" in copied and "rpc" in copied
+    assert not [c for c in copied if c.startswith("testbed")], copied
+
+
+def test_operator_code_never_imports_test_bed() -> None:
+    offenders = []
+    for folder in ("egress_kvm", "rpc"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for line in path.read_text().splitlines():
+                if re.match(r"\s*(from|import)\s+testbed\b", line):
+                    offenders.append(f"{path.relative_to(ROOT)}: {line.strip()}")
+    assert offenders == []
+
+
+def test_run_loads_no_test_bed_module() -> None:
+    """`egress-kvm run` builds only its own parser: nothing of `testbed` is imported on the way."""
+    code = ("import sys; from egress_kvm.cli import build_parser; "
+            "build_parser('run').parse_args(['run', '--namespace=x']); import egress_kvm.operator.process; "
+            "print(sorted(m for m in sys.modules if m == 'testbed' or m.startswith('testbed.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    # The same check can fail: building every command's parser does load the test bed's commands.
+    code_all = code.replace("build_parser('run')", "build_parser()")
+    out = subprocess.run([sys.executable, "-c", code_all], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
+    assert "testbed.commands.lab" in out.stdout

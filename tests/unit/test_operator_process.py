@@ -310,7 +310,7 @@ async def test_sigterm_mid_reconcile_abandons_the_stuck_call_and_exits_cleanly(t
 
 
 async def test_start_up_waits_for_an_api_server_that_is_not_up_yet(tmp_path: Path) -> None:
-    from egress_kvm.emulator import Emulator
+    from testbed.emulator import Emulator
 
     providers = tmp_path / "providers.yaml"
     providers.write_text("providers: []\n")

@@ -21,12 +21,12 @@ from fakes import fake_kvm_provider
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from egress_kvm.controller.manager import Controller
-from egress_kvm.emulator import Emulator
 from egress_kvm.kube.api import KubeApiClient
 from egress_kvm.kube.informer import ProxyInformer
 from egress_kvm.kube.interfaces import FINALIZER, GROUP, KIND, PLURAL, VERSION
 from egress_kvm.kube.rest import KubeApiError, request_json
 from egress_kvm.providers.kvm import addresses
+from testbed.emulator import Emulator
 
 from .conftest import FAST, eventually
 from .proxyserver import MiniProxy

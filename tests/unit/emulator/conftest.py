@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from egress_kvm.emulator import Api, Emulator
-from egress_kvm.emulator.resources import ResourceType
+from testbed.emulator import Api, Emulator
+from testbed.emulator.resources import ResourceType
 
 ROOT = Path(__file__).resolve().parents[3]
 PROXY_CRD = ROOT / "deploy" / "crd" / "egressproxies.io_proxies.yaml"

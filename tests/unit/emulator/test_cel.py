@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from egress_kvm.emulator import Api, ApiError, cel
-from egress_kvm.emulator.resources import ResourceType
+from testbed.emulator import Api, ApiError, cel
+from testbed.emulator.resources import ResourceType
 
 from .conftest import crd_type, proxy, widget_crd
 

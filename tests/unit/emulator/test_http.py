@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from egress_kvm.emulator import Emulator
+from testbed.emulator import Emulator
 
 from .conftest import proxy
 

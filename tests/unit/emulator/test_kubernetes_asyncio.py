@@ -10,7 +10,7 @@ import pytest
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.rest import ApiException
 
-from egress_kvm.emulator import Emulator
+from testbed.emulator import Emulator
 
 from .conftest import GROUP, PLURAL, VERSION, proxy
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from egress_kvm.emulator import Api, ApiError
-from egress_kvm.emulator.patch import json_patch, merge_patch, strategic_merge_patch
-from egress_kvm.emulator.resources import ResourceType
+from testbed.emulator import Api, ApiError
+from testbed.emulator.patch import json_patch, merge_patch, strategic_merge_patch
+from testbed.emulator.resources import ResourceType
 
 from .conftest import proxy
 

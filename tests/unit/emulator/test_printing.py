@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from egress_kvm.emulator import Api, jsonpath, tables
-from egress_kvm.emulator.api import rfc3339
-from egress_kvm.emulator.resources import ResourceType
+from testbed.emulator import Api, jsonpath, tables
+from testbed.emulator.api import rfc3339
+from testbed.emulator.resources import ResourceType
 
 from .conftest import proxy
 

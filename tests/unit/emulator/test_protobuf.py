@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from egress_kvm.emulator import Api, protobuf
+from testbed.emulator import Api, protobuf
 
 SECRET = (
     b'k8s\x00\n\x0c\n\x02v1\x12\x06Secret\x125\n\x13\n\x02s1\x12\x00\x1a\x01x"\x00*\x002\x008\x00B\x00'

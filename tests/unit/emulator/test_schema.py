@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from egress_kvm.emulator import Api, ApiError, schema
-from egress_kvm.emulator.resources import ResourceType
+from testbed.emulator import Api, ApiError, schema
+from testbed.emulator.resources import ResourceType
 
 from .conftest import crd_type, proxy, proxy_crd, widget_crd
 

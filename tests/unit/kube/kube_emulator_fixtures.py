@@ -13,9 +13,9 @@ from typing import Any
 import yaml
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from egress_kvm.emulator import Emulator
 from egress_kvm.kube.interfaces import GROUP, KIND, PLURAL, VERSION
 from egress_kvm.kube.rest import request_json
+from testbed.emulator import Emulator
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD_PATH = ROOT / "deploy/crd/egressproxies.io_proxies.yaml"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from egress_kvm.emulator import Emulator
 from egress_kvm.kube.client import KubeConfigError, new_api_client, pod_namespace
 from egress_kvm.kube.rest import request_json
+from testbed.emulator import Emulator
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import yaml
 
 from egress_kvm.config.loading import parse_providers
-from egress_kvm.lab import manifests
-from egress_kvm.lab.info import LabInfo
-from egress_kvm.lab.layout import LabLayout
+from testbed.lab import manifests
+from testbed.lab.info import LabInfo
+from testbed.lab.layout import LabLayout
 
 IMAGE = {"url": "http://10.231.1.1:8081/debian12-proxy-0123.qcow2", "sha256": "ab" * 32, "size": 123,
          "format": "qcow2"}

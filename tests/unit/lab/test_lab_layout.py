@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from egress_kvm.lab.layout import LAB_SUPERNET, MAX_HOSTS, MAX_INDEX, LabLayout, default_state_dir
+from testbed.lab.layout import LAB_SUPERNET, MAX_HOSTS, MAX_INDEX, LabLayout, default_state_dir
 
 
 def test_lab0_host0_matches_the_documented_plan():

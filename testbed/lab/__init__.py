@@ -4,9 +4,9 @@
 everything it made; `host_run()` / `virsh()` run commands on one of its hosts. See docs/lab.md.
 """
 
-from egress_kvm.lab.info import HostInfo, ImageInfo, LabInfo
-from egress_kvm.lab.lifecycle import down, host_run, problems, unavailable_reason, up, virsh
-from egress_kvm.lab.procs import LabError
+from testbed.lab.info import HostInfo, ImageInfo, LabInfo
+from testbed.lab.lifecycle import down, host_run, problems, unavailable_reason, up, virsh
+from testbed.lab.procs import LabError
 
 __all__ = [
     "HostInfo", "ImageInfo", "LabError", "LabInfo",

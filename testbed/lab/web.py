@@ -13,8 +13,8 @@ import socket
 import sys
 from pathlib import Path
 
-from egress_kvm.lab.layout import TARGET_PORT, HostLayout
-from egress_kvm.lab.procs import alive, read_pid, run, wait_for
+from testbed.lab.layout import TARGET_PORT, HostLayout
+from testbed.lab.procs import alive, read_pid, run, wait_for
 
 TARGET_FILE = "hello.txt"
 

@@ -26,11 +26,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from egress_kvm.emulator import errors, patch, schema
-from egress_kvm.emulator.errors import ApiError, FieldError
-from egress_kvm.emulator.resources import CRD_KEY, NAMESPACE_KEY, SECRET_KEY, Registry, ResourceType
-from egress_kvm.emulator.selectors import field_matcher, label_matcher
-from egress_kvm.emulator.store import Store
+from testbed.emulator import errors, patch, schema
+from testbed.emulator.errors import ApiError, FieldError
+from testbed.emulator.resources import CRD_KEY, NAMESPACE_KEY, SECRET_KEY, Registry, ResourceType
+from testbed.emulator.selectors import field_matcher, label_matcher
+from testbed.emulator.store import Store
 
 Obj = dict[str, Any]
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -523,7 +523,7 @@ class Api:
         return keys
 
     def _crd_types(self, crd: Obj) -> list[ResourceType]:
-        from egress_kvm.emulator.resources import types_from_crd
+        from testbed.emulator.resources import types_from_crd
 
         return types_from_crd(crd)[:1]
 

@@ -18,13 +18,13 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from egress_kvm.emulator import discovery, kubeconfig, protobuf, tables, watch
-from egress_kvm.emulator.api import Api
-from egress_kvm.emulator.errors import ApiError, bad_request, method_not_allowed
-from egress_kvm.emulator.resources import ResourceType
-from egress_kvm.emulator.selectors import field_matcher, label_matcher
-from egress_kvm.emulator.store import Store
 from egress_kvm.log import get_logger
+from testbed.emulator import discovery, kubeconfig, protobuf, tables, watch
+from testbed.emulator.api import Api
+from testbed.emulator.errors import ApiError, bad_request, method_not_allowed
+from testbed.emulator.resources import ResourceType
+from testbed.emulator.selectors import field_matcher, label_matcher
+from testbed.emulator.store import Store
 
 Obj = dict[str, Any]
 log = get_logger("emulator")

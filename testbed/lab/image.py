@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from egress_kvm.lab.layout import IMAGE_PORT, LabLayout, cache_root
-from egress_kvm.lab.procs import LabError, run
-from egress_kvm.lab.web import serve
 from egress_kvm.log import get_logger
+from testbed.lab.layout import IMAGE_PORT, LabLayout, cache_root
+from testbed.lab.procs import LabError, run
+from testbed.lab.web import serve
 
 log = get_logger("lab")
 RECIPE = Path(__file__).with_name("build-image.sh")

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from egress_kvm.lab.layout import MAX_HOSTS, MAX_INDEX, default_state_dir
+from testbed.lab.layout import MAX_HOSTS, MAX_INDEX, default_state_dir
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -16,7 +16,7 @@ def _state_dir(args: argparse.Namespace) -> Path:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from egress_kvm import lab
+    from testbed import lab
 
     info = lab.up(state_dir=_state_dir(args), index=args.index, hosts=args.hosts, image=not args.no_image)
     print(Path(info.state_dir) / "lab.json")
@@ -24,14 +24,14 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from egress_kvm import lab
+    from testbed import lab
 
     lab.down(_state_dir(args), index=args.index)
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    from egress_kvm import lab
+    from testbed import lab
 
     state = _state_dir(args)
     found = lab.problems(state)
@@ -73,8 +73,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _run(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Lab failures end as one line naming the step, exit 1 (not a traceback)."""
     def wrapper(args: argparse.Namespace) -> int:
-        from egress_kvm.lab import LabError
         from egress_kvm.log import configure
+        from testbed.lab import LabError
 
         configure("info")
         try:

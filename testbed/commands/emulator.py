@@ -11,7 +11,7 @@ import asyncio
 import signal
 
 from egress_kvm import log
-from egress_kvm.emulator import Emulator
+from testbed.emulator import Emulator
 
 
 def _listen(value: str) -> tuple[str, int]:

@@ -17,7 +17,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from egress_kvm.lab.layout import (
+from testbed.lab.layout import (
     BRIDGE,
     POOL,
     POOL_PATH,
@@ -27,7 +27,7 @@ from egress_kvm.lab.layout import (
     LabLayout,
     cache_root,
 )
-from egress_kvm.lab.procs import (
+from testbed.lab.procs import (
     LabError,
     alive,
     in_netns,

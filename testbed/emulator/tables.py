@@ -13,8 +13,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from egress_kvm.emulator import jsonpath
-from egress_kvm.emulator.resources import ResourceType
+from testbed.emulator import jsonpath
+from testbed.emulator.resources import ResourceType
 
 Obj = dict[str, Any]
 NAME_DESC = (

@@ -3,9 +3,9 @@
 `Emulator` serves the API over plain HTTP on loopback; `Api` is the same semantics without HTTP.
 """
 
-from egress_kvm.emulator.api import Api
-from egress_kvm.emulator.errors import ApiError
-from egress_kvm.emulator.server import Emulator
-from egress_kvm.emulator.store import Store
+from testbed.emulator.api import Api
+from testbed.emulator.errors import ApiError
+from testbed.emulator.server import Emulator
+from testbed.emulator.store import Store
 
 __all__ = ["Api", "ApiError", "Emulator", "Store"]

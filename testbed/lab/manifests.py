@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from egress_kvm.lab.layout import (
+from testbed.lab.layout import (
     BRIDGE,
     LAB_SUPERNET,
     POOL,

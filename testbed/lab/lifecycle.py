@@ -18,10 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from egress_kvm.lab import host as host_mod
-from egress_kvm.lab import keys, manifests, web
-from egress_kvm.lab.info import HostInfo, ImageInfo, LabInfo
-from egress_kvm.lab.layout import (
+from egress_kvm.log import get_logger
+from testbed.lab import host as host_mod
+from testbed.lab import keys, manifests, web
+from testbed.lab.info import HostInfo, ImageInfo, LabInfo
+from testbed.lab.layout import (
     BRIDGE,
     POOL,
     POOL_PATH,
@@ -33,8 +34,7 @@ from egress_kvm.lab.layout import (
     check_index,
     default_state_dir,
 )
-from egress_kvm.lab.procs import LabError, alive, in_netns, netns_inode, read_pid, run
-from egress_kvm.log import get_logger
+from testbed.lab.procs import LabError, alive, in_netns, netns_inode, read_pid, run
 
 log = get_logger("lab")
 
@@ -204,7 +204,7 @@ def _finish(lab: LabLayout, *, image: bool) -> LabInfo:
     """Image (optional), providers file, manifests, lab.json: the parts that depend on the image."""
     image_info: dict[str, Any] | None = None
     if image:
-        from egress_kvm.lab import image as image_mod
+        from testbed.lab import image as image_mod
 
         image_info = image_mod.serve_image(lab)
     targets = {h.name: web.target_url(h) for h in lab.all_hosts}

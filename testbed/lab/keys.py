@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from egress_kvm.lab.layout import SSH_PORT, LabLayout
-from egress_kvm.lab.procs import run
+from testbed.lab.layout import SSH_PORT, LabLayout
+from testbed.lab.procs import run
 
 
 def ensure_client_key(lab: LabLayout) -> str:

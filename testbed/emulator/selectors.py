@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from egress_kvm.emulator.errors import bad_request
+from testbed.emulator.errors import bad_request
 
 Obj = dict[str, Any]
 Matcher = Callable[[Obj], bool]

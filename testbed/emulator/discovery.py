@@ -14,7 +14,7 @@ import hashlib
 import json
 from typing import Any
 
-from egress_kvm.emulator.resources import VERBS, Registry, ResourceType
+from testbed.emulator.resources import VERBS, Registry, ResourceType
 
 SERVER_VERSION = {
     "major": "1",

@@ -16,8 +16,8 @@ import copy
 import re
 from typing import Any
 
-from egress_kvm.emulator import cel
-from egress_kvm.emulator.errors import FieldError
+from testbed.emulator import cel
+from testbed.emulator.errors import FieldError
 
 Schema = dict[str, Any]
 _META_KEYS = ("apiVersion", "kind", "metadata")

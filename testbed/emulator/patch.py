@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from egress_kvm.emulator.errors import ApiError, bad_request
+from testbed.emulator.errors import ApiError, bad_request
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

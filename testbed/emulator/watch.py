@@ -19,10 +19,10 @@ from typing import Any
 
 from aiohttp import web
 
-from egress_kvm.emulator import errors, tables
-from egress_kvm.emulator.api import Api
-from egress_kvm.emulator.resources import ResourceType
-from egress_kvm.emulator.store import Event
+from testbed.emulator import errors, tables
+from testbed.emulator.api import Api
+from testbed.emulator.resources import ResourceType
+from testbed.emulator.store import Event
 
 Obj = dict[str, Any]
 DEFAULT_TIMEOUT = 1800.0

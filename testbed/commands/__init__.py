@@ -1,0 +1,1 @@
+"""`egress-kvm` subcommands that drive the test bed (registered only where `testbed` is installed)."""
