@@ -54,6 +54,7 @@ TABLE: list[tuple[int, str, F, F]] = [
     (98, "STORAGE_VOL_GET_INFO", (("vol", "vol"),),
      (("type_", "char"), ("capacity", "u64"), ("allocation", "u64"))),
     (99, "STORAGE_VOL_GET_XML_DESC", (("vol", "vol"), ("flags", "u32")), (("xml", "str"),)),
+    # remote_protocol.x names this field `name` (libvirt-rpc.md says `path`; the bytes are the same)
     (100, "STORAGE_VOL_GET_PATH", (("vol", "vol"),), (("name", "str"),)),
     (102, "NODE_GET_FREE_MEMORY", VOID, (("free_mem", "u64"),)),
     (110, "CONNECT_GET_URI", VOID, (("uri", "str"),)),
