@@ -7,7 +7,8 @@ Do not edit: change rpcgen/ or the vendored files, then regenerate.
 from __future__ import annotations
 
 from . import protocol_constants as K
-from .procedure import Procedure, one
+from .procedure import Procedure as Procedure  # re-exported: rpc-wide name for the class
+from .procedure import one
 from .types import (
     AuthSaslStartRet,
     AuthSaslStepRet,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import xdrlib3
 
@@ -347,7 +347,7 @@ class Array(Codec):
             raise ProtocolError(f"{self.name} declares {n} items, more than the limit {self.limit}")
         _need(buf, pos, n * self.inner.min_size, f"{n} items of {self.name}")
         dec = self.inner.dec
-        items = []
+        items: list[Any] = []
         append = items.append
         for _ in range(n):
             item, pos = dec(buf, pos)
@@ -376,7 +376,7 @@ class FixedArray(Codec):
 
     def dec(self, buf: bytes, pos: int) -> Decoded:
         _need(buf, pos, self.min_size, self.name)
-        items = []
+        items: list[Any] = []
         for _ in range(self.n):
             item, pos = self.inner.dec(buf, pos)
             items.append(item)
@@ -404,7 +404,7 @@ class XdrUnion(Codec):
         self.default = default
         self.factory = factory
         self.min_size = discriminant.min_size
-        self._disc_field = dataclasses.fields(factory)[0].name
+        self._disc_field = dataclasses.fields(cast(Any, factory))[0].name
 
     def _ensure(self) -> None:
         for arm in (*self.arms.values(), self.default):

@@ -378,7 +378,8 @@ def emit_procedures(model: Model, procs: list[Proc]) -> str:
     out = [header("Codecs for every protocol type, and the REMOTE program's procedure table.")]
     out.append("from __future__ import annotations\n")
     out.append("from . import protocol_constants as K")
-    out.append("from .procedure import Procedure, one")
+    out.append("from .procedure import Procedure as Procedure  # re-exported: rpc-wide name for the class")
+    out.append("from .procedure import one")
     body: list[str] = []
     classes: set[str] = set()
     for name in _ordered_types(model):
