@@ -25,11 +25,25 @@ def _kubectl() -> str:
     return found
 
 
-@pytest.fixture(scope="module")
-def rendered() -> list[dict[str, Any]]:
-    out = subprocess.run([_kubectl(), "kustomize", str(ROOT / "deploy")], check=True, capture_output=True,
+def _render(tree: Path) -> list[dict[str, Any]]:
+    out = subprocess.run([_kubectl(), "kustomize", str(tree)], check=True, capture_output=True,
                          text=True, timeout=60).stdout
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[dict[str, Any]]:
+    """What an install applies: the upgrade path (deploy/) plus, once, the providers ConfigMap."""
+    return _render(ROOT / "deploy") + _render(ROOT / "deploy/providers")
+
+
+def test_the_upgrade_path_holds_no_providers_config() -> None:
+    """`kubectl apply -k deploy/` on an upgrade must not reset the user's providers (issue 9 item 7)."""
+    upgrade = _render(ROOT / "deploy")
+    assert [d["metadata"]["name"] for d in upgrade if d["kind"] == "ConfigMap"] == []
+    (cm,) = _render(ROOT / "deploy/providers")
+    assert (cm["kind"], cm["metadata"]["namespace"]) == ("ConfigMap", NS)
+    assert cm["metadata"]["labels"]["app.kubernetes.io/part-of"] == "egress-kvm"
 
 
 def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -132,11 +146,21 @@ async def test_kubectl_apply_k_deploy_and_the_sample_proxy_against_the_emulator(
 
         first = await asyncio.to_thread(run, "apply", "-k", str(ROOT / "deploy"))
         assert "deployment.apps/egress-kvm-controller-manager created" in first
+        assert "configmap/" not in first
+        once = await asyncio.to_thread(run, "apply", "-k", str(ROOT / "deploy/providers"))
+        assert "configmap/egress-kvm-providers-config created" in once
+        cm = yaml.safe_load(await asyncio.to_thread(
+            run, "-n", NS, "get", "configmap", "egress-kvm-providers-config", "-o", "yaml"))
+        assert yaml.safe_load(cm["data"]["providers.yaml"]) == {"providers": []}
+        # The user configures a provider in the cluster, then upgrades: the upgrade leaves it alone.
+        edited = "providers:\n  - name: kvm-home\n    type: kvm\n"
+        await asyncio.to_thread(run, "-n", NS, "patch", "configmap", "egress-kvm-providers-config",
+                                "--type=merge", "-p", yaml.safe_dump({"data": {"providers.yaml": edited}}))
         again = await asyncio.to_thread(run, "apply", "-k", str(ROOT / "deploy"))
         assert "created" not in again and "configured" not in again  # idempotent: all unchanged
         cm = yaml.safe_load(await asyncio.to_thread(
             run, "-n", NS, "get", "configmap", "egress-kvm-providers-config", "-o", "yaml"))
-        assert yaml.safe_load(cm["data"]["providers.yaml"]) == {"providers": []}
+        assert cm["data"]["providers.yaml"] == edited
         # The sample passes the CRD's schema as served.
         out = await asyncio.to_thread(run, "apply", "-f", str(ROOT / "deploy/samples/proxy_kvm.yaml"))
         assert "proxy.egressproxies.io/proxy-kvm-sample created" in out

@@ -18,5 +18,5 @@ def test_sample_providers_config_validates() -> None:
 
 
 def test_manager_configmap_embeds_a_valid_providers_file() -> None:
-    cm = yaml.safe_load((ROOT / "deploy/manager/providers_config.yaml").read_text())
+    cm = yaml.safe_load((ROOT / "deploy/providers/providers_config.yaml").read_text())
     assert parse_providers(yaml.safe_load(cm["data"]["providers.yaml"])).providers == []
