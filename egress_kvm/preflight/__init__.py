@@ -147,16 +147,15 @@ async def _check_libvirt(conn: asyncssh.SSHClientConnection, host: HostConfig,
     try:
         _reader, writer = await asyncio.wait_for(conn.open_unix_connection(host.socket), timeout)
     except asyncssh.ChannelOpenError as exc:
-        if exc.code == asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED:
-            add("forwarding", v.failed(
-                f"sshd refuses stream-local forwarding ({exc.reason}); set AllowStreamLocalForwarding yes "
-                f"for user {host.user} in sshd_config (and AllowTcpForwarding not `no`, which denies it "
-                f"too), then reload sshd"))
+        if exc.code == asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED:  # an sshd that says so outright
+            add("forwarding", v.forwarding_prohibited(host.user))
             skip("libvirt", "forwarding failed")
-        else:  # sshd tried, so forwarding is allowed; the socket is missing or shut to this user
-            add("forwarding", v.passed(f"sshd allows stream-local forwarding (to {host.socket})"))
+        else:
             facts = await _socket_facts(conn, host, limit=timeout)
-            add("libvirt", v.socket_verdict(facts, user=host.user, path=host.socket, reason=exc.reason))
+            forwarding, libvirt = v.open_failed_verdicts(facts, user=host.user, path=host.socket,
+                                                         reason=exc.reason)
+            add("forwarding", forwarding)
+            add("libvirt", libvirt)
         skip("pool", "libvirt failed")
         return
     except (TimeoutError, asyncssh.Error, OSError) as exc:

@@ -129,22 +129,48 @@ class SocketFacts:
     user_groups: frozenset[str] = frozenset()
 
 
-def socket_verdict(facts: SocketFacts | None, *, user: str, path: str, reason: str) -> Verdict:
-    """sshd allowed the forward but could not connect: say whether the socket is missing or shut to us."""
-    if facts is None:
-        return failed(f"{user} cannot open libvirt's socket {path} ({reason}); check that libvirtd runs "
-                      f"and that {user} is in the group that owns the socket")
-    if not facts.exists:
-        return failed(f"libvirt's socket {path} does not exist on the host: is libvirtd (or virtqemud) "
-                      f"running, and is `socket:` the right path?")
+def forwarding_prohibited(user: str) -> Verdict:
+    return failed(f"sshd refuses stream-local forwarding; set AllowStreamLocalForwarding yes for user {user} "
+                  f"in sshd_config (and AllowTcpForwarding not `no`, which denies it too), then reload sshd")
+
+
+def may_open(facts: SocketFacts) -> bool:
+    """Whether the socket's owner, group and mode let the user connect (connect(2) needs write)."""
     if facts.user == facts.owner:
-        return failed(f"{user} owns {path} but cannot connect ({reason}): is libvirtd running?")
-    group_rw = facts.mode & 0o060 == 0o060
-    if facts.group in facts.user_groups or not group_rw:
-        return failed(f"{user} may not connect to {path} (mode {facts.mode:04o}, group {facts.group}): "
-                      f"check libvirtd.conf's unix_sock_group and unix_sock_rw_perms")
-    return failed(f"{user} is not in group {facts.group!r}, which owns {path} (mode {facts.mode:04o}): "
-                  f"sudo usermod -aG {facts.group} {user}")
+        return facts.mode & 0o200 != 0
+    if facts.group in facts.user_groups:
+        return facts.mode & 0o020 != 0
+    return facts.mode & 0o002 != 0
+
+
+def open_failed_verdicts(facts: SocketFacts | None, *, user: str, path: str,
+                         reason: str) -> tuple[Verdict, Verdict]:
+    """(forwarding, libvirt) when sshd answered the forward with a plain "open failed".
+
+    OpenSSH gives that one answer both when AllowStreamLocalForwarding is off and when its connect(2) to
+    the socket fails, so the socket's owner, group and mode (read over SSH exec) decide which it was.
+    """
+    unknown = Verdict(Status.SKIP, f"skipped: cannot tell while {user} may not open {path} (see libvirt)")
+    if facts is None:
+        return (failed(f"sshd could not open {path} for {user} ({reason}): AllowStreamLocalForwarding is "
+                       f"off for {user}, or {user} may not open the socket (libvirtd down, or {user} not in "
+                       f"its group); preflight cannot look closer without command execution"),
+                Verdict(Status.SKIP, "skipped: forwarding failed"))
+    if not facts.exists:
+        return unknown, failed(f"libvirt's socket {path} does not exist on the host: is libvirtd (or "
+                               f"virtqemud) running, and is `socket:` the right path?")
+    if may_open(facts):
+        return (failed(f"sshd refused to forward to {path}, which {user} may open (mode {facts.mode:04o}, "
+                       f"group {facts.group}): set AllowStreamLocalForwarding yes for user {user} in "
+                       f"sshd_config (and AllowTcpForwarding not `no`, which denies it too), then reload "
+                       f"sshd; if it is set, libvirtd is not listening on {path}"),
+                Verdict(Status.SKIP, "skipped: forwarding failed"))
+    if facts.mode & 0o060 == 0o060 and facts.group not in facts.user_groups:
+        return unknown, failed(f"{user} is not in group {facts.group!r}, which owns {path} "
+                               f"(mode {facts.mode:04o}): sudo usermod -aG {facts.group} {user}")
+    return unknown, failed(f"{user} may not connect to {path} (owner {facts.owner}, group {facts.group}, "
+                           f"mode {facts.mode:04o}): check libvirtd.conf's unix_sock_group and "
+                           f"unix_sock_rw_perms")
 
 
 def parse_socket_facts(stdout: str, *, path: str, user: str) -> SocketFacts:

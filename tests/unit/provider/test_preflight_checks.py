@@ -287,20 +287,26 @@ async def test_exec_and_bridge_check_failures(host: tuple[Host, Path, Path], set
     assert len(problems) == 1 and needle in problems[0]  # said once, by the first check it breaks
 
 
-@pytest.mark.parametrize(("socket_stat", "groups", "needle"), [
-    ("root libvirt 770", "virt users", "virt is not in group 'libvirt', which owns"),
-    ("root libvirt 770", "virt libvirt", "check libvirtd.conf's unix_sock_group"),
-    ("", "virt libvirt", "does not exist on the host: is libvirtd (or virtqemud) running"),
+@pytest.mark.parametrize(("socket_stat", "groups", "failing", "needle"), [
+    ("root libvirt 770", "virt users", {"forwarding": None, "libvirt": False},
+     "virt is not in group 'libvirt', which owns"),
+    ("root libvirt 770", "virt libvirt", {"forwarding": False, "libvirt": None},
+     "sshd refused to forward to"),
+    ("", "virt libvirt", {"forwarding": None, "libvirt": False},
+     "does not exist on the host: is libvirtd (or virtqemud) running"),
 ])
-async def test_a_socket_shut_to_the_user_names_the_missing_group(
-        host: tuple[Host, Path, Path], socket_stat: str, groups: str, needle: str) -> None:
+async def test_open_failed_is_told_apart_by_the_socket_s_group_and_mode(
+        host: tuple[Host, Path, Path], socket_stat: str, groups: str, failing: dict[str, bool | None],
+        needle: str) -> None:
+    """OpenSSH answers a refused forward and a failed connect(2) alike; `stat` + `id` over exec decide."""
     h = host[0]
     h.socket_open, h.socket_stat, h.user_groups = False, socket_stat, groups
     r = await preflight(*host)
-    assert status(r) == {**dict.fromkeys(CHECKS, True), "libvirt": False, "pool": None}
-    assert needle in r["libvirt"].detail
+    assert status(r) == {**dict.fromkeys(CHECKS, True), **failing, "pool": None}
+    problems = [x.detail for x in r.values() if x.ok is False]
+    assert len(problems) == 1 and needle in problems[0]
     if "not in group" in needle:
-        assert r["libvirt"].detail.endswith("sudo usermod -aG libvirt virt")
+        assert problems[0].endswith("sudo usermod -aG libvirt virt")
 
 
 @pytest.mark.parametrize(("domain_type", "has_kvm", "expected"), [

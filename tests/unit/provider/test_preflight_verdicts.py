@@ -86,19 +86,31 @@ def test_ssh_verdict_says_what_to_do_once(kind: SshFailure, port: int, expected:
     assert "Unknown error" not in got.detail and got.detail.count("nas1") == 1 + ("keyscan" in got.detail)
 
 
-@pytest.mark.parametrize(("facts", "needle"), [
-    (SocketFacts("/s", True, "root", "libvirt", 0o770, "virt", frozenset({"virt"})),
+def _facts(owner: str, group: str, mode: int, groups: set[str]) -> SocketFacts:
+    return SocketFacts("/s", True, owner, group, mode, "virt", frozenset(groups))
+
+
+# OpenSSH answers "open failed" both when forwarding is off and when its connect(2) fails: the socket's
+# owner, group and mode say which.
+@pytest.mark.parametrize(("facts", "forwarding", "libvirt", "needle"), [
+    (_facts("root", "libvirt", 0o770, {"virt"}), Status.SKIP, Status.FAIL,
      "virt is not in group 'libvirt', which owns /s (mode 0770): sudo usermod -aG libvirt virt"),
-    (SocketFacts("/s", True, "root", "libvirt", 0o770, "virt", frozenset({"virt", "libvirt"})),
-     "check libvirtd.conf's unix_sock_group"),
-    (SocketFacts("/s", True, "root", "root", 0o700, "virt", frozenset({"virt"})),
-     "may not connect to /s (mode 0700, group root)"),
-    (SocketFacts("/s", False, user="virt"), "libvirt's socket /s does not exist"),
-    (None, "virt cannot open libvirt's socket /s (open failed)"),
+    (_facts("root", "libvirt", 0o770, {"virt", "libvirt"}), Status.FAIL, Status.SKIP,
+     "sshd refused to forward to /s, which virt may open (mode 0770, group libvirt): set "
+     "AllowStreamLocalForwarding yes for user virt"),
+    (_facts("root", "root", 0o777, {"virt"}), Status.FAIL, Status.SKIP, "AllowStreamLocalForwarding yes"),
+    (_facts("virt", "virt", 0o700, {"virt"}), Status.FAIL, Status.SKIP, "AllowStreamLocalForwarding yes"),
+    (_facts("root", "root", 0o700, {"virt"}), Status.SKIP, Status.FAIL,
+     "may not connect to /s (owner root, group root, mode 0700): check libvirtd.conf's unix_sock_group"),
+    (SocketFacts("/s", False, user="virt"), Status.SKIP, Status.FAIL, "libvirt's socket /s does not exist"),
+    (None, Status.FAIL, Status.SKIP, "AllowStreamLocalForwarding is off for virt, or virt may not open"),
 ])
-def test_socket_verdict(facts: SocketFacts | None, needle: str) -> None:
-    got = v.socket_verdict(facts, user="virt", path="/s", reason="open failed")
-    assert got.status is Status.FAIL and needle in got.detail
+def test_open_failed_verdicts(facts: SocketFacts | None, forwarding: Status, libvirt: Status,
+                              needle: str) -> None:
+    fwd, lib = v.open_failed_verdicts(facts, user="virt", path="/s", reason="open failed")
+    assert (fwd.status, lib.status) == (forwarding, libvirt)
+    failing = fwd if fwd.status is Status.FAIL else lib
+    assert needle in failing.detail
 
 
 @pytest.mark.parametrize(("stdout", "facts"), [
