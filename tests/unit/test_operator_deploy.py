@@ -166,3 +166,33 @@ async def test_kubectl_apply_k_deploy_and_the_sample_proxy_against_the_emulator(
         assert "proxy.egressproxies.io/proxy-kvm-sample created" in out
         table = await asyncio.to_thread(run, "get", "px")
         assert table.split()[:7] == ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "AGE"]
+
+
+async def test_the_documented_uninstall_order_runs_and_leaves_nothing(tmp_path: Path) -> None:
+    """docs/operator.md#uninstalling, command by command, with real kubectl against the emulator."""
+    import asyncio
+
+    from testbed.emulator import Emulator
+
+    kubectl = _kubectl()
+    doc = (ROOT / "docs/operator.md").read_text()
+    section = doc[doc.index("## Uninstalling"):doc.index("## Troubleshooting")]
+    block = section[section.index("```sh") + len("```sh"):]
+    steps = [line.split("#")[0].split()[1:] for line in block[:block.index("```")].strip().splitlines()]
+    assert [("delete" in s) for s in steps] == [True] * 3 and "px" in steps[0] and "deploy" in steps[1]
+    async with Emulator.running(port=0) as emu:
+        kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig")
+
+        def run(*args: str) -> str:
+            done = subprocess.run([kubectl, f"--kubeconfig={kubeconfig}", *args], capture_output=True,
+                                  text=True, timeout=60, cwd=ROOT)
+            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+            return done.stdout
+
+        for install in (["apply", "-k", "deploy"], ["apply", "-k", "deploy/providers"],
+                        ["apply", "-f", "deploy/samples/proxy_kvm.yaml"]):
+            await asyncio.to_thread(run, *install)
+        for step in steps:
+            await asyncio.to_thread(run, *step)
+        left = await asyncio.to_thread(run, "get", "crd,ns,clusterrole,clusterrolebinding", "-o", "name")
+        assert "egress" not in left
