@@ -24,9 +24,7 @@ import asyncssh
 import rpc
 from egress_kvm.config import ConfigError, ProvidersConfig, check_kvm_files
 from egress_kvm.config.models import HostConfig, KvmConfig
-from egress_kvm.providers.kvm.capacity import fmt_bytes
 from egress_kvm.providers.kvm.session import LIBVIRT_URI
-from rpc.constants import StoragePoolState
 
 from . import verdicts as v
 from .images import probe_images
@@ -195,20 +193,13 @@ async def _pool_verdict(client: Any, pool_name: str, *, needs: PoolNeeds) -> Ver
         pool = await client.storage_pool_lookup_by_name(pool_name)
         info = await client.storage_pool_get_info(pool)
     except rpc.NotFoundError:
-        return v.failed(f"storage pool {pool_name!r} does not exist: virsh pool-define-as {pool_name} dir "
-                        f"--target /var/lib/libvirt/images && virsh pool-start {pool_name} && "
-                        f"virsh pool-autostart {pool_name}")
+        return v.pool_missing_verdict(pool_name)
     except rpc.LibvirtError as exc:
         return v.failed(f"storage pool {pool_name!r}: {exc.message}")
     except (rpc.RpcError, OSError) as exc:
         return v.failed(f"storage pool {pool_name!r}: libvirt did not answer: {_describe(exc)}")
-    if info.state != StoragePoolState.RUNNING:
-        known = info.state in StoragePoolState._value2member_map_
-        state = StoragePoolState(info.state).name.lower() if known else str(info.state)
-        return v.failed(f"storage pool {pool_name!r} is {state}, not active (virsh pool-start {pool_name})")
-    if info.available <= 0:
-        return v.failed(f"storage pool {pool_name!r} has no free space (capacity {fmt_bytes(info.capacity)})")
-    return v.pool_room_verdict(pool_name, capacity=info.capacity, available=info.available, needs=needs)
+    return v.pool_verdict(pool_name, state=info.state, capacity=info.capacity, available=info.available,
+                          needs=needs)
 
 
 async def _check_exec(conn: asyncssh.SSHClientConnection, kvm: KvmConfig, host: HostConfig,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from egress_kvm.providers.kvm.capacity import GIB, MIB, fmt_bytes
+from rpc.constants import StoragePoolState
 
 # What one VM's seed ISO takes beside its overlay (the provider counts the ISO's real size; it is a few
 # hundred KiB of cloud-init text and padding).
@@ -268,6 +269,22 @@ class PoolNeeds:
     @property
     def total(self) -> int:
         return (self.base_bytes or 0) + self.vms * self.overlay_bytes
+
+
+def pool_missing_verdict(pool: str) -> Verdict:
+    return failed(f"storage pool {pool!r} does not exist: virsh pool-define-as {pool} dir --target "
+                  f"/var/lib/libvirt/images && virsh pool-start {pool} && virsh pool-autostart {pool}")
+
+
+def pool_verdict(pool: str, *, state: int, capacity: int, available: int, needs: PoolNeeds) -> Verdict:
+    """From virStoragePoolGetInfo: active, not full, and with room for what `needs` counts."""
+    if state != StoragePoolState.RUNNING:
+        known = state in StoragePoolState._value2member_map_
+        name = StoragePoolState(state).name.lower() if known else str(state)
+        return failed(f"storage pool {pool!r} is {name}, not active (virsh pool-start {pool})")
+    if available <= 0:
+        return failed(f"storage pool {pool!r} has no free space (capacity {fmt_bytes(capacity)})")
+    return pool_room_verdict(pool, capacity=capacity, available=available, needs=needs)
 
 
 def pool_room_verdict(pool: str, *, capacity: int, available: int, needs: PoolNeeds) -> Verdict:

@@ -11,6 +11,7 @@ import pytest
 import rpc
 from egress_kvm.preflight import verdicts as v
 from egress_kvm.preflight.verdicts import PoolNeeds, SocketFacts, SshFailure, Status
+from rpc.constants import StoragePoolState
 
 GIB = 1024**3
 
@@ -155,6 +156,25 @@ def test_pool_room_verdict(available: int, base: int | None, vms: int, status: S
     needs = PoolNeeds(base_bytes=base, base_label="deb", vms=vms, disk_size_gb=10)
     got = v.pool_room_verdict("default", capacity=100 * GIB, available=available, needs=needs)
     assert got.status is status and needle in got.detail
+
+
+@pytest.mark.parametrize(("state", "available", "needle"), [
+    (StoragePoolState.INACTIVE, 40 * GIB, "'p' is inactive, not active (virsh pool-start p)"),
+    (StoragePoolState.BUILDING, 40 * GIB, "'p' is building, not active"),
+    (17, 40 * GIB, "'p' is 17, not active"),
+    (StoragePoolState.RUNNING, 0, "'p' has no free space (capacity 50.0 GiB)"),
+    (StoragePoolState.RUNNING, 40 * GIB, "'p' active, 40.0 GiB free of 50.0 GiB; room for"),
+])
+def test_pool_verdict(state: int, available: int, needle: str) -> None:
+    needs = PoolNeeds(base_bytes=None, base_label="", vms=1, disk_size_gb=10)
+    got = v.pool_verdict("p", state=state, capacity=50 * GIB, available=available, needs=needs)
+    assert got.status is (Status.PASS if "room for" in needle else Status.FAIL) and needle in got.detail
+
+
+def test_a_missing_pool_gets_the_commands_that_make_it() -> None:
+    got = v.pool_missing_verdict("p")
+    assert got.detail.endswith("virsh pool-define-as p dir --target /var/lib/libvirt/images && "
+                               "virsh pool-start p && virsh pool-autostart p")
 
 
 @pytest.mark.parametrize(("header", "total"), [
