@@ -1,8 +1,10 @@
 """Preflight's failure branches against an in-process SSH server (asyncssh) and a scripted libvirtd.
 
-The SSH server is real SSH on loopback: key login, stream-local forwarding (which it can refuse the way
-`AllowStreamLocalForwarding no` does), and exec of `ip` (which it can refuse, or answer as a host without
-`ip` or with a non-bridge device). Forwarded connections reach a unix socket served by the rpc tests'
+The SSH server is real SSH on loopback: key login, stream-local forwarding (which it can refuse as
+"administratively prohibited", or answer with OpenSSH's bare "open failed", which OpenSSH gives both under
+`AllowStreamLocalForwarding no` and for a socket it cannot open), and exec of the commands preflight
+sends: `ip`, `test -c /dev/kvm`, `stat`/`id` (exec it can refuse, or answer as a host without `ip`,
+without /dev/kvm, or with a non-bridge device). Forwarded connections reach a unix socket served by the rpc tests'
 FakeServer, which speaks libvirt's wire protocol and can stay silent (a daemon that stopped answering).
 """
 
@@ -100,10 +102,12 @@ class _SshServer(asyncssh.SSHServer):
         return key.export_public_key() == self._key
 
     def unix_connection_requested(self, dest_path: str) -> bool:
-        if not self._host.forwarding:  # what sshd answers under AllowStreamLocalForwarding no
+        if not self._host.forwarding:  # an sshd that says "administratively prohibited" outright
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
                                             "open failed: administratively prohibited")
-        if not self._host.socket_open:  # what OpenSSH answers when its connect(2) to the socket fails
+        # OpenSSH's answer both when its connect(2) to the socket fails and under
+        # AllowStreamLocalForwarding no (seen on the lab's sshd, tests/integration/test_kvm_preflight.py)
+        if not self._host.socket_open:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "open failed")
         return True  # asyncssh connects the channel to dest_path on this machine
 
