@@ -5,7 +5,8 @@ The SSH server is real SSH on loopback: key login, stream-local forwarding (whic
 `AllowStreamLocalForwarding no` and for a socket it cannot open), and exec of the commands preflight
 sends: `ip`, `test -c /dev/kvm`, `stat`/`id` (exec it can refuse, or answer as a host without `ip`,
 without /dev/kvm, or with a non-bridge device). Forwarded connections reach a unix socket served by the
-rpc tests' FakeServer, which speaks libvirt's wire protocol and can stay silent (a daemon that stopped answering).
+rpc tests' FakeServer, which speaks libvirt's wire protocol and can stay silent (a daemon that stopped
+answering).
 """
 
 from __future__ import annotations
