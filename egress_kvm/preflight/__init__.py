@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import shlex
 from collections.abc import Callable
@@ -24,6 +25,7 @@ import asyncssh
 import rpc
 from egress_kvm.config import ConfigError, ProvidersConfig, check_kvm_files
 from egress_kvm.config.models import HostConfig, KvmConfig
+from egress_kvm.providers.kvm import naming
 from egress_kvm.providers.kvm.session import LIBVIRT_URI
 
 from . import verdicts as v
@@ -198,6 +200,12 @@ async def _pool_verdict(client: Any, pool_name: str, *, needs: PoolNeeds) -> Ver
         return v.failed(f"storage pool {pool_name!r}: {exc.message}")
     except (rpc.RpcError, OSError) as exc:
         return v.failed(f"storage pool {pool_name!r}: libvirt did not answer: {_describe(exc)}")
+    if needs.base_label:
+        # The provider's own name for the base volume; a base already imported takes no more room (any
+        # failure to look counts the base: the cautious answer).
+        with contextlib.suppress(rpc.RpcError, OSError):
+            await client.storage_vol_lookup_by_name(pool, naming.base_volume(key=needs.base_label))
+            needs = dataclasses.replace(needs, base_cached=True)
     return v.pool_verdict(pool_name, state=info.state, capacity=info.capacity, available=info.available,
                           needs=needs)
 

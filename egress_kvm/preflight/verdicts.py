@@ -261,6 +261,7 @@ class PoolNeeds:
     base_label: str
     vms: int
     disk_size_gb: int
+    base_cached: bool = False  # the host's pool already holds that base: nothing to count for it
 
     @property
     def overlay_bytes(self) -> int:
@@ -268,7 +269,8 @@ class PoolNeeds:
 
     @property
     def total(self) -> int:
-        return (self.base_bytes or 0) + self.vms * self.overlay_bytes
+        base = 0 if self.base_cached else (self.base_bytes or 0)
+        return base + self.vms * self.overlay_bytes
 
 
 def pool_missing_verdict(pool: str) -> Verdict:
@@ -289,8 +291,14 @@ def pool_verdict(pool: str, *, state: int, capacity: int, available: int, needs:
 
 def pool_room_verdict(pool: str, *, capacity: int, available: int, needs: PoolNeeds) -> Verdict:
     overlays = f"{needs.vms} VM(s) at diskSizeGb {needs.disk_size_gb} ({fmt_bytes(needs.overlay_bytes)} each)"
-    base = (f"base {needs.base_label!r} ({fmt_bytes(needs.base_bytes)})" if needs.base_bytes is not None
-            else f"base {needs.base_label!r} (size unknown, not counted)" if needs.base_label else "")
+    if not needs.base_label:
+        base = ""
+    elif needs.base_cached:
+        base = f"base {needs.base_label!r} (already in the pool)"
+    elif needs.base_bytes is not None:
+        base = f"base {needs.base_label!r} ({fmt_bytes(needs.base_bytes)})"
+    else:
+        base = f"base {needs.base_label!r} (size unknown, not counted)"
     wanted = " + ".join(p for p in (base, overlays) if p)
     if available < needs.total:
         return failed(f"storage pool {pool!r} has {fmt_bytes(available)} free of {fmt_bytes(capacity)}, "

@@ -219,3 +219,26 @@ async def test_preflight_fails_on_an_interface_that_is_not_a_bridge(lab_host: An
         assert proc.returncode == 1 and "FAIL lab/host0 bridge" in proc.stdout
     finally:
         labmod.host_run(lab_host, "host0", ["ip", "link", "del", "itveth0"], check=False)
+
+
+async def test_a_base_already_in_the_pool_takes_no_more_room(lab: Any, tmp_path: Path) -> None:
+    from testbed.lab.manifests import IMAGE_KEY
+
+    volumes = labmod_virsh(lab, "vol-list", "default").split()
+    base = f"base-{IMAGE_KEY}.qcow2"
+    made = base not in volumes
+    if made:  # a stand-in volume under the provider's name for that base
+        labmod_virsh(lab, "vol-create-as", "default", base, "1M", "--format", "raw")
+    try:
+        got = await results_for(config_with(lab, tmp_path))
+    finally:
+        if made:
+            labmod_virsh(lab, "vol-delete", base, "--pool", "default")
+    assert got["pool"].ok and f"room for base '{IMAGE_KEY}' (already in the pool) + 1 VM(s)" in \
+        got["pool"].detail
+
+
+def labmod_virsh(info: Any, *args: str) -> str:
+    from testbed import lab as labmod
+
+    return labmod.virsh(info, "host0", *args)

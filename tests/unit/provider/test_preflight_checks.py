@@ -28,8 +28,8 @@ import pytest
 from egress_kvm.config import parse_providers
 from egress_kvm.preflight import CHECKS, CheckResult, check_host, run_preflight
 from egress_kvm.preflight.verdicts import PoolNeeds, Status
-from rpc.constants import StoragePoolState
-from rpc.types import StoragePool, StoragePoolGetInfoRet
+from rpc.constants import ErrorCode, StoragePoolState
+from rpc.types import StoragePool, StoragePoolGetInfoRet, StorageVol
 
 GIB = 1024**3
 
@@ -64,6 +64,7 @@ class Host:
     socket_open: bool = True  # False: sshd's connect to the socket fails (missing, or shut to the user)
     socket_stat: str = "root libvirt 770"  # `stat -c '%U %G %a'`; "" when the socket does not exist
     user_groups: str = "virt"
+    volumes: set[str] = field(default_factory=set)  # the pool's volume names
     port: int = 0
     servers: list[Any] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
@@ -138,6 +139,11 @@ async def host(tmp_path: Path) -> AsyncIterator[tuple[Host, Path, Path]]:
     listener.setblocking(False)
     loop = asyncio.get_running_loop()
 
+    def volume_lookup(pool: StoragePool, name: str) -> StorageVol:
+        if name not in h.volumes:
+            raise fake_rpc.FakeError(ErrorCode.NO_STORAGE_VOL, f"Storage volume not found: {name}")
+        return StorageVol(pool.name, name, f"/pool/{name}")
+
     def handlers() -> dict[int, Callable[..., Any]]:
         silent = fake_rpc.NO_REPLY
         return {
@@ -146,6 +152,7 @@ async def host(tmp_path: Path) -> AsyncIterator[tuple[Host, Path, Path]]:
             84: lambda name: StoragePool(name, bytes(16)),  # storage_pool_lookup_by_name
             87: lambda pool: StoragePoolGetInfoRet(h.pool_state, 50 * GIB, 50 * GIB - h.pool_available,
                                                    h.pool_available),
+            95: volume_lookup,  # storage_vol_lookup_by_name
         }
 
     async def accept_loop() -> None:
@@ -330,7 +337,8 @@ async def test_dev_kvm_against_the_domain_type(host: tuple[Host, Path, Path], do
 
 async def test_the_pool_must_hold_a_base_and_n_overlays(host: tuple[Host, Path, Path]) -> None:
     h, key, known_hosts = host
-    entry = config_for(h, key, known_hosts).providers[0]  # diskSizeGb 10 (the default), 40 GiB free
+    entry = config_for(h, key, known_hosts).providers[0]  # diskSizeGb 10 (the default)
+    h.pool_available = 41 * GIB
     for vms, ok in ((3, True), (4, False)):
         needs = PoolNeeds(base_bytes=5 * GIB, base_label="d", vms=vms, disk_size_gb=10)
         got = {x.check: x for x in await check_host(entry.name, entry.kvm, entry.kvm.hosts[0], time_limit=5,
@@ -338,3 +346,8 @@ async def test_the_pool_must_hold_a_base_and_n_overlays(host: tuple[Host, Path, 
         assert got["pool"].ok is ok, got["pool"].detail
     assert "base 'd' (5.0 GiB) + 4 VM(s) at diskSizeGb 10" in got["pool"].detail
     assert "need 45.0 GiB" in got["pool"].detail
+    h.volumes.add("base-d.qcow2")  # the base is imported already: only the overlays need room
+    got = {x.check: x for x in await check_host(entry.name, entry.kvm, entry.kvm.hosts[0], time_limit=5,
+                                                   needs=needs)}
+    assert got["pool"].ok, got["pool"].detail
+    assert "base 'd' (already in the pool) + 4 VM(s)" in got["pool"].detail

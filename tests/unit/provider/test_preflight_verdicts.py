@@ -147,13 +147,15 @@ def test_commands_verdict(exit_status: int, stderr: str, status: Status, needle:
     assert got.status is status and needle in got.detail
 
 
-@pytest.mark.parametrize(("available", "base", "vms", "status", "needle"), [
-    (25 * GIB, 2 * GIB, 2, Status.PASS, "room for base 'deb' (2.0 GiB) + 2 VM(s) at diskSizeGb 10"),
-    (21 * GIB, 2 * GIB, 2, Status.FAIL, "has 21.0 GiB free of 100.0 GiB, base 'deb' (2.0 GiB) + 2 VM(s)"),
-    (21 * GIB, None, 2, Status.PASS, "base 'deb' (size unknown, not counted) + 2 VM(s)"),
+@pytest.mark.parametrize(("available", "base", "cached", "status", "needle"), [
+    (25 * GIB, 2 * GIB, False, Status.PASS, "room for base 'deb' (2.0 GiB) + 2 VM(s) at diskSizeGb 10"),
+    (21 * GIB, 2 * GIB, False, Status.FAIL, "has 21.0 GiB free of 100.0 GiB, base 'deb' (2.0 GiB) + 2 VM(s)"),
+    (21 * GIB, None, False, Status.PASS, "base 'deb' (size unknown, not counted) + 2 VM(s)"),
+    (21 * GIB, 2 * GIB, True, Status.PASS, "base 'deb' (already in the pool) + 2 VM(s)"),
 ])
-def test_pool_room_verdict(available: int, base: int | None, vms: int, status: Status, needle: str) -> None:
-    needs = PoolNeeds(base_bytes=base, base_label="deb", vms=vms, disk_size_gb=10)
+def test_pool_room_verdict(available: int, base: int | None, cached: bool, status: Status,
+                           needle: str) -> None:
+    needs = PoolNeeds(base_bytes=base, base_label="deb", vms=2, disk_size_gb=10, base_cached=cached)
     got = v.pool_room_verdict("default", capacity=100 * GIB, available=available, needs=needs)
     assert got.status is status and needle in got.detail
 
