@@ -1,7 +1,8 @@
 """A lab host set up wrong on purpose, for tests of what preflight (and the provider) say about it.
 
 Each knob is a context manager that leaves the host as it found it: a second sshd beside the lab's own
-(on another port, with stream-local forwarding off, or letting in another user), an SSH user outside the
+(on another port, with stream-local forwarding off, letting in another user, or giving sessions a PATH
+without `ip`), an SSH user outside the
 `libvirt` group, and the name of a link on the host that is not a bridge (its uplink, as `eno1` is on a
 homelab box). A missing pool needs no knob: name a pool the host does not have.
 """
@@ -36,8 +37,9 @@ def uplink(info: LabInfo, host_name: str) -> str:
 
 @contextlib.contextmanager
 def extra_sshd(info: LabInfo, host_name: str, *, port: int, stream_local: bool = True,
-               user: str = SSH_USER) -> Iterator[ExtraSshd]:
-    """A second sshd on the host (same host key and namespaces) with its own forwarding and user rules."""
+               user: str = SSH_USER, session_path: str = host_mod.SESSION_PATH) -> Iterator[ExtraSshd]:
+    """A second sshd on the host (same host key and namespaces) with its own forwarding and user rules,
+    and the PATH its sessions get (one without `ip` stands for a host where a non-login shell lacks it)."""
     host = _host_layout(info, host_name)
     config = host.dir / f"sshd-{port}.conf"
     pidfile = host.dir / f"sshd-{port}.pid"
@@ -47,6 +49,7 @@ def extra_sshd(info: LabInfo, host_name: str, *, port: int, stream_local: bool =
         f"PidFile {host.pidfile('sshd')}": f"PidFile {pidfile}",
         f"AllowUsers {SSH_USER}": f"AllowUsers {user}",
         "AllowStreamLocalForwarding yes": f"AllowStreamLocalForwarding {'yes' if stream_local else 'no'}",
+        f"SetEnv PATH={host_mod.SESSION_PATH}": f"SetEnv PATH={session_path}",
     }
     for old, new in replacements.items():
         if old not in text:

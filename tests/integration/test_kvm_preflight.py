@@ -113,6 +113,19 @@ async def test_an_sshd_without_stream_local_forwarding(lab_host: Any, tmp_path: 
     assert got["commands"].ok and got["bridge"].ok  # what does not need the forward is still checked
 
 
+async def test_a_session_path_without_ip_fails_commands_once(lab_host: Any, tmp_path: Path) -> None:
+    from testbed.lab import faults
+
+    known_hosts = tmp_path / "kh"
+    with faults.extra_sshd(lab_host, "host0", port=2204, session_path="/nonexistent") as sshd:
+        known_hosts.write_text(sshd.known_hosts_line)
+        got = await results_for(config_with(lab_host, tmp_path, address=sshd.address,
+                                            knownHostsFile=str(known_hosts)))
+    assert list(failures(got)) == ["commands"]
+    assert got["commands"].detail.startswith("`ip` is not on virt's PATH on the host")
+    assert got["bridge"].ok is None and got["kvm"].ok and got["pool"].ok  # /dev/kvm needs no `ip`
+
+
 async def test_a_user_outside_the_libvirt_group_is_told_which_group(lab_host: Any, tmp_path: Path) -> None:
     from testbed.lab import faults
 
