@@ -13,6 +13,7 @@ import json
 import sys
 
 from egress_kvm.config import ConfigError, ProvidersConfig
+from egress_kvm.operator.flags import _positive_int  # the operator's own flags' rule
 from egress_kvm.preflight import CheckResult, run_preflight, source
 from egress_kvm.preflight.verdicts import Status
 
@@ -26,20 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ssh-key", metavar="PATH", help="private key to use instead of each sshKeyFile "
                    "(a cluster's file names the in-pod path)")
     p.add_argument("--known-hosts", metavar="PATH", help="known_hosts to use instead of each knownHostsFile")
-    p.add_argument("--vms", type=_positive, default=1, metavar="N",
+    p.add_argument("--vms", type=_positive_int, default=1, metavar="N",
                    help="the pool must have room for one base image plus N VM overlays (default 1)")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
     p.set_defaults(func=main)
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
-    return n
 
 
 def with_overrides(config: ProvidersConfig, *, ssh_key: str | None,

@@ -190,7 +190,7 @@ def test_stdin_and_a_bad_file_in_json(monkeypatch: pytest.MonkeyPatch, capsys: p
 def test_vms_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli_main(["preflight", "--providers-config", "x", "--vms", "0"])
-    assert "'0' must be 1 or more" in capsys.readouterr().err
+    assert "'0' must be at least 1" in capsys.readouterr().err
 
 
 
