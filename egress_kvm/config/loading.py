@@ -8,19 +8,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .errors import ConfigError, format_validation_error
+from .errors import ConfigError, format_validation_error, yaml_error
 from .models import ProvidersConfig
-
-
-def yaml_error(exc: yaml.YAMLError, *, source: str) -> str:
-    """A YAML error as `FILE: not valid YAML at line L, column C: problem` (PyYAML's own text names the
-    stream "<unicode string>" when it parsed a str, never the file)."""
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    problem = getattr(exc, "problem", None) or str(exc)
-    context = getattr(exc, "context", None)
-    said = f"{problem} ({context})" if context else problem
-    return f"{source}: not valid YAML{where}: {said}"
 
 
 def parse_providers(document: Any, *, source: str = "providers config") -> ProvidersConfig:
@@ -49,5 +38,5 @@ def load_providers_file(path: str | os.PathLike[str]) -> ProvidersConfig:
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(yaml_error(exc, source=source)) from None
+        raise ConfigError(f"{source}: {yaml_error(exc)}") from None
     return parse_providers(document, source=source)

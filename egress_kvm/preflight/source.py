@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from egress_kvm.config import ConfigError, ProvidersConfig, parse_providers
-from egress_kvm.config.loading import yaml_error
+from egress_kvm.config.errors import yaml_error
 
 CONFIGMAP_KEY = "providers.yaml"  # the key deploy/ mounts as /etc/proxy-operator/providers.yaml
 
@@ -50,7 +50,7 @@ def providers_from_text(text: str, *, source: str) -> ProvidersConfig:
     try:
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
-        raise ConfigError(yaml_error(exc, source=source)) from None
+        raise ConfigError(f"{source}: {yaml_error(exc)}") from None
     if not any(_is_manifest(d) for d in documents):
         if len(documents) > 1:
             raise ConfigError(f"{source}: {len(documents)} YAML documents; a providers file is one")
@@ -68,7 +68,7 @@ def providers_from_text(text: str, *, source: str) -> ProvidersConfig:
     try:
         document = yaml.safe_load(embedded)
     except yaml.YAMLError as exc:
-        raise ConfigError(yaml_error(exc, source=inner)) from None
+        raise ConfigError(f"{inner}: {yaml_error(exc)}") from None
     return parse_providers(document, source=inner)
 
 

@@ -59,9 +59,9 @@ def test_the_shipped_configmap_manifest_is_read() -> None:
 
 
 @pytest.mark.parametrize(("text", "needle"), [
-    ("providers:\n  - name: [\n", "bad.yaml: not valid YAML at line 3, column 1"),
+    ("providers:\n  - name: [\n", "bad.yaml: not valid YAML (line 3, column 1)"),
     (yaml.safe_dump(configmap(text="providers: [\n")),
-     "bad.yaml (ConfigMap egress-kvm-providers-config data.providers.yaml): not valid YAML at line 2"),
+     "bad.yaml (ConfigMap egress-kvm-providers-config data.providers.yaml): not valid YAML (line 2"),
     (yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "other"}, "data": {}}),
      "bad.yaml: expected one ConfigMap with data.providers.yaml, found 0"),
     (yaml.safe_dump_all([configmap("a"), configmap("b")]), "found 2: a, b"),
@@ -183,7 +183,7 @@ def test_stdin_and_a_bad_file_in_json(monkeypatch: pytest.MonkeyPatch, capsys: p
                                       tmp_path: Path) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO("providers:\n  - name: [\n"))
     code, out, err = run_cli(["preflight", "--providers-config", "-", "-o", "json"], capsys)
-    assert code == 2 and "<stdin>: not valid YAML at line 3" in json.loads(out)["error"]
+    assert code == 2 and "<stdin>: not valid YAML (line 3" in json.loads(out)["error"]
     assert "<stdin>: not valid YAML" in err
 
 
