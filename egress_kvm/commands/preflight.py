@@ -18,7 +18,7 @@ from egress_kvm.preflight import CheckResult, run_preflight, source
 from egress_kvm.preflight.verdicts import Status
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("preflight", help="check SSH, libvirt, pool, bridge, KVM and images of every host",
                        description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--providers-config", required=True, metavar="FILE",

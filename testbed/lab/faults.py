@@ -32,7 +32,7 @@ class ExtraSshd:
 
 def uplink(info: LabInfo, host_name: str) -> str:
     """The host's link to the outside: an existing interface that is not a bridge."""
-    return _host_layout(info, host_name).veth_host
+    return str(_host_layout(info, host_name).veth_host)
 
 
 @contextlib.contextmanager
