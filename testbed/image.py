@@ -86,14 +86,16 @@ class BaseRecipe:
 # unpacks packages without running their scripts, so no dpkg, apt or sh comes along.
 _RUNTIME_HOOK = (
     'set -e; ln -sf python3.11 "$1/usr/bin/python3"; '
-    'printf "root:x:0:0:root:/root:/sbin/nologin\\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\\n"'
+    'printf "root:x:0:0:root:/root:/sbin/nologin\\n'
+    'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\\n"'
     ' > "$1/etc/passwd"; printf "root:x:0:\\nnonroot:x:65532:\\n" > "$1/etc/group"; '
     'mkdir -p "$1/home/nonroot" "$1/tmp"; chown 65532:65532 "$1/home/nonroot"; chmod 1777 "$1/tmp"; '
     'rm -rf "$1/var/lib/apt/lists" "$1/var/cache/apt"')
 RUNTIME_BASE = BaseRecipe(
     name="runtime-base",
     mmdebstrap=("--variant=extract", "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
-                "--include=python3.11-minimal,libpython3.11-stdlib,tzdata", f"--extract-hook={_RUNTIME_HOOK}"),
+                "--include=python3.11-minimal,libpython3.11-stdlib,tzdata",
+                f"--extract-hook={_RUNTIME_HOOK}"),
     config=(f"ENV {PATH_ENV}", f"USER {NONROOT_UID}:{NONROOT_UID}", "WORKDIR /home/nonroot"))
 # What python:3.11-slim-bookworm offers the build stage: a shell, python3 with pip.
 BUILDER_BASE = BaseRecipe(
