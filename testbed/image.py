@@ -154,17 +154,18 @@ def copied_sources(containerfile: Path = CONTAINERFILE) -> list[str]:
     return sources
 
 
-def recipe_hash(*, bases: tuple[str, str]) -> str:
+def recipe_hash(*, bases: tuple[str, str], repo: Path = REPO) -> str:
     """Hash of everything the image is built from: the Containerfile, each file it copies, the bases."""
     digest = hashlib.sha256()
     digest.update(json.dumps([bases, SOURCE_DATE_EPOCH]).encode())
-    files = [CONTAINERFILE]
-    for src in copied_sources():
-        path = REPO / src
+    containerfile = repo / CONTAINERFILE.name
+    files = [containerfile]
+    for src in copied_sources(containerfile):
+        path = repo / src
         files += sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
             if path.is_dir() else [path]
     for path in files:
-        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 
