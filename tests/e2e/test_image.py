@@ -130,4 +130,7 @@ def test_operator_in_the_container_makes_a_proxy_ready(lab, built, tmp_path_fact
         assert not [ln for ln in lines if CANARY in ln]
     finally:
         stack.close()
-    assert subprocess.run([*imagemod.podman(), "container", "exists", op.container.name]).returncode == 1
+    for started in stack.operators:  # stopping removed each container
+        assert isinstance(started, ContainerOperator)
+        exists = subprocess.run([*imagemod.podman(), "container", "exists", started.container.name])
+        assert exists.returncode == 1, started.container.name
