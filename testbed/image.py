@@ -201,6 +201,10 @@ def layers(ref: str) -> list[str]:
     return json.loads(out.stdout)
 
 
+def image_id(ref: str) -> str:
+    return _run([*podman(), "image", "inspect", "--format", "{{.Id}}", ref]).stdout.strip()
+
+
 def size_bytes(ref: str) -> int:
     return int(_run([*podman(), "image", "inspect", "--format", "{{.Size}}", ref]).stdout)
 

@@ -134,3 +134,13 @@ def test_operator_in_the_container_makes_a_proxy_ready(lab, built, tmp_path_fact
         assert isinstance(started, ContainerOperator)
         exists = subprocess.run([*imagemod.podman(), "container", "exists", started.container.name])
         assert exists.returncode == 1, started.container.name
+
+
+def test_a_build_without_cache_gives_the_same_image(built) -> None:
+    """Reproducible: built again from nothing but the bases (every wheel downloaded anew, no layer
+    cache), the image has the same layer digests and the same ID (config and creation time included)."""
+    before = (imagemod.image_id(built.ref), imagemod.layers(built.ref))
+    again = imagemod.build(rebuild=True)
+    assert again.ref == built.ref and not again.cached
+    print(f"\nrebuilt without cache in {again.seconds:.1f}s")
+    assert (imagemod.image_id(again.ref), imagemod.layers(again.ref)) == before
