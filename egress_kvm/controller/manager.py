@@ -14,18 +14,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 
 from egress_kvm import metrics
+from egress_kvm.backoff import Backoff
 from egress_kvm.kube.interfaces import Key, KubeApi, Obj, ProxyStore, key_of
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.providers.base import Provider
 
 from .gc import Collected, collect_orphans
 from .health import Prober
-from .queue import QUOTA_BACKOFF, TRANSIENT_BACKOFF, Backoff, QueueShutDown, WorkQueue
-from .reconciler import QUOTA, Reconciler, Result, Timings
+from .outcome import Result, Retry
+from .queue import QUOTA_BACKOFF, TRANSIENT_BACKOFF, QueueShutDown, WorkQueue
+from .reconciler import Reconciler, Timings
+from .verdict import ProbeKey
 
 NAME = "proxy"
 PHASES = ("Pending", "Provisioning", "Running", "Ready", "Failed", "Deleting")
@@ -52,8 +54,9 @@ class Controller:
         self.gc_interval = gc_interval
         self.gc_grace_period = gc_grace_period
         self.queue = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff)
-        self.prober = Prober(kube=kube, on_change=self._enqueue_any, time_scale=probe_time_scale,
-                             on_refresh=self._enqueue_unless_backing_off, logger=self.log.with_name("health"))
+        self.prober: Prober[ProbeKey] = Prober(
+            kube=kube, on_change=self._enqueue_any, time_scale=probe_time_scale,
+            on_refresh=self._enqueue_unless_backing_off, logger=self.log.with_name("health"))
         self.reconciler = Reconciler(kube=kube, prober=self.prober, providers=providers,
                                      providers_hash=providers_hash, timings=timings, logger=self.log)
         self._tasks: list[asyncio.Task[None]] = []
@@ -152,8 +155,8 @@ class Controller:
         if result.retry:
             metrics.RECONCILE_ERRORS.labels(NAME).inc()
             metrics.RECONCILE_TOTAL.labels(NAME, "error").inc()
-            delay = self.queue.add_rate_limited(key, quota=result.retry == QUOTA)
-            log.v(1).info("reconcile will be retried", retryIn=delay, backoff=result.retry)
+            delay = self.queue.add_rate_limited(key, quota=result.retry is Retry.QUOTA)
+            log.v(1).info("reconcile will be retried", retryIn=delay, backoff=result.retry.value)
             return
         self.queue.forget(key)
         if result.requeue_after is not None:
@@ -184,26 +187,22 @@ class Controller:
 
     # --- internals -----------------------------------------------------------------------------------
 
-    def _enqueue_any(self, key: object) -> None:
-        if isinstance(key, tuple) and len(key) == 3:
-            key = key[:2]  # a replacement's probe key (reconciler.replacement_key): its Proxy's key
-        self.queue.add(key)  # type: ignore[arg-type]
+    def _enqueue_any(self, key: ProbeKey) -> None:
+        self.queue.add(key.proxy)
 
-    def _enqueue_unless_backing_off(self, key: object) -> None:
+    def _enqueue_unless_backing_off(self, key: ProbeKey) -> None:
         """A probe refresh (no verdict change) for a key whose reconciles are failing waits for its
         backoff timer: reconciling it would only retry the provider (a dead host's lock) early."""
-        if isinstance(key, tuple) and len(key) == 3:
-            key = key[:2]
-        if self.queue.failures(key) > 0:
+        if self.queue.failures(key.proxy) > 0:
             return
-        self.queue.add(key)  # type: ignore[arg-type]
+        self.queue.add(key.proxy)
 
     def _enqueue_all(self) -> None:
         for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict
             self.queue.add(key)
 
     def _update_phase_gauge(self) -> None:
-        counts = Counter(self.reconciler.phases.values())
+        counts = self.reconciler.phase_counts()
         for phase in PHASES:
             metrics.PROXIES.labels(phase).set(counts.get(phase, 0))
 

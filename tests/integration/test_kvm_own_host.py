@@ -63,8 +63,8 @@ async def test_create_get_delete_on_your_host(libvirt_trace: Callable[[str], Non
     placement = Placement(zone=zone, machine_type=machine_type,
                           image=env.get("KVM_TEST_IMAGE", next(iter(kvm.images), None)))
     try:
-        await provider.create(CreateRequest(name=name, owner_uid="kvm-test", placement=placement,
-                                            user_data=user_data))
+        await provider.create(CreateRequest(name=name, owner_uid="kvm-test",
+                                            placement=provider.resolve(placement), user_data=user_data))
         deadline = time.monotonic() + float(env.get("KVM_TEST_BOOT_TIMEOUT", "600"))
         ip = None
         while ip is None:

@@ -9,10 +9,13 @@ what to free: pool space below what the overlay and seed need (the overlay count
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from egress_kvm.providers.base import QuotaError
 from rpc.errors import LibvirtError
+
+if TYPE_CHECKING:
+    from .hosts import Host
 
 GIB = 1024**3
 MIB = 1024**2
@@ -56,7 +59,7 @@ def paused_on_io_error(*, host: str, pool: str, name: str, available: int | None
                       f"{pool!r}{figures}; free space in the pool and the operator resumes it")
 
 
-async def mem_available(host: Any) -> int | None:
+async def mem_available(host: Host) -> int | None:
     """MemAvailable (bytes) from the host's /proc/meminfo over SSH exec; None if it cannot be read."""
     from .session import ExecNotAllowed
 

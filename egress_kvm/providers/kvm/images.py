@@ -21,13 +21,13 @@ import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 
 from egress_kvm.metrics import IMAGE_BYTES_FETCHED
 from egress_kvm.providers.base import PermanentError, ProgressCallback, TransientError
 from rpc.errors import LibvirtError, NotFoundError
+from rpc.types import StoragePool, StorageVol
 
 from . import capacity, qcow2
 from .domain_xml import volume_xml
@@ -42,7 +42,7 @@ PROGRESS_EVERY = 5.0
 
 @dataclass(frozen=True)
 class BaseImage:
-    volume: Any  # rpc StorageVol
+    volume: StorageVol
     path: str
     format: str
     downloaded: bool
@@ -51,16 +51,17 @@ class BaseImage:
 HttpFactory = Callable[[], Awaitable[aiohttp.ClientSession]]
 
 
-async def lookup_volume(host: Host, pool: Any, name: str) -> Any | None:
+async def lookup_volume(host: Host, pool: StoragePool, name: str) -> StorageVol | None:
     try:
-        return await host.call("storage_vol_lookup_by_name", pool, name)
+        return await host.call("storage_vol_lookup_by_name",
+                               lambda lv: lv.storage_vol_lookup_by_name(pool, name))
     except NotFoundError:
         return None
 
 
-async def delete_volume(host: Host, vol: Any) -> None:
+async def delete_volume(host: Host, vol: StorageVol) -> None:
     with contextlib.suppress(NotFoundError):
-        await host.call("storage_vol_delete", vol, 0)
+        await host.call("storage_vol_delete", lambda lv: lv.storage_vol_delete(vol, 0))
 
 
 class ImageCache:
@@ -71,7 +72,7 @@ class ImageCache:
         self._progress_every = progress_every
         self._clock = clock
 
-    async def ensure(self, host: Host, pool: Any, image: ImageSource, *,
+    async def ensure(self, host: Host, pool: StoragePool, image: ImageSource, *,
                      progress: ProgressCallback | None = None) -> BaseImage:
         async with host.exclusive(f"image:{pool.name}/{image.base_volume}"):
             base = await lookup_volume(host, pool, image.base_volume)
@@ -81,7 +82,7 @@ class ImageCache:
                 if image.sha256 is None:
                     # The marker is created empty and grows to the digest's length with its upload, so
                     # a crash between the two leaves a marker whose size says it holds no digest.
-                    info = await host.call("storage_vol_get_info", marker)
+                    info = await host.call("storage_vol_get_info", lambda lv: lv.storage_vol_get_info(marker))
                     if info.capacity == DIGEST_LEN:
                         return await self._cached(host, base, image)
                     reason = f"marker holds no digest ({info.capacity} bytes; an interrupted write)"
@@ -102,11 +103,11 @@ class ImageCache:
                 await delete_volume(host, base)
             return await self._fetch(host, pool, image, reason=reason, progress=progress)
 
-    async def _cached(self, host: Host, base: Any, image: ImageSource) -> BaseImage:
-        path = await host.call("storage_vol_get_path", base)
+    async def _cached(self, host: Host, base: StorageVol, image: ImageSource) -> BaseImage:
+        path = await host.call("storage_vol_get_path", lambda lv: lv.storage_vol_get_path(base))
         return BaseImage(volume=base, path=path, format=image.format, downloaded=False)
 
-    async def _fetch(self, host: Host, pool: Any, image: ImageSource, *, reason: str,
+    async def _fetch(self, host: Host, pool: StoragePool, image: ImageSource, *, reason: str,
                      progress: ProgressCallback | None) -> BaseImage:
         log = host.log.with_values(image=image.label, pool=pool.name, volume=image.base_volume)
         log.info("fetching base image into host pool", url=image.shown_url, reason=reason)
@@ -125,11 +126,11 @@ class ImageCache:
                 except qcow2.UnsafeImageError as exc:
                     raise PermanentError(f"image {image.label!r} ({image.shown_url}) {exc}") from None
                 if length:
-                    info = await host.call("storage_pool_get_info", pool)
+                    info = await host.call("storage_pool_get_info", lambda lv: lv.storage_pool_get_info(pool))
                     capacity.check_pool_space(host=host.name, pool=pool.name, available=info.available,
                                               needed=length, what=f"image {image.label!r}")
-                vol = await host.call("storage_vol_create_xml", pool,
-                                      volume_xml(name=image.base_volume, capacity=length or 0, fmt="raw"), 0)
+                vol = await host.call("storage_vol_create_xml", lambda lv: lv.storage_vol_create_xml(pool,
+                                      volume_xml(name=image.base_volume, capacity=length or 0, fmt="raw"), 0))
                 hasher = hashlib.sha256()
                 moved = 0
                 last_report = started
@@ -171,17 +172,18 @@ class ImageCache:
             raise PermanentError(f"image {image.label!r} ({image.shown_url}): sha256 mismatch: configured "
                                  f"{image.sha256}, downloaded {digest}; the volume was deleted")
         # libvirt re-probes the file: the pool now reports the base's real format and virtual size.
-        await host.call("storage_pool_refresh", pool, 0)
-        vol = await host.call("storage_vol_lookup_by_name", pool, image.base_volume)
+        await host.call("storage_pool_refresh", lambda lv: lv.storage_pool_refresh(pool, 0))
+        vol = await host.call("storage_vol_lookup_by_name",
+                              lambda lv: lv.storage_vol_lookup_by_name(pool, image.base_volume))
         # Created empty: its size reaches DIGEST_LEN only once the digest is written (see ensure).
-        marker = await host.call("storage_vol_create_xml", pool,
-                                 volume_xml(name=image.marker_volume, capacity=0, fmt="raw"), 0)
+        marker = await host.call("storage_vol_create_xml", lambda lv: lv.storage_vol_create_xml(pool,
+                                 volume_xml(name=image.marker_volume, capacity=0, fmt="raw"), 0))
         try:
             await host.upload(marker, digest.encode())
         except BaseException:
             await _discard(host, marker)
             raise
-        path = await host.call("storage_vol_get_path", vol)
+        path = await host.call("storage_vol_get_path", lambda lv: lv.storage_vol_get_path(vol))
         duration = self._clock() - started
         log.info("base image cached", size=moved, duration=round(duration, 3), sha256=digest,
                  rateMBps=round(moved / 1e6 / duration, 1) if duration > 0 else None)
@@ -213,7 +215,7 @@ async def _source(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield chunk
 
 
-async def _discard(host: Host, vol: Any) -> None:
+async def _discard(host: Host, vol: StorageVol) -> None:
     """Best effort: a volume we could not finish must not look finished (it has no marker either way)."""
     with contextlib.suppress(Exception):
         await delete_volume(host, vol)
