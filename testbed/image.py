@@ -111,8 +111,8 @@ class BuiltImage:
     seconds: float  # wall time of this call (bases included when they were built)
 
 
-def _run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(argv, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+def _run(argv: list[str], *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(argv, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:6])} ... exited {out.returncode}:\n{out.stderr[-4000:]}")
     return out
@@ -170,7 +170,7 @@ def recipe_hash(*, bases: tuple[str, str], repo: Path = REPO) -> str:
 
 
 def version() -> str:
-    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    return str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"])
 
 
 def build(*, rebuild: bool = False) -> BuiltImage:
@@ -198,7 +198,7 @@ def build(*, rebuild: bool = False) -> BuiltImage:
 def layers(ref: str) -> list[str]:
     """The image's layer digests (RootFS.Layers: the same files give the same digests)."""
     out = _run([*podman(), "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref])
-    return json.loads(out.stdout)
+    return [str(digest) for digest in json.loads(out.stdout)]
 
 
 def image_id(ref: str) -> str:
