@@ -121,6 +121,7 @@ def test_operator_in_the_container_makes_a_proxy_ready(lab, built, tmp_path_fact
                 if ln.split()[4] == "/"]
         assert root and "ro" in root[0][5].split(","), root
         assert b"egress_kvm.cli" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert "/app/site/uvloop/loop.cpython-311" in Path(f"/proc/{pid}/maps").read_text()  # default loop
         with urllib.request.urlopen(f"http://{health}/readyz", timeout=10) as resp:
             assert resp.status == 200
 
