@@ -154,6 +154,12 @@ def copied_sources(containerfile: Path = CONTAINERFILE) -> list[str]:
     return sources
 
 
+def _scratch(rel: Path) -> bool:
+    """Caches tools leave in the source tree (__pycache__, .ruff_cache, ...): .containerignore keeps
+    them out of the build context, so they are no part of the recipe either."""
+    return any(part == "__pycache__" or part.startswith(".") for part in rel.parts)
+
+
 def recipe_hash(*, bases: tuple[str, str], repo: Path = REPO) -> str:
     """Hash of everything the image is built from: the Containerfile, each file it copies, the bases."""
     digest = hashlib.sha256()
@@ -162,7 +168,7 @@ def recipe_hash(*, bases: tuple[str, str], repo: Path = REPO) -> str:
     files = [containerfile]
     for src in copied_sources(containerfile):
         path = repo / src
-        files += sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
+        files += sorted(p for p in path.rglob("*") if p.is_file() and not _scratch(p.relative_to(path))) \
             if path.is_dir() else [path]
     for path in files:
         digest.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes() + b"\0")

@@ -32,6 +32,8 @@ def test_the_hash_moves_with_every_copied_file_and_nothing_else(tmp_path: Path) 
     assert imagemod.recipe_hash(bases=BASES, repo=root) == first
     (root / "other.txt").write_text("changed")
     (root / "pkg" / "__pycache__" / "m.pyc").write_bytes(b"\1")
+    (root / "pkg" / ".ruff_cache").mkdir()
+    (root / "pkg" / ".ruff_cache" / "x").write_text("a linter's cache")
     assert imagemod.recipe_hash(bases=BASES, repo=root) == first  # not copied: the image is the same
     seen = {first}
     for change in (lambda: (root / "pkg" / "m.py").write_text("x = 2\n"),
