@@ -156,6 +156,8 @@ class Controller:
             log.v(1).info("reconcile will be retried", retryIn=delay, backoff=result.retry)
             return
         self.queue.forget(key)
+        if result.wake_on is not None:
+            result.wake_on.add_done_callback(lambda _f, k=key: self.queue.add(k))
         if result.requeue_after is not None:
             metrics.RECONCILE_TOTAL.labels(NAME, "requeue_after").inc()
             self.queue.add_after(key, result.requeue_after)

@@ -37,6 +37,7 @@ trouble twice records one Event.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Hashable, Mapping
@@ -48,6 +49,7 @@ from egress_kvm.log import Logger, get_logger
 from egress_kvm.providers.base import (
     CreateRequest,
     HostUnreachable,
+    InProgress,
     Instance,
     PermanentError,
     PowerState,
@@ -83,6 +85,7 @@ class Timings:
     poll: float = 5.0  # look again at an instance that is starting or has no IP yet
     pending_retry: float = 30.0  # look again for something outside (a missing Secret)
     progress_interval: float = 2.0  # at most one status write per this many seconds for create progress
+    import_poll: float = 10.0  # while a background import runs: refresh its progress in status
     restart_backoff_max: float = 300.0  # a VM that keeps stopping is started again at most this often
     # A VM running without an IP is looked at every `poll` this many times, then on a growing delay up
     # to ip_wait_max: a guest whose network never comes up must not cost a provider call every poll.
@@ -94,6 +97,7 @@ class Timings:
 class Result:
     requeue_after: float | None = None
     retry: str | None = None  # "transient" or "quota": re-queue with that backoff
+    wake_on: asyncio.Future[None] | None = None  # re-queue when this completes (a background import)
 
 
 TRANSIENT = "transient"
@@ -157,6 +161,7 @@ class Reconciler:
         # again records no second Event, and a quota retry does not first rewrite "creating ...".
         self.troubles: dict[Key, tuple[str, str]] = {}
         self.ip_waits: dict[Key, int] = {}  # key -> looks in a row at its instance running without an IP
+        self.importing: set[Key] = set()  # keys whose last reconcile waited on a background import
 
     def set_providers(self, providers: Mapping[str, Provider], providers_hash: str) -> None:
         self.providers = dict(providers)
@@ -170,6 +175,7 @@ class Reconciler:
         self.restarts.pop(key, None)
         self.troubles.pop(key, None)
         self.ip_waits.pop(key, None)
+        self.importing.discard(key)
 
     def _unwatch_all(self, key: Key) -> None:
         self.prober.unwatch(key)
@@ -198,6 +204,7 @@ class Reconciler:
         try:
             result = await self._reconcile(ctx)
             self.troubles.pop(key, None)  # it got through: a trouble seen again later is news
+            self.importing.discard(key)
             return result
         except LookupError:
             if await self.kube.get_proxy(*key) is not None:
@@ -213,6 +220,8 @@ class Reconciler:
                 return await self._trouble(ctx, message, reason="DeleteBlocked", retry=QUOTA,
                                            event=Event(WARNING, "DeleteBlocked", message))
             return await self._fail(ctx, str(e))
+        except InProgress as e:
+            return await self._in_progress(ctx, e)
         except QuotaError as e:
             return await self._trouble(ctx, f"out of capacity: {e}", reason="QuotaExceeded", retry=QUOTA,
                                        event=Event(WARNING, "QuotaExceeded", str(e)))
@@ -306,7 +315,8 @@ class Reconciler:
             self.prober.unwatch(probe_key)
             # Record the name first: from here on, deletion and GC know this instance may exist. A retry
             # after no capacity finds it recorded already: status keeps saying why it waits.
-            retrying_quota = (self.troubles.get(ctx.key, ("", ""))[0] == "QuotaExceeded"
+            retrying_quota = ((self.troubles.get(ctx.key, ("", ""))[0] == "QuotaExceeded"
+                               or ctx.key in self.importing)  # status shows the import's progress
                               and Ref.from_status(ctx.status.get("instance")) == target)
             if not retrying_quota:
                 await self._write(ctx, self._compose(ctx, phase=PROVISIONING, message=plan.message,
@@ -602,6 +612,19 @@ class Reconciler:
         status["failedProviders"] = providers_tag(ctx.providers_hash)
         await self._write(ctx, status)
         return Result()
+
+    async def _in_progress(self, ctx: _Ctx, e: InProgress) -> Result:
+        """The provider works on it in the background: say how far it got, look again when it is done
+        (and every `poll` meanwhile, for progress); no backoff, no Event, not a trouble."""
+        self.troubles.pop(ctx.key, None)
+        self.importing.add(ctx.key)
+        status = self._held_status(ctx, message=str(e), reason="Provisioning")
+        try:
+            await self._write(ctx, status)
+        except LookupError:
+            self.forget(ctx.key)
+            return Result()
+        return Result(requeue_after=self.timings.import_poll, wake_on=e.wake)
 
     async def _trouble(self, ctx: _Ctx, message: str, *, reason: str, retry: str,
                        event: Event | None = None) -> Result:

@@ -8,6 +8,7 @@ on a slow backoff, TransientError on the normal per-key exponential backoff.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,17 @@ class QuotaError(ProviderError):
 
 class TransientError(ProviderError):
     """Anything that may work on retry: host unreachable, connection dropped, libvirt busy."""
+
+
+class InProgress(ProviderError):
+    """Not an error: the provider is preparing something in the background (an image import) and the
+    request is answered once that is done. The reconcile says so in status (phase Provisioning, the
+    message shows progress) and returns at once; `wake` completes when the work ends, and the controller
+    enqueues the Proxy then, with no backoff counted."""
+
+    def __init__(self, message: str, *, wake: asyncio.Future[None] | None = None) -> None:
+        super().__init__(message)
+        self.wake = wake
 
 
 class HostUnreachable(TransientError):

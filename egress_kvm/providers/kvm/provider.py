@@ -56,7 +56,8 @@ from .addresses import discover
 from .calllog import current_instance, make_observer
 from .domain_xml import DomainSpec, domain_xml, volume_xml
 from .hosts import Host
-from .images import ImageCache, delete_volume, lookup_volume
+from .images import BaseImage, ImageCache, ImportLimits, delete_volume, lookup_volume
+from .imports import Importer
 from .session import Dialer, DialOptions, ssh_dial
 
 GIB = 1024**3
@@ -121,7 +122,11 @@ class KvmProvider:
             self._hosts[h.name] = Host(config=h, dial=dial, options=options, log=self._log)
         self._http: aiohttp.ClientSession | None = None
         self._http_timeout = http_timeout or aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
-        self._images = ImageCache(http=self._http_session)
+        imp = config.image_import
+        self._images = ImageCache(http=self._http_session, limits=ImportLimits(
+            timeout=imp.timeout_seconds, min_rate=imp.min_bytes_per_second, window=imp.rate_window_seconds,
+            reserve=int(config.pool_reserve_gb * GIB)))
+        self._importer = Importer(log=self._log)
 
     # -- Provider interface ---------------------------------------------------------------------
 
@@ -228,6 +233,7 @@ class KvmProvider:
         return out
 
     async def close(self) -> None:
+        await self._importer.close()
         for host in self._hosts.values():
             with contextlib.suppress(Exception):
                 await host.close()
@@ -245,31 +251,31 @@ class KvmProvider:
         mtype = placement.machine_type(self.config, resolved.machine_type)
         source = placement.image_source(self.config, resolved.image)
         pool = await self._pool(host, required=True)
-        base = await self._images.ensure(host, pool, source, progress=progress)
+        base = await self._base(host, pool, source)
 
         iso = seed.build_seed_iso(name=name, user_data=request.user_data, vendor_data=self.config.vendor_data)
         disk_bytes = self.config.disk_size_gb * GIB
-        info = await host.call("storage_pool_get_info", pool)
-        capacity.check_pool_space(host=host.name, pool=pool.name, available=info.available,
-                                  needed=disk_bytes + len(iso), what=f"VM {name!r} (overlay + seed)")
+        available = await capacity.refreshed_available(host, pool)
+        capacity.check_pool_space(host=host.name, pool=pool.name, available=available,
+                                  needed=disk_bytes + len(iso), what=f"VM {name!r} (overlay + seed)",
+                                  reserve=self._images.limits.reserve)
         # Before any volume: a host short of memory must not hold (or, on every retry, rewrite) this
         # VM's overlay and its user-data-bearing seed while the Proxy waits for room.
         await self._check_memory(host, memory_mib=mtype.memory_mib, machine_type=resolved.machine_type)
 
         overlay_xml = volume_xml(name=naming.overlay_volume(name), capacity=disk_bytes, fmt="qcow2",
                                  backing_path=base.path, backing_format=base.format)
-        await self._create_volume(host, pool, overlay_xml, naming.overlay_volume(name),
-                                  available=info.available)
+        await self._create_volume(host, pool, overlay_xml, naming.overlay_volume(name), available=available)
         log.v(1).info("overlay created", pool=pool.name, volume=naming.overlay_volume(name),
                       backing=base.path, capacity=disk_bytes)
         seed_vol = await self._create_volume(
             host, pool, volume_xml(name=naming.seed_volume(name), capacity=len(iso), fmt="raw"),
-            naming.seed_volume(name), available=info.available)
+            naming.seed_volume(name), available=available)
         try:
             await host.upload(seed_vol, iso, length=len(iso))
         except LibvirtError as exc:
             if capacity.is_no_space(exc):
-                raise capacity.no_space(exc, host=host.name, pool=pool.name, available=info.available,
+                raise capacity.no_space(exc, host=host.name, pool=pool.name, available=available,
                                         action="uploading the seed ISO") from None
             raise
         log.v(1).info("seed ISO uploaded", pool=pool.name, volume=naming.seed_volume(name), length=len(iso))
@@ -298,6 +304,19 @@ class KvmProvider:
         return Instance(name=name, zone=host.name, power_state=PowerState.RUNNING, ip=None,
                         owner_uid=meta.owner_uid, created_at=meta.created_at,
                         owner_namespace=meta.owner_namespace, owner_name=meta.owner_name)
+
+    async def _base(self, host: Host, pool: Any, source: placement.ImageSource) -> BaseImage:
+        """The cached base image, or InProgress while a background import fetches it (imports.py)."""
+
+        started_by = current_instance.get()  # log lines name the instance whose create started it
+
+        async def fetch(progress: ProgressCallback) -> BaseImage:
+            async with self._operation(host, started_by, f"import image {source.label}"):
+                return await self._images.ensure(host, pool, source, progress=progress)
+
+        return await self._importer.base((host.name, pool.name, source.base_volume),
+                                         label=f"{source.label} on host {host.name}",
+                                         cached=lambda: self._images.cached(host, pool, source), fetch=fetch)
 
     async def _create_volume(self, host: Host, pool: Any, xml: str, vol_name: str, *, available: int) -> Any:
         """Create a per-instance volume; one left by an interrupted earlier attempt is replaced."""
