@@ -9,6 +9,7 @@ workers, those four creates held every worker and nothing else moved; now each w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -44,10 +45,8 @@ class Trickler:
                     await resp.write(b"Q")
                 except ConnectionError:  # the operator gave up on it
                     break
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), 1.0)
-                except TimeoutError:
-                    pass
             return resp
 
         app = web.Application()
@@ -100,11 +99,12 @@ async def test_four_trickling_image_servers_do_not_hold_the_workers(
         await eventually(lambda: phase(kube, "old") == "Ready", what="old Ready")
 
         for i, srv in enumerate(tricklers):
-            spec = kvm_spec(proxy_server, placement={"zone": "host0", "machineType": "small", "image": srv.url})
+            placement = {"zone": "host0", "machineType": "small", "image": srv.url}
+            spec = kvm_spec(proxy_server, placement=placement)
             kube.create_proxy(f"slow{i}", spec)
-        await eventually(lambda: all(s.requests == 1 for s in tricklers[:2]), what="imports started")
-        await eventually(lambda: all("waiting for image" in message(kube, f"slow{i}") for i in range(TRICKLERS)),
-                         what="every slow Proxy waiting on its import")
+        await eventually(lambda: sum(s.requests for s in tricklers) == 2, what="two imports started")
+        await eventually(lambda: all("waiting for image" in message(kube, f"slow{i}")
+                                     for i in range(TRICKLERS)), what="every slow Proxy waiting")
         assert all(phase(kube, f"slow{i}") == "Provisioning" for i in range(TRICKLERS))
 
         kube.delete(("default", "old"))
