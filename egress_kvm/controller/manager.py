@@ -4,6 +4,11 @@ The process (egress_kvm/operator, `egress-kvm run`) feeds it informer events (`o
 when it becomes leader (`run`), stops it on SIGTERM (`stop`) and fails /healthz when `healthy()` turns
 False, so a worker or loop that dies takes the process down instead of leaving a zombie.
 
+A reconcile is cut off after `reconcile_timeout` (retried on the transient backoff, like any error), so
+no single host or call can hold a worker for longer. One still running `wedge_grace` after that (it
+ignored its cancellation: a blocking call, a swallowed CancelledError) means the workers are wedged:
+`healthy()` turns False and the kubelet restarts the process.
+
 Shutdown: `stop` closes the queue (no key is handed out again), gives the reconciles in flight up to
 `timeout` to finish, then cancels them. A cancelled reconcile is safe to abandon: status is written
 before anything is created and every provider call is idempotent by name, so the next leader converges.
@@ -37,7 +42,8 @@ class Controller:
                  gc_interval: float = 120.0, gc_grace_period: float = 600.0,
                  logger: Logger | None = None, namespace: str | None = None,
                  timings: Timings | None = None, transient_backoff: Backoff = TRANSIENT_BACKOFF,
-                 quota_backoff: Backoff = QUOTA_BACKOFF, probe_time_scale: float = 1.0) -> None:
+                 quota_backoff: Backoff = QUOTA_BACKOFF, probe_time_scale: float = 1.0,
+                 reconcile_timeout: float = 300.0, wedge_grace: float = 60.0) -> None:
         """`namespace` (optional, beyond the contract): the watch scope, so GC never judges instances
         owned from other namespaces. The last four tune timings for tests."""
         if workers < 1:
@@ -62,6 +68,9 @@ class Controller:
         self._stopped: asyncio.Event | None = None
         self._last_gc: list[Collected] = []
         self._seen: dict[Key, tuple[object, ...]] = {}  # key -> what of metadata last triggered a reconcile
+        self.reconcile_timeout = reconcile_timeout
+        self.wedge_grace = wedge_grace
+        self._running_since: dict[Key, float] = {}  # key -> monotonic start of its reconcile in flight
 
     # --- what the process calls ----------------------------------------------------------------------
 
@@ -93,7 +102,12 @@ class Controller:
         self._enqueue_all()
 
     def healthy(self) -> bool:
-        return self._died is None and self.prober.healthy()
+        return self._died is None and self.prober.healthy() and not self.wedged()
+
+    def wedged(self) -> list[Key]:
+        """Reconciles still running `wedge_grace` past their timeout: their workers are lost."""
+        limit = time.monotonic() - self.reconcile_timeout - self.wedge_grace
+        return [k for k, since in self._running_since.items() if since < limit]
 
     async def run(self) -> None:
         if self._tasks:
@@ -134,19 +148,25 @@ class Controller:
                 self.queue.done(key)
 
     async def _process(self, key: Key) -> None:
-        start = time.monotonic()
+        start = self._running_since[key] = time.monotonic()
         log = self.log.with_values(proxy=f"{key[0]}/{key[1]}")
+        deadline = asyncio.timeout(self.reconcile_timeout)
         try:
-            result: Result = await self.reconciler.reconcile(key)
+            async with deadline:
+                result: Result = await self.reconciler.reconcile(key)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # a bug or a Kubernetes API error: retry with backoff, never die
+        except Exception as e:  # a bug, a Kubernetes API error, the timeout: retry with backoff, never die
             metrics.RECONCILE_ERRORS.labels(NAME).inc()
             metrics.RECONCILE_TOTAL.labels(NAME, "error").inc()
             delay = self.queue.add_rate_limited(key)
-            log.error(e, "reconcile failed", retryIn=delay, errorType=type(e).__name__)
+            if isinstance(e, TimeoutError) and deadline.expired():
+                log.error(e, "reconcile timed out; cut off", timeout=self.reconcile_timeout, retryIn=delay)
+            else:
+                log.error(e, "reconcile failed", retryIn=delay, errorType=type(e).__name__)
             return
         finally:
+            self._running_since.pop(key, None)
             metrics.RECONCILE_TIME.labels(NAME).observe(time.monotonic() - start)
             self._update_phase_gauge()
         if result.retry:
