@@ -70,7 +70,7 @@ async def collect_orphans(*, providers: Mapping[str, Provider], store: ProxyStor
                 if reason is None:
                     continue
                 try:
-                    await provider.delete(inst.name, inst.zone)
+                    await provider.delete(inst.name, inst.zone, owner_uid=inst.owner_uid or None)
                 except ProviderError as e:
                     log.error(e, "orphan GC could not delete an instance", provider=pname, zone=inst.zone,
                               instance=inst.name)

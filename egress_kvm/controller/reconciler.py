@@ -51,6 +51,7 @@ from egress_kvm.providers.base import (
     HostUnreachable,
     InProgress,
     Instance,
+    NotOwned,
     PermanentError,
     PowerState,
     Provider,
@@ -219,6 +220,8 @@ class Reconciler:
                            f"remove the finalizer {FINALIZER} to let the Proxy go")
                 return await self._trouble(ctx, message, reason="DeleteBlocked", retry=QUOTA,
                                            event=Event(WARNING, "DeleteBlocked", message))
+            if isinstance(e, NotOwned):
+                ctx.events.append(Event(WARNING, "NotOwner", str(e)))
             return await self._fail(ctx, str(e))
         except InProgress as e:
             return await self._in_progress(ctx, e)
@@ -295,7 +298,7 @@ class Reconciler:
             current = target
 
         try:
-            instance = await provider.get(target.name, target.zone)
+            instance = await provider.get(target.name, target.zone, owner_uid=ctx.uid)
         except HostUnreachable as e:
             return await self._unreachable(ctx, e, target=target)
         # While the old instance serves, status.ip is its address, not the new one's.
@@ -399,7 +402,7 @@ class Reconciler:
         if provider is None:
             return None
         try:
-            inst = await provider.get(previous.name, previous.zone)
+            inst = await provider.get(previous.name, previous.zone, owner_uid=ctx.uid)
         except TransientError:
             return None  # cannot tell: show the new instance, as when the old one is gone
         if inst is None or inst.power_state is not PowerState.RUNNING or not inst.ip:
@@ -465,7 +468,7 @@ class Reconciler:
         if provider is None:
             return False
         try:
-            inst = await provider.get(ref.name, ref.zone)
+            inst = await provider.get(ref.name, ref.zone, owner_uid=ctx.uid)
         except TransientError:
             return True  # cannot tell: keep it, so it is deleted (and not leaked) once the new one is Ready
         return inst is not None and inst.power_state is PowerState.RUNNING and bool(inst.ip)
@@ -566,7 +569,12 @@ class Reconciler:
                 ctx.log.info("provider gone; not deleting instance", instance=ref.name, zone=ref.zone,
                              provider=missing)
                 continue
-            await provider.delete(ref.name, ref.zone)
+            try:
+                await provider.delete(ref.name, ref.zone, owner_uid=ctx.uid)
+            except NotOwned as e:  # not this Proxy's: nothing of its own is left there
+                await self.kube.record_event(ctx.proxy, type_=WARNING, reason="NotOwner", message=str(e))
+                ctx.log.info("instance not deleted: not this Proxy's", instance=ref.name, error=str(e))
+                continue
             ctx.log.info("instance deleted", instance=ref.name, zone=ref.zone)
             await self.kube.record_event(ctx.proxy, type_=NORMAL, reason="Deleted",
                                          message=f"deleted instance {ref.name} on {ref.zone}")
@@ -580,7 +588,12 @@ class Reconciler:
             ctx.events.append(Event(WARNING, "ProviderMissing",
                                     f"no provider serves zone {ref.zone}: instance {ref.name} not deleted"))
             return
-        await provider.delete(ref.name, ref.zone)
+        try:
+            await provider.delete(ref.name, ref.zone, owner_uid=ctx.uid)
+        except NotOwned as e:
+            ctx.events.append(Event(WARNING, "NotOwner", str(e)))
+            ctx.log.info("instance not deleted: not this Proxy's", instance=ref.name, error=str(e))
+            return
         ctx.log.info("instance deleted", instance=ref.name, zone=ref.zone)
         ctx.events.append(Event(NORMAL, "Deleted", f"deleted instance {ref.name} on {ref.zone}"))
 

@@ -24,6 +24,11 @@ class PermanentError(ProviderError):
     """The request can never succeed as written (unknown zone, machineType or image, ...)."""
 
 
+class NotOwned(PermanentError):
+    """The instance at that name belongs to another Proxy (its metadata's owner uid) or another cluster:
+    the caller must not act on it. Status can be wrong or forged; the host's metadata is the authority."""
+
+
 class QuotaError(ProviderError):
     """Out of capacity: pool space, host memory, a VM paused on an I/O error. Retried slowly."""
 
@@ -115,16 +120,18 @@ class Provider(Protocol):
         """Idempotent: returns the existing instance if it is there, starting it if it is not running."""
         ...
 
-    async def get(self, name: str, zone: str) -> Instance | None:
-        """None only when the host answered that there is no such VM; unreachable -> TransientError."""
+    async def get(self, name: str, zone: str, *, owner_uid: str | None = None) -> Instance | None:
+        """None only when the host answered that there is no such VM; unreachable -> TransientError.
+        With `owner_uid`, an instance recorded as someone else's raises NotOwned."""
         ...
 
     async def start(self, name: str, zone: str) -> None:
         """Start (or resume) an instance that exists but is not running."""
         ...
 
-    async def delete(self, name: str, zone: str) -> None:
-        """Remove the VM and its per-instance volumes; already gone is success."""
+    async def delete(self, name: str, zone: str, *, owner_uid: str | None = None) -> None:
+        """Remove the VM and its per-instance volumes; already gone is success. With `owner_uid`, an
+        instance recorded as someone else's is left alone: NotOwned."""
         ...
 
     async def list_managed(self, zone: str | None = None) -> list[Instance]:

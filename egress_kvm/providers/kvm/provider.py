@@ -30,6 +30,7 @@ from egress_kvm.log import Logger, get_logger
 from egress_kvm.providers.base import (
     CreateRequest,
     Instance,
+    NotOwned,
     PermanentError,
     Placement,
     PowerState,
@@ -152,12 +153,12 @@ class KvmProvider:
             dom = await self._lookup_domain(host, name)
             if dom is not None:
                 meta = await self._metadata(host, dom)
-                self._check_ours(host, name, meta, action="reuse")
+                self._check_ours(host, name, meta, action="reuse", owner_uid=request.owner_uid)
                 st = await self._ensure_running(host, dom, name, machine_type=resolved.machine_type)
                 return await self._instance(host, dom, name, meta, state=st)
             return await self._create_new(host, request, resolved, progress=progress)
 
-    async def get(self, name: str, zone: str) -> Instance | None:
+    async def get(self, name: str, zone: str, *, owner_uid: str | None = None) -> Instance | None:
         host = self.host(zone)
         async with self._operation(host, name, "get"):
             dom = await self._lookup_domain(host, name)
@@ -165,6 +166,8 @@ class KvmProvider:
                 return None
             try:
                 meta = await self._metadata(host, dom)
+                if owner_uid is not None:
+                    self._check_ours(host, name, meta, action="manage", owner_uid=owner_uid)
                 return await self._instance(host, dom, name, meta)
             except NotFoundError:
                 return None  # undefined between our calls: it is gone
@@ -179,15 +182,15 @@ class KvmProvider:
             self._check_ours(host, name, meta, action="start")
             await self._ensure_running(host, dom, name, machine_type=meta.machine_type if meta else "")
 
-    async def delete(self, name: str, zone: str) -> None:
+    async def delete(self, name: str, zone: str, *, owner_uid: str | None = None) -> None:
         host = self.host(zone)
         async with self._operation(host, name, "delete"), host.exclusive(f"instance:{name}"):
             log = host.log.with_values(name=name)
             removed: list[str] = []
             dom, meta = await self._lookup_with_metadata(host, name)
             if dom is not None:
+                self._check_ours(host, name, meta, action="delete", owner_uid=owner_uid)
                 removed.append("domain")
-                self._check_ours(host, name, meta, action="delete")
                 if dom.id != -1:  # running (the lookup's id is -1 for an inactive domain)
                     try:
                         await host.call("domain_destroy_flags", dom, 0)
@@ -298,7 +301,7 @@ class KvmProvider:
             # creates of a name are serialised), so it is used only if this cluster made it.
             dom = await host.call("domain_lookup_by_name", name)
             theirs = await self._metadata(host, dom)
-            self._check_ours(host, name, theirs, action="reuse")
+            self._check_ours(host, name, theirs, action="reuse", owner_uid=request.owner_uid)
         log.v(1).info("domain defined", mac=spec.mac, memoryMiB=mtype.memory_mib, vcpus=mtype.vcpus)
         dom = await self._start(host, dom, name)
         return Instance(name=name, zone=host.name, power_state=PowerState.RUNNING, ip=None,
@@ -382,13 +385,20 @@ class KvmProvider:
             host.log.v(1).info("unreadable metadata element", name=dom.name, error=str(exc))
             return None
 
-    def _check_ours(self, host: Host, name: str, meta: Meta | None, *, action: str) -> None:
+    def _check_ours(self, host: Host, name: str, meta: Meta | None, *, action: str,
+                    owner_uid: str | None = None) -> None:
+        """The domain's metadata names this cluster (and, given `owner_uid`, that Proxy) as its owner.
+        A domain of no operator's is a PermanentError (it is in the way); one of another cluster or
+        another Proxy is NotOwned (status pointing at it is wrong or forged: leave it alone)."""
         if meta is None or not meta.managed:
             raise PermanentError(f"a domain named {name!r} exists on host {host.name!r} but was not made by "
                                  f"this operator (no {metadata.NAMESPACE} metadata); refusing to {action} it")
         if meta.cluster_id != self.cluster_id:
-            raise PermanentError(f"domain {name!r} on host {host.name!r} belongs to cluster "
-                                 f"{meta.cluster_id!r}, not {self.cluster_id!r}; refusing to {action} it")
+            raise NotOwned(f"domain {name!r} on host {host.name!r} belongs to cluster "
+                           f"{meta.cluster_id!r}, not {self.cluster_id!r}; refusing to {action} it")
+        if owner_uid and meta.owner_uid and meta.owner_uid != owner_uid:
+            raise NotOwned(f"domain {name!r} on host {host.name!r} belongs to another Proxy (owner uid "
+                           f"{meta.owner_uid}, not {owner_uid}); refusing to {action} it")
 
     async def _ensure_running(self, host: Host, dom: Any, name: str, *, machine_type: str) -> Any:
         """Start the domain unless it runs, resume it if paused; returns its state as it is now."""
