@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 
 from egress_kvm import metrics
-from egress_kvm.kube.interfaces import Key, KubeApi, Obj, ProxyStore, key_of
+from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj, ProxyStore, key_of
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.providers.base import Provider
 
@@ -91,9 +91,11 @@ class Controller:
         meta = obj.get("metadata") or {}
         fingerprint = (meta.get("uid"), meta.get("generation"), meta.get("deletionTimestamp"),
                        tuple(meta.get("finalizers") or ()))
-        if kind == "MODIFIED" and self._seen.get(key) == fingerprint:
-            return
+        seen = self._seen.get(key)
         self._seen[key] = fingerprint
+        if kind == "MODIFIED" and seen is not None and (seen == fingerprint
+                                                         or _only_ours_added(seen, fingerprint)):
+            return
         self.enqueue(key)
 
     def update_providers(self, providers: Mapping[str, Provider], providers_hash: str) -> None:
@@ -268,3 +270,13 @@ class Controller:
         self.log.info("controller stopped")
         if self._stopped is not None:
             self._stopped.set()
+
+
+def _only_ours_added(old: tuple[object, ...], new: tuple[object, ...]) -> bool:
+    """The change is our finalizer appearing, i.e. the echo of the reconciler's own first write. It is no
+    reason to reconcile again: a reconcile that failed meanwhile would run again at once and count a
+    second backoff step for one failure (a first quota failure waited 120 s instead of 60 s)."""
+    if old[:3] != new[:3]:
+        return False
+    before, after = set(old[3]), set(new[3])  # type: ignore[call-overload]
+    return after - before == {FINALIZER} and before <= after
