@@ -71,6 +71,7 @@ class Controller:
         self.reconcile_timeout = reconcile_timeout
         self.wedge_grace = wedge_grace
         self._running_since: dict[Key, float] = {}  # key -> monotonic start of its reconcile in flight
+        self._gc_failing: set[tuple[str, str]] = set()  # (provider, zone) whose GC listing failed last
 
     # --- what the process calls ----------------------------------------------------------------------
 
@@ -203,7 +204,8 @@ class Controller:
         """One orphan GC pass (also run every gc_interval)."""
         self._last_gc = await collect_orphans(
             providers=self.reconciler.providers, store=self.store, kube=self.kube,
-            grace_period=self.gc_grace_period, namespace=self.namespace, logger=self.log.with_name("gc"))
+            grace_period=self.gc_grace_period, namespace=self.namespace, logger=self.log.with_name("gc"),
+            failing=self._gc_failing)
         return self._last_gc
 
     # --- internals -----------------------------------------------------------------------------------
