@@ -63,6 +63,8 @@ class Controller:
         self.reconciler = Reconciler(kube=kube, prober=self.prober, providers=providers,
                                      providers_hash=providers_hash, timings=timings, logger=self.log)
         self._tasks: list[asyncio.Task[None]] = []
+        self._listened: set[int] = set()  # id() of providers whose host-back events we hear
+        self._listen_for_hosts(providers)
         self._died: BaseException | None = None
         self._stopping = False
         self._stopped: asyncio.Event | None = None
@@ -102,6 +104,7 @@ class Controller:
     def update_providers(self, providers: Mapping[str, Provider], providers_hash: str) -> None:
         self.log.info("providers changed; re-evaluating every Proxy", providers=sorted(providers))
         self.reconciler.set_providers(providers, providers_hash)
+        self._listen_for_hosts(providers)
         self._enqueue_all()
 
     def healthy(self) -> bool:
@@ -223,6 +226,30 @@ class Controller:
         if self.queue.failures(key) > 0:
             return
         self.queue.add(key)  # type: ignore[arg-type]
+
+    def _listen_for_hosts(self, providers: Mapping[str, Provider]) -> None:
+        for provider in providers.values():
+            subscribe = getattr(provider, "on_host_back", None)
+            if subscribe is not None and id(provider) not in self._listened:
+                self._listened.add(id(provider))
+                subscribe(self._host_back)
+
+    def _host_back(self, provider: str, zone: str) -> None:
+        """A host answers again: its Proxies are reconciled now (status, pending deletes), their backoff
+        grown during the outage forgotten."""
+        keys = []
+        for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict
+            status = (self.store.get(key) or {}).get("status") or {}
+            for field in ("instance", "previousInstance"):
+                ref = status.get(field) or {}
+                if ref.get("zone") == zone and ref.get("provider", provider) in (provider, ""):
+                    keys.append(key)
+                    break
+        self.log.info("host answers again; re-queueing its Proxies", provider=provider, zone=zone,
+                      proxies=len(keys))
+        for key in keys:
+            self.queue.forget(key)
+            self.queue.add(key)
 
     def _enqueue_all(self) -> None:
         for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict

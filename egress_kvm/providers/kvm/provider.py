@@ -235,6 +235,11 @@ class KvmProvider:
                         owner_namespace=meta.owner_namespace, owner_name=meta.owner_name))
         return out
 
+    def on_host_back(self, listener: Callable[[str, str], None]) -> None:
+        """`listener(provider name, zone)` when a host answers again after failed dials (hosts.py)."""
+        for host in self._hosts.values():
+            host.on_back(lambda zone: listener(self.name, zone))
+
     async def close(self) -> None:
         await self._importer.close()
         for host in self._hosts.values():

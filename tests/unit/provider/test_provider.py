@@ -245,7 +245,7 @@ async def test_dropped_connection_is_transient_then_redialled_after_backoff(logs
         hv.set_unreachable("host0")
         with pytest.raises(TransientError, match="unreachable"):
             await provider.get(NAME, "host0")
-        with pytest.raises(TransientError, match="next dial in"):
+        with pytest.raises(TransientError, match="re-dialling with backoff"):
             await provider.get(NAME, "host0")  # within the backoff: no new dial
         assert hv.dials.count("host0") == 4
         assert logs.lines("libvirt host dial failed")[0]["error"].endswith("connection refused")
