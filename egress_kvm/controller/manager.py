@@ -209,6 +209,16 @@ class Controller:
             providers=self.reconciler.providers, store=self.store, kube=self.kube,
             grace_period=self.gc_grace_period, namespace=self.namespace, logger=self.log.with_name("gc"),
             failing=self._gc_failing)
+        for name, provider in self.reconciler.providers.items():
+            evict = getattr(provider, "evict_unused_images", None)
+            if evict is not None:
+                try:
+                    evicted = await evict(grace=self.gc_grace_period)
+                except Exception as e:  # one provider's failure must not end the pass
+                    self.log.error(e, "image eviction failed", provider=name)
+                    continue
+                if evicted:
+                    self.log.info("unused images evicted", provider=name, volumes=evicted)
         return self._last_gc
 
     # --- internals -----------------------------------------------------------------------------------

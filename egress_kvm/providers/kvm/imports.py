@@ -19,6 +19,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.providers.base import (
@@ -76,6 +77,9 @@ class Importer:
 
     def running(self) -> list[str]:
         return [imp.label for imp in self._running.values()]
+
+    def running_keys(self) -> list[Any]:
+        return list(self._running)
 
     async def base(self, key: Hashable, *, label: str, cached: Callable[[], Awaitable[BaseImage | None]],
                    fetch: Callable[[ProgressCallback], Awaitable[BaseImage]]) -> BaseImage:

@@ -18,6 +18,7 @@ capacity.py) and TransientError (host unreachable, link dropped, any other libvi
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -56,6 +57,7 @@ from . import capacity, metadata, naming, placement, seed
 from .addresses import discover
 from .calllog import current_instance, make_observer
 from .domain_xml import DomainSpec, domain_xml, volume_xml
+from .eviction import evict_unused_url_bases
 from .hosts import Host
 from .images import BaseImage, ImageCache, ImportLimits, delete_volume, lookup_volume
 from .imports import Importer
@@ -128,6 +130,7 @@ class KvmProvider:
             timeout=imp.timeout_seconds, min_rate=imp.min_bytes_per_second, window=imp.rate_window_seconds,
             reserve=int(config.pool_reserve_gb * GIB)))
         self._importer = Importer(log=self._log)
+        self._base_used: dict[str, dict[str, float]] = {}  # host -> URL base volume -> last use (monotonic)
 
     # -- Provider interface ---------------------------------------------------------------------
 
@@ -235,6 +238,27 @@ class KvmProvider:
                         owner_namespace=meta.owner_namespace, owner_name=meta.owner_name))
         return out
 
+    async def evict_unused_images(self, *, grace: float = 600.0) -> list[str]:
+        """Delete URL bases nothing backs onto, on every reachable host (eviction.py); the GC pass calls
+        this. Returns `host/volume` of each base deleted; a host that fails is skipped (logged once)."""
+        keep = {naming.base_volume(key=k) for k in self.config.images}
+        evicted: list[str] = []
+        for host in self._hosts.values():
+            try:
+                async with self._operation(host, "", "evict unused images"):
+                    pool = await self._pool(host, required=False)
+                    if pool is None:
+                        continue
+                    running = {key[2] for key in self._importer.running_keys() if key[0] == host.name}
+                    done = await evict_unused_url_bases(
+                        host, pool, keep=keep, last_used=self._base_used.setdefault(host.name, {}),
+                        busy=running.__contains__, now=time.monotonic(), grace=grace)
+            except ProviderError as exc:
+                host.log.v(1).info("image eviction skipped", error=str(exc))
+                continue
+            evicted += [f"{host.name}/{v}" for v in done]
+        return evicted
+
     def on_host_back(self, listener: Callable[[str, str], None]) -> None:
         """`listener(provider name, zone)` when a host answers again after failed dials (hosts.py)."""
         for host in self._hosts.values():
@@ -322,6 +346,7 @@ class KvmProvider:
             async with self._operation(host, started_by, f"import image {source.label}"):
                 return await self._images.ensure(host, pool, source, progress=progress)
 
+        self._base_used.setdefault(host.name, {})[source.base_volume] = time.monotonic()
         return await self._importer.base((host.name, pool.name, source.base_volume),
                                          label=f"{source.label} on host {host.name}",
                                          cached=lambda: self._images.cached(host, pool, source), fetch=fetch)
