@@ -35,6 +35,7 @@ from .backoff import Backoff
 from .interfaces import GROUP, KIND, PLURAL, VERSION, Key, Obj, key_of
 from .lines import LineSplitter
 from .rest import KubeApiError, from_api_exception
+from .trim import trimmed
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 RECOVERABLE = (KubeApiError, aiohttp.ClientError, TimeoutError, OSError, ValueError)
@@ -177,7 +178,7 @@ class ProxyInformer:
         for item in items:
             item.setdefault("apiVersion", f"{GROUP}/{VERSION}")
             item.setdefault("kind", KIND)
-            fresh[key_of(item)] = item
+            fresh[key_of(item)] = trimmed(item)  # the cache keeps what the controller reads (trim.py)
         old, first = self._store, not self._synced
         self._store = fresh
         self._rv = rv
@@ -272,6 +273,7 @@ class ProxyInformer:
             return
         obj.setdefault("apiVersion", f"{GROUP}/{VERSION}")
         obj.setdefault("kind", KIND)
+        obj = trimmed(obj)
         key = key_of(obj)
         if rv:
             self._rv = rv
