@@ -32,6 +32,7 @@ from egress_kvm.kube.interfaces import KubeApi
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.redact import redact_url, scrub
 
+from .probe_rate import ProbeRate
 from .proxyspec import HealthCheck
 
 AUTH_CACHE_SECONDS = 30.0
@@ -78,8 +79,9 @@ def next_health(h: Health, *, ok: bool, message: str, at: datetime, check: Healt
 class Prober:
     def __init__(self, *, kube: KubeApi, on_change: Callable[[Hashable], None], time_scale: float = 1.0,
                  refresh: float = 60.0, on_refresh: Callable[[Hashable], None] | None = None,
-                 logger: Logger | None = None) -> None:
+                 logger: Logger | None = None, rate: ProbeRate | None = None) -> None:
         self._kube = kube
+        self._rate = rate or ProbeRate()
         self._on_change = on_change
         # The periodic nudge that only refreshes lastProbeTime: the manager lets a backing-off key wait.
         self._on_refresh = on_refresh or on_change
@@ -158,6 +160,7 @@ class Prober:
                                     endpoint=target.endpoint)
         last_notify = time.monotonic()
         while True:
+            await self._rate.acquire()  # the global cap on probes per second (probe_rate.py)
             ok, message = await self.probe(target)
             metrics.PROBES_TOTAL.labels("success" if ok else "failure").inc()
             before = self._health.get(key, Health())
