@@ -36,3 +36,13 @@ async def test_the_cache_keeps_no_user_data_from_lists_or_watches() -> None:
             assert "managedFields" not in obj["metadata"]
             assert obj["metadata"]["uid"] == f"uid-default-{name}"
             assert USER_DATA not in repr(obj)
+
+
+async def test_the_list_is_read_in_pages() -> None:
+    api = ScriptedApi(items=[fat(f"p{i}", 10 + i) for i in range(5)], paginate=True)
+    async with informer_on(api, page_size=2) as (inf, rec, _):
+        await rec.wait_for(lambda: len(rec.events) == 5)
+        assert sorted(k[1] for k in inf.keys()) == [f"p{i}" for i in range(5)]  # noqa: SIM118 - a store
+        pages = [(q["limit"], q.get("continue")) for q in api.list_queries]
+        assert pages == [("2", None), ("2", "2"), ("2", "4")]
+        assert inf.resource_version == "100"
