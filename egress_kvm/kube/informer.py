@@ -63,7 +63,7 @@ class ProxyInformer:
                  stall_timeout: float = 120.0,
                  request_timeout: float = 30.0,
                  healthy_stream_after: float = 10.0,
-                 backoff: Backoff | None = None, page_size: int = 500) -> None:
+                 backoff: Backoff | None = None, page_size: int = 100) -> None:
         self._custom = CustomObjectsApi(api_client)
         self.namespace = namespace or None
         self._on_event = on_event
