@@ -98,7 +98,7 @@ async def child(url: str, side: str) -> None:
     baseline = status_kib("VmRSS")
     async with ApiClient(Configuration(host=url)) as client:
         inf = informer_mod.ProxyInformer(client, namespace=None, on_event=lambda kind, obj: None,
-                                         page_size=page_size)
+                                         page_size=page_size, request_timeout=900.0)
         task = asyncio.create_task(inf.run())
         started = time.monotonic()
         while not inf.has_synced():  # noqa: ASYNC110 - the informer offers no event to wait on
