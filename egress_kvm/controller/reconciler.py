@@ -23,7 +23,9 @@ The phase table for the instance itself is `plan.plan_instance`; this module gat
 Secrets, provider, probe verdict) and carries out what it says. Error kinds map to outcomes:
 SpecError/PermanentError -> Failed (not retried until metadata.generation or the providers file changes;
 while deleting: a DeleteBlocked Warning and slow retries, since dropping the finalizer would leak the VM),
-Waiting -> Pending (retried), QuotaError -> slow backoff, TransientError -> normal backoff; a host that
+Waiting -> Pending (retried), InProgress (a background image import) -> Provisioning with its progress,
+re-queued when it ends and no backoff counted, NotOwned (the host's metadata names another owner) ->
+Failed with a NotOwner Event, QuotaError -> slow backoff, TransientError -> normal backoff; a host that
 cannot be reached (HostUnreachable, a TransientError) sets the HostReachable condition and never leads to
 a recreate; other transient errors (the host answered with an error) say "retrying" and leave it be.
 
