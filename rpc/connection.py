@@ -71,7 +71,6 @@ DOWNLOAD_HIGH_WATER = 8 * 1024 * 1024
 #: At most this many abandoned calls are remembered for undoing their late replies (oldest forgotten).
 MAX_TOMBSTONES = 1024
 
-PROC_CONNECT_CLOSE = 2
 PROC_REGISTER_ANY = 316
 PROC_DEREGISTER_ANY = 317
 

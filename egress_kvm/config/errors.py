@@ -6,6 +6,7 @@ YAML, so we print `providers[0].kvm.hosts[1].address` and the offending value ne
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -39,6 +40,7 @@ def _shown(loc: tuple[int | str, ...], value: Any) -> str | None:
     """
     if any(part in _SECRET_KEYS for part in loc):
         return None
+    shown: object
     if isinstance(value, str):
         shown = redact_url(value) if "://" in value or "@" in value else value
     elif isinstance(value, bool | int | float) or (isinstance(value, dict | list) and not value):
@@ -49,7 +51,7 @@ def _shown(loc: tuple[int | str, ...], value: Any) -> str | None:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _reason(err: dict[str, Any]) -> str:
+def _reason(err: Mapping[str, Any]) -> str:
     kind = err.get("type", "")
     if kind == "extra_forbidden":
         return "unknown key"

@@ -129,7 +129,8 @@ CpuMode = Literal["host-passthrough", "host-model", "maximum"]
 
 
 class CpuConfig(_Strict):
-    """The guest CPU. Needed because host-passthrough is refused under software emulation (lab.md quirk 1)."""
+    """The guest CPU. Needed because host-passthrough is refused under software emulation
+    (docs/lab.md, quirk 1)."""
 
     mode: CpuMode
     disabled_features: list[str] = Field(default_factory=list, alias="disabledFeatures")

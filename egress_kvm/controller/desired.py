@@ -1,4 +1,5 @@
-"""What instance a Managed Proxy should have right now: provider, resolved placement, user-data, name.
+"""What instance a Managed Proxy should have right now (provider, resolved placement, user-data, name),
+and which provider an instance status names belongs to.
 
 Shared by the reconciler (which creates it) and orphan GC (which must spare it even before the status
 names it), so both always agree on the name. Sorting failures here fixes the phase they lead to:
@@ -12,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from egress_kvm.kube.interfaces import KubeApi, Obj
-from egress_kvm.providers.base import PermanentError, Placement, Provider, ResolvedPlacement
+from egress_kvm.providers.base import PermanentError, Provider, ResolvedPlacement
 
 from .naming import instance_name, user_data_digest
 from .proxyspec import ProxySpec, SpecError
+from .status import Ref
 
 
 class Waiting(Exception):
@@ -25,7 +27,6 @@ class Waiting(Exception):
 @dataclass(frozen=True)
 class Desired:
     provider: Provider
-    placement: Placement
     resolved: ResolvedPlacement
     name: str
     user_data: bytes = field(repr=False)
@@ -38,6 +39,20 @@ def provider_for(spec: ProxySpec, providers: Mapping[str, Provider]) -> Provider
         raise SpecError(f"spec.provider: {spec.provider!r} is not in the providers file "
                         f"(configured: {known})")
     return provider
+
+
+def provider_for_ref(providers: Mapping[str, Provider], provider_name: str, ref: Ref) -> Provider | None:
+    """The provider that made `ref`, as status records it (None if that entry is gone: never another
+    provider's same-named host). Status from before it was recorded has name and zone only: the spec's
+    provider if it serves the zone, else the one provider that does (the spec's provider may have
+    changed since the instance was made)."""
+    if ref.provider:
+        return providers.get(ref.provider)
+    named = providers.get(provider_name)
+    if named is not None and ref.zone in named.zones():
+        return named
+    serving = [p for p in providers.values() if ref.zone in p.zones()]
+    return serving[0] if len(serving) == 1 else None
 
 
 async def load_user_data(*, kube: KubeApi, namespace: str, spec: ProxySpec) -> bytes:
@@ -64,5 +79,5 @@ async def desired_instance(*, proxy: Obj, spec: ProxySpec, providers: Mapping[st
     user_data = await load_user_data(kube=kube, namespace=meta.get("namespace", ""), spec=spec)
     name = instance_name(uid=meta.get("uid", ""), provider=spec.provider, placement=resolved,
                          user_data_sha256=user_data_digest(user_data))
-    return Desired(provider=provider, placement=spec.placement, resolved=resolved, name=name,
+    return Desired(provider=provider, resolved=resolved, name=name,
                    user_data=user_data)

@@ -4,7 +4,7 @@ A probe is an HTTP GET of `healthCheck.url` through the proxy at the endpoint (w
 from the auth Secret when the Proxy names one), or, without a URL, a TCP connect to the endpoint. A proxy
 becomes healthy after `successThreshold` consecutive successes and unhealthy after `failureThreshold`
 consecutive failures: one good probe proves little while cloud-init is still restarting the proxy
-(lab.md quirk 5), and one lost probe should not page anyone.
+(docs/lab.md, quirk 3), and one lost probe should not page anyone.
 
 The prober owns no status: it keeps the latest `Health` per key and enqueues the key when the verdict
 changes (and every `refresh` seconds, so `status.lastProbeTime` stays roughly current without a status
@@ -22,8 +22,8 @@ import base64
 import contextlib
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Generic, TypeVar
 
 import aiohttp
 
@@ -33,52 +33,23 @@ from egress_kvm.log import Logger, get_logger
 from egress_kvm.redact import redact_url, scrub
 
 from .probe_rate import ProbeRate
-from .proxyspec import HealthCheck
+from .verdict import Health, ProbeTarget, next_health
 
 AUTH_CACHE_SECONDS = 30.0
-
-
-@dataclass(frozen=True)
-class ProbeTarget:
-    host: str
-    port: int
-    check: HealthCheck
-    namespace: str = ""
-    auth_secret: str | None = None
-
-    @property
-    def endpoint(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class Health:
-    healthy: bool | None = None  # None until a threshold has been reached
-    message: str = "not probed yet"
-    last_probe: datetime | None = None
-    successes: int = 0  # consecutive
-    failures: int = 0  # consecutive
 
 
 class _ProbeFailed(Exception):
     pass
 
 
-def next_health(h: Health, *, ok: bool, message: str, at: datetime, check: HealthCheck) -> Health:
-    """Fold one probe result into the verdict (pure, so the thresholds are testable alone)."""
-    if ok:
-        successes, failures = h.successes + 1, 0
-        healthy = True if successes >= check.success_threshold else h.healthy
-    else:
-        successes, failures = 0, h.failures + 1
-        healthy = False if failures >= check.failure_threshold else h.healthy
-    return Health(healthy=healthy, message=message, last_probe=at, successes=successes, failures=failures)
+K = TypeVar("K", bound=Hashable)
 
 
-class Prober:
-    def __init__(self, *, kube: KubeApi, on_change: Callable[[Hashable], None], time_scale: float = 1.0,
-                 refresh: float = 60.0, on_refresh: Callable[[Hashable], None] | None = None,
+class Prober(Generic[K]):
+    """Probes per key `K` (the controller's: `ProbeKey`)."""
+
+    def __init__(self, *, kube: KubeApi, on_change: Callable[[K], None], time_scale: float = 1.0,
+                 refresh: float = 60.0, on_refresh: Callable[[K], None] | None = None,
                  logger: Logger | None = None, rate: ProbeRate | None = None) -> None:
         self._kube = kube
         self._rate = rate or ProbeRate()
@@ -88,10 +59,10 @@ class Prober:
         self._scale = time_scale
         self._refresh = refresh
         self._log = logger or get_logger("controller.health")
-        self._targets: dict[Hashable, ProbeTarget] = {}
-        self._tasks: dict[Hashable, asyncio.Task[None]] = {}
+        self._targets: dict[K, ProbeTarget] = {}
+        self._tasks: dict[K, asyncio.Task[None]] = {}
         self._running: set[asyncio.Task[None]] = set()  # includes cancelled ones not yet finished
-        self._health: dict[Hashable, Health] = {}
+        self._health: dict[K, Health] = {}
         self._auth_cache: dict[tuple[str, str], tuple[float, str | None]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._died: BaseException | None = None
@@ -99,7 +70,7 @@ class Prober:
 
     # --- what the reconciler calls -------------------------------------------------------------------
 
-    def watch(self, key: Hashable, target: ProbeTarget, *, seed: Health | None = None) -> None:
+    def watch(self, key: K, target: ProbeTarget, *, seed: Health | None = None) -> None:
         """Probe `target` for `key`; a new target (IP, port or check changed) starts over from `seed`
         (default: unknown). The reconciler seeds a verdict it trusts, e.g. the one a previous operator
         process recorded in status for the same endpoint, so a restart does not flap a Ready Proxy; the
@@ -117,20 +88,20 @@ class Prober:
         self._running.add(task)
         task.add_done_callback(self._task_done)
 
-    def unwatch(self, key: Hashable) -> None:
+    def unwatch(self, key: K) -> None:
         task = self._tasks.pop(key, None)
         if task is not None:
             task.cancel()
         self._targets.pop(key, None)
         self._health.pop(key, None)
 
-    def health(self, key: Hashable) -> Health | None:
+    def health(self, key: K) -> Health | None:
         return self._health.get(key)
 
-    def target(self, key: Hashable) -> ProbeTarget | None:
+    def target(self, key: K) -> ProbeTarget | None:
         return self._targets.get(key)
 
-    def keys(self) -> list[Hashable]:
+    def keys(self) -> list[K]:
         return list(self._targets)
 
     def healthy(self) -> bool:
@@ -155,9 +126,8 @@ class Prober:
             self._died = task.exception()
             self._log.error(task.exception(), "health probe loop died")
 
-    async def _loop(self, key: Hashable, target: ProbeTarget) -> None:
-        log = self._log.with_values(proxy=f"{key[0]}/{key[1]}" if isinstance(key, tuple) else str(key),
-                                    endpoint=target.endpoint)
+    async def _loop(self, key: K, target: ProbeTarget) -> None:
+        log = self._log.with_values(proxy=str(key), endpoint=target.endpoint)
         last_notify = time.monotonic()
         while True:
             await self._rate.acquire()  # the global cap on probes per second (probe_rate.py)

@@ -7,7 +7,8 @@ False, so a worker or loop that dies takes the process down instead of leaving a
 A reconcile is cut off after `reconcile_timeout` (retried on the transient backoff, like any error), so
 no single host or call can hold a worker for longer. One still running `wedge_grace` after that (it
 ignored its cancellation: a blocking call, a swallowed CancelledError) means the workers are wedged:
-`healthy()` turns False and the kubelet restarts the process.
+`healthy()` turns False and the kubelet restarts the process. A host that answers again after an outage
+re-queues its Proxies at once (`_host_back`), and GC evicts unused URL base images after its pass.
 
 Shutdown: `stop` closes the queue (no key is handed out again), gives the reconciles in flight up to
 `timeout` to finish, then cancels them. A cancelled reconcile is safe to abandon: status is written
@@ -18,19 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from typing import cast
 
 from egress_kvm import metrics
+from egress_kvm.backoff import Backoff
 from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj, ProxyStore, key_of
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.providers.base import Provider
 
 from .gc import Collected, collect_orphans
 from .health import Prober
-from .queue import QUOTA_BACKOFF, TRANSIENT_BACKOFF, Backoff, QueueShutDown, WorkQueue
-from .reconciler import QUOTA, Reconciler, Result, Timings
+from .outcome import Result, Retry
+from .queue import QUOTA_BACKOFF, TRANSIENT_BACKOFF, QueueShutDown, WorkQueue
+from .reconciler import Reconciler, Timings
+from .verdict import ProbeKey
 
 NAME = "proxy"
 PHASES = ("Pending", "Provisioning", "Running", "Ready", "Failed", "Deleting")
@@ -58,13 +63,12 @@ class Controller:
         self.gc_interval = gc_interval
         self.gc_grace_period = gc_grace_period
         self.queue = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff)
-        self.prober = Prober(kube=kube, on_change=self._enqueue_any, time_scale=probe_time_scale,
-                             on_refresh=self._enqueue_unless_backing_off, logger=self.log.with_name("health"))
+        self.prober: Prober[ProbeKey] = Prober(
+            kube=kube, on_change=self._enqueue_any, time_scale=probe_time_scale,
+            on_refresh=self._enqueue_unless_backing_off, logger=self.log.with_name("health"))
         self.reconciler = Reconciler(kube=kube, prober=self.prober, providers=providers,
                                      providers_hash=providers_hash, timings=timings, logger=self.log)
         self._tasks: list[asyncio.Task[None]] = []
-        self._listened: set[int] = set()  # id() of providers whose host-back events we hear
-        self._listen_for_hosts(providers)
         self._died: BaseException | None = None
         self._stopping = False
         self._stopped: asyncio.Event | None = None
@@ -74,6 +78,8 @@ class Controller:
         self.wedge_grace = wedge_grace
         self._running_since: dict[Key, float] = {}  # key -> monotonic start of its reconcile in flight
         self._gc_failing: set[tuple[str, str]] = set()  # (provider, zone) whose GC listing failed last
+        self._listened: set[int] = set()  # id() of providers whose host-back events we hear
+        self._listen_for_hosts(providers)
 
     # --- what the process calls ----------------------------------------------------------------------
 
@@ -178,12 +184,12 @@ class Controller:
         if result.retry:
             metrics.RECONCILE_ERRORS.labels(NAME).inc()
             metrics.RECONCILE_TOTAL.labels(NAME, "error").inc()
-            delay = self.queue.add_rate_limited(key, quota=result.retry == QUOTA)
-            log.v(1).info("reconcile will be retried", retryIn=delay, backoff=result.retry)
+            delay = self.queue.add_rate_limited(key, quota=result.retry is Retry.QUOTA)
+            log.v(1).info("reconcile will be retried", retryIn=delay, backoff=result.retry.value)
             return
         self.queue.forget(key)
         if result.wake_on is not None:
-            result.wake_on.add_done_callback(lambda _f, k=key: self.queue.add(k))
+            result.wake_on.add_done_callback(functools.partial(self._wake, key))
         if result.requeue_after is not None:
             metrics.RECONCILE_TOTAL.labels(NAME, "requeue_after").inc()
             self.queue.add_after(key, result.requeue_after)
@@ -223,19 +229,18 @@ class Controller:
 
     # --- internals -----------------------------------------------------------------------------------
 
-    def _enqueue_any(self, key: object) -> None:
-        if isinstance(key, tuple) and len(key) == 3:
-            key = key[:2]  # a replacement's probe key (reconciler.replacement_key): its Proxy's key
-        self.queue.add(key)  # type: ignore[arg-type]
+    def _enqueue_any(self, key: ProbeKey) -> None:
+        self.queue.add(key.proxy)
 
-    def _enqueue_unless_backing_off(self, key: object) -> None:
+    def _enqueue_unless_backing_off(self, key: ProbeKey) -> None:
         """A probe refresh (no verdict change) for a key whose reconciles are failing waits for its
         backoff timer: reconciling it would only retry the provider (a dead host's lock) early."""
-        if isinstance(key, tuple) and len(key) == 3:
-            key = key[:2]
-        if self.queue.failures(key) > 0:
+        if self.queue.failures(key.proxy) > 0:
             return
-        self.queue.add(key)  # type: ignore[arg-type]
+        self.queue.add(key.proxy)
+
+    def _wake(self, key: Key, _done: asyncio.Future[None]) -> None:
+        self.queue.add(key)
 
     def _listen_for_hosts(self, providers: Mapping[str, Provider]) -> None:
         for provider in providers.values():
@@ -266,7 +271,7 @@ class Controller:
             self.queue.add(key)
 
     def _update_phase_gauge(self) -> None:
-        counts = Counter(self.reconciler.phases.values())
+        counts = self.reconciler.phase_counts()
         for phase in PHASES:
             metrics.PROXIES.labels(phase).set(counts.get(phase, 0))
 
@@ -317,5 +322,6 @@ def _only_ours_added(old: tuple[object, ...], new: tuple[object, ...]) -> bool:
     second backoff step for one failure (a first quota failure waited 120 s instead of 60 s)."""
     if old[:3] != new[:3]:
         return False
-    before, after = set(old[3]), set(new[3])  # type: ignore[call-overload]
+    before = set(cast(tuple[str, ...], old[3]))
+    after = set(cast(tuple[str, ...], new[3]))
     return after - before == {FINALIZER} and before <= after

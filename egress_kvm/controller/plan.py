@@ -1,4 +1,7 @@
-"""The phase table for a Managed Proxy's instance, as one pure function.
+"""A Managed Proxy's decisions as pure functions: the instance's phase table, the replacement rules and
+the retry schedules of guests that never settle. The reconciler observes, calls these, and acts.
+
+## The instance
 
 `plan_instance` maps what was observed (the instance as the provider reports it, the probe verdict) to
 the phase, the message and the one action to take. It does no I/O, so the table below is the whole
@@ -15,6 +18,31 @@ story and the tests can walk every row; the reconciler gathers the inputs and ca
 | running, IP, unhealthy                | probe             | Running                       |
 | running, IP, healthy                  | probe; delete the replaced instance, if any | Ready |
 
+## Replacement (create-before-delete)
+
+A change of the resolved provisioning inputs changes the instance name (naming.py), and the new name is
+a replacement of the instance status names (`status.instance`). `plan_retire` decides what happens to
+the instances it leaves behind, `quota_fallback` what happens when the new one does not fit:
+
+| previousInstance | the current instance             | delete now | new previousInstance          |
+|------------------|----------------------------------|------------|-------------------------------|
+| none             | runs with an IP (or cannot tell) | nothing    | current (it serves)           |
+| none             | does not serve                   | current    | none                          |
+| set (1)          | (not looked at)                  | current    | previous; none if it is the target |
+
+(1) A replacement was under way and the current instance never became Ready (it would have retired
+the previous one): it goes, the one that served stays.
+
+| no capacity for the replacement (QuotaError)  | what happens                                       |
+|-----------------------------------------------|----------------------------------------------------|
+| previous on the target's host                 | delete previous first, then create (no overlap)    |
+| previous on another host, or none             | keep it serving; retry on the quota backoff        |
+
+While the previous instance serves, the replacement is probed under its own `ProbeKey`; once it is Ready
+the previous one is deleted and the replacement's probes, verdict and all, take over the Proxy's key.
+
+## Events
+
 Transition Events (`transition_events`) come from comparing the old and the new phase, so each is
 recorded once per transition, not once per reconcile.
 """
@@ -24,10 +52,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from egress_kvm.backoff import Backoff
 from egress_kvm.providers.base import Instance, PowerState
 
-from .health import Health
 from .status import FAILED, PENDING, PROVISIONING, READY, RUNNING, Ref
+from .verdict import Health
 
 NORMAL = "Normal"
 WARNING = "Warning"
@@ -110,3 +139,50 @@ def transition_events(*, old_phase: str | None, new_phase: str, message: str, en
     if new_phase == PENDING:
         return [Event(WARNING, "Pending", message)]
     return []
+
+
+@dataclass(frozen=True)
+class Retire:
+    """What a replacement does with the instances it leaves behind (the table above)."""
+
+    delete: tuple[Ref, ...]
+    previous: Ref | None  # the new status.previousInstance: the one that keeps serving
+
+
+def plan_retire(*, current: Ref, previous: Ref | None, target: Ref, current_serves: bool) -> Retire:
+    """`current_serves`: it runs with an IP, or the provider could not tell (kept, so it is deleted once
+    the replacement is Ready rather than leaked). Only consulted when there is no previous instance."""
+    if previous is not None:
+        # A replacement is already under way and `current` never became Ready (it would have retired
+        # `previous`): drop it, keep the one that served. Back to `previous` itself: nothing to keep.
+        return Retire(delete=(current,), previous=None if previous == target else previous)
+    if current_serves:
+        return Retire(delete=(), previous=current)
+    return Retire(delete=(current,), previous=None)  # it never worked: nothing to keep
+
+
+def quota_fallback(*, previous: Ref | None, target: Ref) -> bool:
+    """No capacity for `target`: delete `previous` first? Only on the same host: deleting a VM on another
+    host frees nothing here, so there it keeps serving and the create is retried on the quota backoff."""
+    return previous is not None and previous.zone == target.zone
+
+
+def restart_announced(starts: int) -> bool:
+    """Record the Restarted Event on the 1st, 2nd, 4th, 8th... start in a row: a crash loop is told,
+    not spammed."""
+    return starts > 0 and starts & (starts - 1) == 0
+
+
+def restart_delay(starts: int, *, poll: float, cap: float) -> float:
+    """When to look again after the n-th start in a row: a guest that keeps stopping costs less and less."""
+    return min(cap, Backoff(poll, max(cap, poll)).delay(starts))
+
+
+def ip_wait_delay(looks: int, *, poll: float, polls: int, cap: float) -> float:
+    """When to look again at a guest running without an IP for the n-th time in a row: every `poll` for
+    `polls` looks, then on a doubling delay up to `cap` (a network that never comes up must not cost a
+    provider call every poll)."""
+    extra = looks - polls
+    if extra <= 0:
+        return poll
+    return min(cap, Backoff(2 * poll, max(cap, 2 * poll)).delay(min(extra, 20)))

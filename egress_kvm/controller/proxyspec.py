@@ -85,6 +85,40 @@ def _int(parent: dict[str, Any], key: str, path: str, *, default: int, lo: int, 
     return value
 
 
+def _cloud_init(spec: dict[str, Any]) -> tuple[str | None, SecretKeyRef | None]:
+    ci = _obj(spec, "cloudInit", "spec.cloudInit")
+    user_data = ci.get("userData")
+    if user_data is not None and not isinstance(user_data, str):
+        raise SpecError("spec.cloudInit.userData: must be a string")
+    ref = None
+    if ci.get("secretRef") is not None:
+        r = _obj(ci, "secretRef", "spec.cloudInit.secretRef")
+        ref = SecretKeyRef(name=_str(r, "name", "spec.cloudInit.secretRef.name", required=True) or "",
+                           key=_str(r, "key", "spec.cloudInit.secretRef.key", required=True) or "")
+        if user_data:
+            raise SpecError("spec.cloudInit: set userData or secretRef, not both")
+    return user_data, ref
+
+
+def _health_check(spec: dict[str, Any]) -> HealthCheck:
+    hc = _obj(spec, "healthCheck", "spec.healthCheck")
+    url = _str(hc, "url", "spec.healthCheck.url")
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise SpecError(f"spec.healthCheck.url: {redact_url(url)!r} is not an http(s) URL")
+    health = HealthCheck(
+        url=url,
+        interval_seconds=_int(hc, "intervalSeconds", "spec.healthCheck.intervalSeconds", default=10, lo=1,
+                              hi=3600),
+        timeout_seconds=_int(hc, "timeoutSeconds", "spec.healthCheck.timeoutSeconds", default=5, lo=1,
+                             hi=600),
+        success_threshold=_int(hc, "successThreshold", "spec.healthCheck.successThreshold", default=2, lo=1,
+                               hi=100),
+        failure_threshold=_int(hc, "failureThreshold", "spec.healthCheck.failureThreshold", default=3, lo=1,
+                               hi=100),
+    )
+    return health
+
+
 def parse_spec(spec: Any) -> ProxySpec:
     if not isinstance(spec, dict):
         raise SpecError("spec: is required")
@@ -101,17 +135,7 @@ def parse_spec(spec: Any) -> ProxySpec:
     )
     port = _int(spec, "port", "spec.port", default=DEFAULT_PORT, lo=1, hi=65535)
 
-    ci = _obj(spec, "cloudInit", "spec.cloudInit")
-    user_data = ci.get("userData")
-    if user_data is not None and not isinstance(user_data, str):
-        raise SpecError("spec.cloudInit.userData: must be a string")
-    ref = None
-    if ci.get("secretRef") is not None:
-        r = _obj(ci, "secretRef", "spec.cloudInit.secretRef")
-        ref = SecretKeyRef(name=_str(r, "name", "spec.cloudInit.secretRef.name", required=True) or "",
-                           key=_str(r, "key", "spec.cloudInit.secretRef.key", required=True) or "")
-        if user_data:
-            raise SpecError("spec.cloudInit: set userData or secretRef, not both")
+    user_data, ref = _cloud_init(spec)
 
     auth_secret = None
     auth = _obj(spec, "auth", "spec.auth")
@@ -119,21 +143,7 @@ def parse_spec(spec: Any) -> ProxySpec:
         auth_secret = _str(_obj(auth, "secretRef", "spec.auth.secretRef"), "name",
                            "spec.auth.secretRef.name", required=True)
 
-    hc = _obj(spec, "healthCheck", "spec.healthCheck")
-    url = _str(hc, "url", "spec.healthCheck.url")
-    if url is not None and not url.startswith(("http://", "https://")):
-        raise SpecError(f"spec.healthCheck.url: {redact_url(url)!r} is not an http(s) URL")
-    health = HealthCheck(
-        url=url,
-        interval_seconds=_int(hc, "intervalSeconds", "spec.healthCheck.intervalSeconds", default=10, lo=1,
-                              hi=3600),
-        timeout_seconds=_int(hc, "timeoutSeconds", "spec.healthCheck.timeoutSeconds", default=5, lo=1,
-                             hi=600),
-        success_threshold=_int(hc, "successThreshold", "spec.healthCheck.successThreshold", default=2, lo=1,
-                               hi=100),
-        failure_threshold=_int(hc, "failureThreshold", "spec.healthCheck.failureThreshold", default=3, lo=1,
-                               hi=100),
-    )
+    health = _health_check(spec)
 
     provider = _str(spec, "provider", "spec.provider") or ""
     ext_host = ext_port = None

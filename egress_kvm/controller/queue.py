@@ -17,27 +17,13 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Hashable
-from dataclasses import dataclass
 
 from egress_kvm import metrics
+from egress_kvm.backoff import Backoff
 
 
 class QueueShutDown(Exception):
     """The queue was shut down: the worker that gets this should exit."""
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential per-key delay: base * 2^(failures-1), at most `cap` seconds."""
-
-    base: float
-    cap: float
-
-    def delay(self, failures: int) -> float:
-        if failures <= 0:
-            return 0.0
-        # Bound the exponent so a key failing for days does not overflow a float.
-        return min(self.cap, self.base * (2 ** min(failures - 1, 62)))
 
 
 TRANSIENT_BACKOFF = Backoff(base=1.0, cap=300.0)
@@ -151,10 +137,6 @@ class WorkQueue:
 
     def pending_delayed(self) -> frozenset[Hashable]:
         return frozenset(self._timers)
-
-    @property
-    def shutting_down(self) -> bool:
-        return self._shutting_down
 
     def shutdown(self) -> None:
         """Hand out no more keys; wake every waiting worker so it sees QueueShutDown."""

@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..log import Logger, get_logger
-from .interfaces import FINALIZER, GROUP, PLURAL, VERSION, Obj, SpecChanged
+from .interfaces import FINALIZER, GROUP, PLURAL, VERSION, Obj, ProxyGone, SpecChanged
 from .rest import MERGE_PATCH, KubeApiError, from_api_exception, request_json
 
 COMPONENT = "egress-kvm"
@@ -92,7 +92,7 @@ class KubeApiClient:
             except ApiException as exc:
                 err = from_api_exception(exc)
                 if err.not_found:
-                    raise LookupError(f"Proxy {namespace}/{name} no longer exists") from None
+                    raise ProxyGone(f"Proxy {namespace}/{name} no longer exists") from None
                 if not err.conflict:
                     raise err from None
             self._log.v(1).info("status update conflicted, re-reading", namespace=namespace, name=name)
@@ -120,7 +120,7 @@ class KubeApiClient:
                 err = from_api_exception(exc)
                 if err.not_found:
                     if present:
-                        raise LookupError(f"Proxy {namespace}/{name} no longer exists") from None
+                        raise ProxyGone(f"Proxy {namespace}/{name} no longer exists") from None
                     return current
                 if not err.conflict:
                     raise err from None
@@ -128,7 +128,7 @@ class KubeApiClient:
             if fresh is None or fresh["metadata"].get("uid") != (obj.get("metadata") or {}).get("uid"):
                 # Gone, or the name now belongs to a recreated Proxy: its finalizer is not ours to touch.
                 if present:
-                    raise LookupError(f"Proxy {namespace}/{name} no longer exists")
+                    raise ProxyGone(f"Proxy {namespace}/{name} no longer exists")
                 return current
             current = fresh
         raise KubeApiError(409, "Conflict", f"finalizer of Proxy {_key_text(obj)} still conflicting after "
@@ -222,7 +222,7 @@ def _check_same(ours: Obj, fresh: Obj | None) -> Obj:
     namespace, name = _ns_name(ours)
     meta, fresh_meta = ours.get("metadata") or {}, (fresh or {}).get("metadata") or {}
     if fresh is None or (meta.get("uid") and fresh_meta.get("uid") != meta.get("uid")):
-        raise LookupError(f"Proxy {namespace}/{name} no longer exists")
+        raise ProxyGone(f"Proxy {namespace}/{name} no longer exists")
     if fresh_meta.get("generation") != meta.get("generation"):
         raise SpecChanged(f"Proxy {namespace}/{name} changed from generation {meta.get('generation')} to "
                           f"{fresh_meta.get('generation')} since it was read")

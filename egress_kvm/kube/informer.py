@@ -30,8 +30,8 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from ..backoff import Backoff
 from ..log import Logger, get_logger
-from .backoff import Backoff
 from .interfaces import GROUP, KIND, PLURAL, VERSION, Key, Obj, key_of
 from .lines import LineSplitter
 from .rest import KubeApiError, from_api_exception
@@ -74,7 +74,7 @@ class ProxyInformer:
         self.request_timeout = request_timeout
         self.healthy_stream_after = healthy_stream_after
         self.page_size = page_size
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff or Backoff(0.5, 30.0, jitter=0.5)
         self._store: dict[Key, Obj] = {}
         self._rv: str | None = None
         self._synced = False

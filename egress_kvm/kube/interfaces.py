@@ -45,6 +45,11 @@ class SpecChanged(Exception):
     writing it would claim a spec was observed that never was. The caller starts over."""
 
 
+class ProxyGone(Exception):
+    """The Proxy no longer exists (deleted, or deleted and its name reused by another uid): whatever was
+    being done for it is moot. Its own type, so a KeyError from a bug is never taken for it."""
+
+
 class KubeApi(Protocol):
     async def get_proxy(self, namespace: str, name: str) -> Obj | None:
         """A fresh read from the API server (not the cache); None if it does not exist."""
@@ -56,8 +61,8 @@ class KubeApi(Protocol):
         """Write `status` through the status subresource. On 409 Conflict re-read and retry (status is
         computed by us alone, so the newest object plus our status is right) unless the re-read object
         has another generation (SpecChanged: the status describes a spec that is no longer the one) or
-        another uid (LookupError: ours was deleted and the name reused). Returns the stored object;
-        raises LookupError if the Proxy is gone."""
+        another uid (ProxyGone: ours was deleted and the name reused). Returns the stored object;
+        raises ProxyGone if the Proxy is gone."""
         ...
 
     async def set_finalizer(self, obj: Obj, *, present: bool) -> Obj:

@@ -26,9 +26,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import log
+from ..backoff import Backoff
 from ..config import ConfigError
 from ..kube.api import KubeApiClient, namespace_uid
-from ..kube.backoff import Backoff
 from ..kube.client import KubeConfigError, new_api_client, pod_namespace
 from ..kube.informer import ProxyInformer
 from ..kube.interfaces import Obj
@@ -128,7 +128,7 @@ class Operator:
     async def _cluster_id(self, api_client: Any) -> str:
         """The kube-system Namespace's uid. An API server still starting (connection refused, 5xx) is
         retried for a while; a refusal (403: RBAC, 404) is final at once, as retrying cannot fix it."""
-        backoff = Backoff(base=0.5, cap=5.0)
+        backoff = Backoff(0.5, 5.0, jitter=0.5)
         deadline = asyncio.get_running_loop().time() + CLUSTER_ID_PATIENCE
         while True:
             try:

@@ -74,7 +74,9 @@ class ResolvedPlacement:
 class CreateRequest:
     name: str  # deterministic instance name, `proxy-<hash>`
     owner_uid: str
-    placement: Placement
+    # Resolved once, by the caller (the controller, through `Provider.resolve`), and carried resolved: the
+    # instance name is computed from it, so the create must use exactly it.
+    placement: ResolvedPlacement
     user_data: bytes = field(repr=False)  # secret: never logged or shown
     owner_namespace: str = ""
     owner_name: str = ""

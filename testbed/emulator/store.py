@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections import deque
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,11 +135,3 @@ class Store:
     @property
     def subscriptions(self) -> int:
         return len(self._subs)
-
-    def iter_all(
-        self, predicate: Callable[[TypeKey, Obj], bool] | None = None
-    ) -> Iterator[tuple[TypeKey, Obj]]:
-        for key, items in list(self._objects.items()):
-            for obj in list(items.values()):
-                if predicate is None or predicate(key, obj):
-                    yield key, copy.deepcopy(obj)

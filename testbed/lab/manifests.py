@@ -59,7 +59,7 @@ runcmd:
 
 
 def domain_type() -> str:
-    """qemu (software emulation) unless the machine has real KVM; lab.md quirk 1 (kvm_pvm crawls)."""
+    """qemu (software emulation) unless the machine has real KVM; docs/lab.md quirk 1 (kvm_pvm crawls)."""
     real_kvm = Path("/sys/module/kvm_intel").exists() or Path("/sys/module/kvm_amd").exists()
     return "kvm" if real_kvm else "qemu"
 

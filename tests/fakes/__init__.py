@@ -4,7 +4,8 @@ The KVM provider over a fake libvirt, in one line (the real KvmProvider; only th
 
     provider, hv = fake_kvm_provider(hosts=["host0", "host1"], cluster_id="c1")
     inst = await provider.create(CreateRequest(name="proxy-abc", owner_uid="u1",
-                                               placement=Placement(zone="host0"), user_data=b"#cloud-config"))
+                                               placement=provider.resolve(Placement(zone="host0")),
+                                               user_data=b"#cloud-config"))
     hv["host0"].domains["proxy-abc"].state        # rpc.constants.DomainState value
     hv["host0"].volumes                           # name -> FakeVolume (bytes in .data)
     hv["host0"].set_vm_ip("proxy-abc", "192.0.2.10")        # the guest agent now reports it

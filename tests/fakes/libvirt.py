@@ -130,7 +130,7 @@ class FakeHypervisor:
         self.dial_error = "connection refused"
         self.exec_allowed = True
         self.exec_log: list[list[str]] = []
-        self.arp_broken = False  # libvirt's ARP source errors like lab.md quirk 3
+        self.arp_broken = False  # libvirt's ARP source errors like docs/lab.md quirk 2
         self.agent_ips: dict[str, str] = {}  # domain name -> IP the guest agent reports
         self.neighbours: dict[str, list[dict[str, Any]]] = {}  # bridge -> `ip -j neigh` entries
         self.fail: dict[str, LibvirtError] = {}  # method -> error raised once on its next call

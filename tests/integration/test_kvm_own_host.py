@@ -63,7 +63,8 @@ async def test_create_get_delete_on_your_host(libvirt_trace: Callable[[str], Non
     placement = Placement(zone=zone, machine_type=machine_type,
                           image=env.get("KVM_TEST_IMAGE", next(iter(kvm.images), None)))
     try:
-        req = CreateRequest(name=name, owner_uid="kvm-test", placement=placement, user_data=user_data)
+        req = CreateRequest(name=name, owner_uid="kvm-test", placement=provider.resolve(placement),
+                            user_data=user_data)
         while True:  # a missing base is imported in the background: wait for it as the controller does
             try:
                 await provider.create(req)

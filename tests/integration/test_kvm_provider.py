@@ -2,7 +2,7 @@
 
 One VM boots with the spec's SATA seed and is checked row by row against "What lands on the host" with
 virsh; its IP comes from `get`, first through the guest agent and then, with the agent stopped, through
-the host's neighbour table (libvirt's ARP source fails on this kernel, lab.md quirk 3). A second VM boots
+the host's neighbour table (libvirt's ARP source fails on this kernel, docs/lab.md quirk 2). A second VM boots
 with `seedBus: scsi`. Boots are sequential and few: each takes about a minute under software emulation.
 """
 
@@ -125,7 +125,6 @@ def user_data(info: Any) -> bytes:
     return Path(info.user_data_file).read_bytes()
 
 
-
 async def create_waiting(provider: Any, req: CreateRequest) -> Any:
     """`provider.create` as the controller drives it: a missing base image is imported in the background
     (create answers InProgress at once); wait for the import's `wake` and ask again."""
@@ -136,8 +135,11 @@ async def create_waiting(provider: Any, req: CreateRequest) -> Any:
             assert e.wake is not None
             await e.wake
 
-def request(name: str, info: Any, *, image: str | None = None) -> CreateRequest:
-    return CreateRequest(name=name, owner_uid=f"uid-{name}", placement=Placement(zone="host0", image=image),
+
+def request(provider: KvmProvider, name: str, info: Any, *, image: str | None = None) -> CreateRequest:
+    """A create as the controller sends it: the placement resolved by the provider first."""
+    return CreateRequest(name=name, owner_uid=f"uid-{name}",
+                         placement=provider.resolve(Placement(zone="host0", image=image)),
                          user_data=user_data(info), owner_namespace="it", owner_name=name)
 
 
@@ -160,7 +162,9 @@ async def wait_until(check: Callable[[], bool], limit: float, what: str) -> None
 
 
 def proxied_get(ip: str, url: str, *, timeout: float = 180.0) -> str:
-    """GET `url` through tinyproxy on the VM (configured by the user-data: proves the seed was read)."""
+    """GET `url` through tinyproxy on the VM (configured by the user-data: proves the seed was read).
+    Blocking: call it in a thread, since blocking the loop while tinyproxy comes up (tens of seconds on
+    a loaded machine) starves the libvirt client, whose server then drops it on keepalive."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://{ip}:3128"}))
     deadline = time.monotonic() + timeout
     last: Exception | None = None
@@ -202,7 +206,7 @@ async def test_create_boot_ip_fallback_and_delete_on_sata(lab: Any, logs: Logs) 
         # -- create: the image is fetched through libvirt into the pool, then overlay, seed, domain.
         mark = logs.mark()
         t0 = time.monotonic()
-        inst = await create_waiting(provider, request(name, info, image=key))
+        inst = await create_waiting(provider, request(provider, name, info, image=key))
         create_s = time.monotonic() - t0
         create_rpcs = logs.rpcs(mark)
         assert inst.power_state == PowerState.RUNNING and inst.owner_uid == f"uid-{name}"
@@ -256,7 +260,6 @@ async def test_create_boot_ip_fallback_and_delete_on_sata(lab: Any, logs: Logs) 
         # -- it boots; get reports the IPv4 DHCP handed to its MAC; user-data ran (tinyproxy on 3128).
         ip = await wait_for_ip(provider, name)
         assert ip == lease_ip(info, naming.mac_address(name))
-        # In a thread: the retries may take a while, and a blocked loop misses libvirt keepalives.
         assert await asyncio.to_thread(proxied_get, ip, info.hosts[0].http_target) == info.http_target_body
 
         # -- a Get is four RPCs once the agent answers (lookup, metadata, state, agent addresses).
@@ -283,7 +286,7 @@ async def test_create_boot_ip_fallback_and_delete_on_sata(lab: Any, logs: Logs) 
         # -- a second create on the host reuses the cached base: no download.
         mark = logs.mark()
         second = "proxy-it-second"
-        await create_waiting(provider, request(second, info, image=key))
+        await create_waiting(provider, request(provider, second, info, image=key))
         cached_rpcs = logs.rpcs(mark)
         assert not logs.lines("fetching base image into host pool", mark)
         await provider.delete(second, "host0")
@@ -311,12 +314,11 @@ async def test_seed_on_virtio_scsi_boots(lab: Any, logs: Logs) -> None:
     provider = provider_for(info, cluster_id=f"it-{uuid.uuid4().hex[:8]}", seedBus="scsi")
     name = "proxy-it-scsi"
     try:
-        await create_waiting(provider, request(name, info))
+        await create_waiting(provider, request(provider, name, info))
         dom = etree.fromstring(virsh(info, "dumpxml", name).encode())
         assert dom.find("devices/disk[@device='cdrom']/target").get("bus") == "scsi"
         assert dom.find("devices/controller[@type='scsi']").get("model") == "virtio-scsi"
         ip = await wait_for_ip(provider, name)
-        # In a thread: the retries may take a while, and a blocked loop misses libvirt keepalives.
         assert await asyncio.to_thread(proxied_get, ip, info.hosts[0].http_target) == info.http_target_body
         await provider.delete(name, "host0")
         assert {v for v in volumes(info) if v.startswith("proxy-it")} == set()

@@ -15,10 +15,10 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections.abc import Iterable
-from typing import Any
 
 from rpc.constants import InterfaceAddressesSource, IPAddrType
 from rpc.errors import LibvirtError
+from rpc.types import Domain, DomainInterface
 
 from .hosts import Host
 from .session import ExecNotAllowed
@@ -32,14 +32,14 @@ def usable_ipv4(addr: str) -> bool:
     return not (ip.is_link_local or ip.is_loopback or ip.is_unspecified or ip.is_multicast)
 
 
-def pick_address(interfaces: Iterable[Any], mac: str) -> str | None:
+def pick_address(interfaces: Iterable[DomainInterface], mac: str) -> str | None:
     """The first usable IPv4 of the interface whose hwaddr is `mac` (libvirt DomainInterface shapes)."""
     for iface in interfaces:
         if (iface.hwaddr or "").lower() != mac.lower():
             continue
         for a in iface.addrs:
             if a.type_ == IPAddrType.IPV4 and usable_ipv4(a.addr):
-                return a.addr
+                return str(a.addr)
     return None
 
 
@@ -65,11 +65,13 @@ def pick_neighbour(neigh_json: str, mac: str) -> str | None:
     return None
 
 
-async def discover(host: Host, dom: Any, *, mac: str, bridge: str, name: str) -> str | None:
+async def discover(host: Host, dom: Domain, *, mac: str, bridge: str, name: str) -> str | None:
     log = host.log.with_values(name=name).v(1)
     agent_error: str | None = None
     try:
-        ifaces = await host.call("domain_interface_addresses", dom, InterfaceAddressesSource.AGENT, 0)
+        agent = InterfaceAddressesSource.AGENT
+        ifaces = await host.call("domain_interface_addresses",
+                                 lambda lv: lv.domain_interface_addresses(dom, agent, 0))
         ip = pick_address(ifaces, mac)
         if ip:
             return ip
@@ -78,7 +80,9 @@ async def discover(host: Host, dom: Any, *, mac: str, bridge: str, name: str) ->
         log.info("address source gave nothing", source="agent", error=exc.message,
                  libvirtCode=exc.code, libvirtCodeName=exc.code_name)
     try:
-        ifaces = await host.call("domain_interface_addresses", dom, InterfaceAddressesSource.ARP, 0)
+        arp = InterfaceAddressesSource.ARP
+        ifaces = await host.call("domain_interface_addresses",
+                                 lambda lv: lv.domain_interface_addresses(dom, arp, 0))
         return pick_address(ifaces, mac)
     except LibvirtError as exc:
         log.info("address source gave nothing", source="arp", error=exc.message,

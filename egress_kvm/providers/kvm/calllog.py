@@ -24,7 +24,7 @@ current_instance: contextvars.ContextVar[str] = contextvars.ContextVar("current_
 
 def _state_name(value: int, enum: Any) -> str:
     try:
-        return enum(value).name.lower()
+        return str(enum(value).name).lower()
     except ValueError:
         return str(value)
 

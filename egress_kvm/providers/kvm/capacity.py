@@ -9,10 +9,15 @@ what to free: pool space below what the overlay and seed need (the overlay count
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from egress_kvm.providers.base import QuotaError
 from rpc.errors import LibvirtError
+
+if TYPE_CHECKING:
+    from rpc.types import StoragePool
+
+    from .hosts import Host
 
 GIB = 1024**3
 MIB = 1024**2
@@ -42,16 +47,17 @@ def check_pool_space(*, host: str, pool: str, available: int, needed: int, what:
                          f"{what} needs {fmt_bytes(needed)}")
 
 
-async def refreshed_available(host: Any, pool: Any) -> int:
+async def refreshed_available(host: Host, pool: StoragePool) -> int:
     """The pool's free bytes after a refresh: libvirt's figure changes only on refresh, so without one
     space freed outside libvirt stays invisible and a full pool never recovers on its own. A refusal
     (an upload in progress on that pool) leaves libvirt's last figure, which is then the best we have."""
     try:
-        await host.call("storage_pool_refresh", pool, 0)
+        await host.call("storage_pool_refresh", lambda lv: lv.storage_pool_refresh(pool, 0))
     except LibvirtError as exc:
         host.log.v(1).info("pool refresh refused; using libvirt's last figures", pool=pool.name,
                            error=exc.message)
-    return int((await host.call("storage_pool_get_info", pool)).available)
+    info = await host.call("storage_pool_get_info", lambda lv: lv.storage_pool_get_info(pool))
+    return int(info.available)
 
 
 def check_free_memory(*, host: str, free_bytes: int, memory_mib: int, machine_type: str) -> None:
@@ -71,7 +77,7 @@ def paused_on_io_error(*, host: str, pool: str, name: str, available: int | None
                       f"{pool!r}{figures}; free space in the pool and the operator resumes it")
 
 
-async def mem_available(host: Any) -> int | None:
+async def mem_available(host: Host) -> int | None:
     """MemAvailable (bytes) from the host's /proc/meminfo over SSH exec; None if it cannot be read."""
     from .session import ExecNotAllowed
 

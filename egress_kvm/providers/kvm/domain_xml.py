@@ -95,7 +95,7 @@ def domain_xml(spec: DomainSpec) -> str:
     _sub(rng, "backend", "/dev/urandom", model="random")
     _sub(dev, "memballoon", model="virtio")
     # No <graphics>/<video>: a proxy VM is reached over the network and `virsh console`.
-    return etree.tostring(dom, encoding="unicode", pretty_print=True)
+    return str(etree.tostring(dom, encoding="unicode", pretty_print=True))
 
 
 def volume_xml(*, name: str, capacity: int, fmt: str, backing_path: str | None = None,
@@ -113,4 +113,4 @@ def volume_xml(*, name: str, capacity: int, fmt: str, backing_path: str | None =
         backing = _sub(vol, "backingStore")
         _sub(backing, "path", backing_path)
         _sub(backing, "format", type=backing_format)
-    return etree.tostring(vol, encoding="unicode")
+    return str(etree.tostring(vol, encoding="unicode"))

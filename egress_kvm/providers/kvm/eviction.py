@@ -15,6 +15,8 @@ from typing import Any
 
 from lxml import etree
 
+from rpc.types import StorageVol
+
 from . import naming
 from .hosts import Host
 from .images import delete_volume
@@ -28,14 +30,24 @@ def is_url_base(name: str) -> bool:
 
 def backing_path(xml: str) -> str | None:
     root = etree.fromstring(xml.encode(), parser=etree.XMLParser(resolve_entities=False, no_network=True))
-    return root.findtext("backingStore/path")
+    path: str | None = root.findtext("backingStore/path")
+    return path
+
+
+async def _xml_desc(host: Host, vol: StorageVol) -> str:
+    return await host.call("storage_vol_get_xml_desc", lambda lv: lv.storage_vol_get_xml_desc(vol, 0))
+
+
+async def _path(host: Host, vol: StorageVol) -> str:
+    return await host.call("storage_vol_get_path", lambda lv: lv.storage_vol_get_path(vol))
 
 
 async def evict_unused_url_bases(host: Host, pool: Any, *, keep: set[str], last_used: dict[str, float],
                                  busy: Callable[[str], bool], now: float, grace: float) -> list[str]:
     """Delete the URL bases nothing backs onto; `last_used` (volume -> monotonic time) is updated with
     every base seen for the first time, so one found after a restart gets its full grace period."""
-    listing = await host.call("storage_pool_list_all_volumes", pool, 1, 0)
+    listing = await host.call("storage_pool_list_all_volumes",
+                              lambda lv: lv.storage_pool_list_all_volumes(pool, 1, 0))
     volumes = {v.name: v for v in listing.vols}
     candidates = [n for n in volumes if is_url_base(n) and n not in keep]
     if not candidates:
@@ -43,7 +55,7 @@ async def evict_unused_url_bases(host: Host, pool: Any, *, keep: set[str], last_
     backed: set[str] = set()
     for name, vol in volumes.items():
         if name.endswith(".qcow2") and not name.startswith("base-"):  # any overlay, ours or not
-            path = backing_path(await host.call("storage_vol_get_xml_desc", vol, 0))
+            path = backing_path(await _xml_desc(host, vol))
             if path:
                 backed.add(path)
     evicted: list[str] = []
@@ -52,7 +64,7 @@ async def evict_unused_url_bases(host: Host, pool: Any, *, keep: set[str], last_
         if now - seen < grace or busy(name):
             continue
         async with host.exclusive(f"image:{pool.name}/{name}"):
-            path = await host.call("storage_vol_get_path", volumes[name])
+            path = await _path(host, volumes[name])
             if path in backed:
                 last_used[name] = now
                 continue

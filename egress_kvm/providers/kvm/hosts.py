@@ -1,9 +1,10 @@
 """One hypervisor host: its session, opened on first use, shared by every reconcile, re-dialled with backoff.
 
-Every libvirt call goes through `Host.call`, which (a) opens the session if there is none, (b) turns a
-lost link into a TransientError after logging `libvirt connection dropped` with the reason and forgetting
-the session, so the next call re-dials, and (c) refuses to dial again before the backoff has passed, so
-a dead host costs one failed dial per backoff period instead of one per reconcile.
+Every libvirt call, downloads and uploads too, goes through `Host.call`, which (a) opens the session if
+there is none, (b) turns a lost link into a TransientError after logging `libvirt connection dropped`
+with the reason and forgetting the session, so the next call re-dials, and (c) refuses to dial again
+before the backoff has passed, so a dead host costs one failed dial per backoff period instead of one
+per reconcile.
 
 While a host is down and someone listens (`on_back`: the controller), the host re-dials by itself on that
 backoff, and the moment a dial succeeds again the listeners hear of it: the Proxies on that host are
@@ -15,20 +16,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
 
+from egress_kvm.backoff import Backoff
 from egress_kvm.config.models import HostConfig
 from egress_kvm.log import Logger
 from egress_kvm.providers.base import HostUnreachable, TransientError
 from rpc.errors import ConnectFailed, ConnectionLost, DeadlineExceeded, LibvirtError, ProtocolError
+from rpc.types import StorageVol
 
 from .calllog import current_instance
+from .libvirt_api import LibvirtApi
 from .session import Dialer, DialOptions, ExecNotAllowed, ExecResult, Session
 
 BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
+T = TypeVar("T")
 
 # What "the link is gone" looks like from below: the rpc client's errors, asyncssh's, and the OS's.
 LINK_ERRORS: tuple[type[BaseException], ...] = (
@@ -45,7 +51,7 @@ class _KeyLock:
 
 class Host:
     def __init__(self, *, config: HostConfig, dial: Dialer, options: DialOptions, log: Logger,
-                 clock: Any = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.name = config.name
         self._dial = dial
@@ -54,7 +60,7 @@ class Host:
         self._clock = clock
         self._session: Session | None = None
         self._lock = asyncio.Lock()
-        self._backoff = 0.0
+        self._backoff = Backoff(BACKOFF_INITIAL, BACKOFF_MAX)  # re-dials of a host that did not answer
         self._retry_at = 0.0
         self._last_error = ""
         # Per-host single-flight locks (e.g. one download per base image), created on demand.
@@ -98,19 +104,19 @@ class Host:
             try:
                 session = await self._dial(self.config, self._options)
             except Exception as exc:
-                self._backoff = min(BACKOFF_MAX, self._backoff * 2) if self._backoff else BACKOFF_INITIAL
-                self._retry_at = self._clock() + self._backoff
+                delay = self._backoff.next()
+                self._retry_at = self._clock() + delay
                 self._last_error = _describe(exc)
                 self.log.v(1).info("libvirt host dial failed", address=address, error=self._last_error,
-                                    retryIn=round(self._backoff, 2))
+                                    retryIn=round(delay, 2))
                 self._schedule_redial()
                 raise HostUnreachable(
                     f"host {self.name!r} ({address}) unreachable: {self._last_error}") from None
-            was_down = self._backoff > 0
-            self._backoff = 0.0
+            was_down = self._backoff.failures > 0
+            self._backoff.reset()
             self._retry_at = 0.0
             self._session = session
-            session.on_close(lambda reason, s=session: self._dropped_while_idle(s, reason))
+            session.on_close(functools.partial(self._dropped_while_idle, session))
             self.log.v(1).info("libvirt host connected", address=address, user=self.config.user,
                                 socket=self.config.socket)
         if was_down:
@@ -170,45 +176,41 @@ class Host:
             if entry.users == 0 and self.locks.get(key) is entry:
                 del self.locks[key]
 
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call one libvirt procedure by its client method name; link failures become TransientError."""
+    async def call(self, what: str, op: Callable[[LibvirtApi], Awaitable[T]]) -> T:
+        """Run `op` against this host's libvirt client (`what` names it in messages): the one place where
+        a lost link becomes HostUnreachable and the session is dropped for the next call to re-dial. A
+        call that ran out of time (DeadlineExceeded) says so and keeps the session: a slow call is not
+        a dead link, and the client's keepalive ends a link that is."""
         session = await self.session()
         try:
-            return await getattr(session.libvirt, method)(*args, **kwargs)
+            return await op(session.libvirt)
         except LibvirtError:
             raise
         except LINK_ERRORS as exc:
-            reason = session.closed_reason or _describe(exc)
             if isinstance(exc, DeadlineExceeded):
-                raise HostUnreachable(f"host {self.name!r}: {method} timed out: {_describe(exc)}") from None
+                raise HostUnreachable(f"host {self.name!r}: {what} timed out: {_describe(exc)}") from None
+            reason = session.closed_reason or _describe(exc)
             if self._session is session:
                 await self._drop(session, reason)
             raise HostUnreachable(
-                f"host {self.name!r}: libvirt connection lost during {method}: {reason}") from None
+                f"host {self.name!r}: libvirt connection lost during {what}: {reason}") from None
 
-    async def upload(self, vol: Any, data: Any, *, length: int = 0) -> None:
-        await self.call("storage_vol_upload", vol, 0, length, 0, data)
+    async def upload(self, vol: StorageVol, data: bytes | AsyncIterable[bytes], *, length: int = 0) -> None:
+        await self.call("storage_vol_upload", lambda lv: lv.storage_vol_upload(vol, 0, length, 0, data))
 
-    async def download(self, vol: Any, *, limit: int) -> bytes:
+    async def download(self, vol: StorageVol, *, limit: int) -> bytes:
         """Read a small volume (a marker) whole; refuses more than `limit` bytes."""
-        session = await self.session()
-        out = bytearray()
-        try:
-            async with session.libvirt.storage_vol_download(vol, 0, 0, 0) as chunks:
+        async def read(lv: LibvirtApi) -> bytes:
+            out = bytearray()
+            async with lv.storage_vol_download(vol, 0, 0, 0) as chunks:
                 async for chunk in chunks:
                     out += chunk
                     if len(out) > limit:
                         raise TransientError(
                             f"host {self.name!r}: volume {vol.name!r} is larger than {limit} bytes")
-        except LibvirtError:
-            raise
-        except LINK_ERRORS as exc:
-            reason = session.closed_reason or _describe(exc)
-            if self._session is session:
-                await self._drop(session, reason)
-            raise HostUnreachable(
-                f"host {self.name!r}: connection lost reading {vol.name!r}: {reason}") from None
-        return bytes(out)
+            return bytes(out)
+
+        return await self.call(f"reading {vol.name!r}", read)
 
     async def exec(self, argv: Sequence[str], *, time_limit: float = 10.0) -> ExecResult:
         """Run a command on the host over the same SSH connection (raises ExecNotAllowed if it cannot)."""

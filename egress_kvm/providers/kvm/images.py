@@ -29,13 +29,13 @@ import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 
 from egress_kvm.metrics import IMAGE_BYTES_FETCHED
 from egress_kvm.providers.base import PermanentError, ProgressCallback, TransientError
 from rpc.errors import LibvirtError, NotFoundError
+from rpc.types import StoragePool, StorageVol
 
 from . import capacity, qcow2
 from .domain_xml import volume_xml
@@ -50,7 +50,7 @@ PROGRESS_EVERY = 5.0
 
 @dataclass(frozen=True)
 class BaseImage:
-    volume: Any  # rpc StorageVol
+    volume: StorageVol
     path: str
     format: str
     downloaded: bool
@@ -69,16 +69,17 @@ class ImportLimits:
     reserve: int = 1024**3
 
 
-async def lookup_volume(host: Host, pool: Any, name: str) -> Any | None:
+async def lookup_volume(host: Host, pool: StoragePool, name: str) -> StorageVol | None:
     try:
-        return await host.call("storage_vol_lookup_by_name", pool, name)
+        return await host.call("storage_vol_lookup_by_name",
+                               lambda lv: lv.storage_vol_lookup_by_name(pool, name))
     except NotFoundError:
         return None
 
 
-async def delete_volume(host: Host, vol: Any) -> None:
+async def delete_volume(host: Host, vol: StorageVol) -> None:
     with contextlib.suppress(NotFoundError):
-        await host.call("storage_vol_delete", vol, 0)
+        await host.call("storage_vol_delete", lambda lv: lv.storage_vol_delete(vol, 0))
 
 
 class ImageCache:
@@ -90,7 +91,7 @@ class ImageCache:
         self._clock = clock
         self.limits = limits or ImportLimits()
 
-    async def cached(self, host: Host, pool: Any, image: ImageSource) -> BaseImage | None:
+    async def cached(self, host: Host, pool: StoragePool, image: ImageSource) -> BaseImage | None:
         """The finished cache entry, or None when `ensure` has work to do. Reads only (a few RPCs), so a
         reconcile may ask without waiting on a download: a half-written entry is left for `ensure`."""
         base = await lookup_volume(host, pool, image.base_volume)
@@ -100,12 +101,12 @@ class ImageCache:
         if marker is None:
             return None
         if image.sha256 is None:
-            info = await host.call("storage_vol_get_info", marker)
+            info = await host.call("storage_vol_get_info", lambda lv: lv.storage_vol_get_info(marker))
             return await self._cached(host, base, image) if info.capacity == DIGEST_LEN else None
         cached = (await host.download(marker, limit=MARKER_MAX)).decode(errors="replace").strip()
         return await self._cached(host, base, image) if cached == image.sha256 else None
 
-    async def ensure(self, host: Host, pool: Any, image: ImageSource, *,
+    async def ensure(self, host: Host, pool: StoragePool, image: ImageSource, *,
                      progress: ProgressCallback | None = None) -> BaseImage:
         async with host.exclusive(f"image:{pool.name}/{image.base_volume}"):
             base = await lookup_volume(host, pool, image.base_volume)
@@ -115,7 +116,7 @@ class ImageCache:
                 if image.sha256 is None:
                     # The marker is created empty and grows to the digest's length with its upload, so
                     # a crash between the two leaves a marker whose size says it holds no digest.
-                    info = await host.call("storage_vol_get_info", marker)
+                    info = await host.call("storage_vol_get_info", lambda lv: lv.storage_vol_get_info(marker))
                     if info.capacity == DIGEST_LEN:
                         return await self._cached(host, base, image)
                     reason = f"marker holds no digest ({info.capacity} bytes; an interrupted write)"
@@ -136,11 +137,11 @@ class ImageCache:
                 await delete_volume(host, base)
             return await self._fetch(host, pool, image, reason=reason, progress=progress)
 
-    async def _cached(self, host: Host, base: Any, image: ImageSource) -> BaseImage:
-        path = await host.call("storage_vol_get_path", base)
+    async def _cached(self, host: Host, base: StorageVol, image: ImageSource) -> BaseImage:
+        path = await host.call("storage_vol_get_path", lambda lv: lv.storage_vol_get_path(base))
         return BaseImage(volume=base, path=path, format=image.format, downloaded=False)
 
-    async def _fetch(self, host: Host, pool: Any, image: ImageSource, *, reason: str,
+    async def _fetch(self, host: Host, pool: StoragePool, image: ImageSource, *, reason: str,
                      progress: ProgressCallback | None) -> BaseImage:
         log = host.log.with_values(image=image.label, pool=pool.name, volume=image.base_volume)
         log.info("fetching base image into host pool", url=image.shown_url, reason=reason)
@@ -176,8 +177,8 @@ class ImageCache:
                 capacity.check_pool_space(host=host.name, pool=pool.name, available=available,
                                           needed=length or image.max_bytes, what=f"image {image.label!r}",
                                           reserve=limits.reserve)
-                vol = await host.call("storage_vol_create_xml", pool,
-                                      volume_xml(name=image.base_volume, capacity=length or 0, fmt="raw"), 0)
+                vol = await host.call("storage_vol_create_xml", lambda lv: lv.storage_vol_create_xml(pool,
+                                      volume_xml(name=image.base_volume, capacity=length or 0, fmt="raw"), 0))
                 hasher = hashlib.sha256()
                 moved = 0
                 last_report = started
@@ -220,17 +221,18 @@ class ImageCache:
             raise PermanentError(f"image {image.label!r} ({image.shown_url}): sha256 mismatch: configured "
                                  f"{image.sha256}, downloaded {digest}; the volume was deleted")
         # libvirt re-probes the file: the pool now reports the base's real format and virtual size.
-        await host.call("storage_pool_refresh", pool, 0)
-        vol = await host.call("storage_vol_lookup_by_name", pool, image.base_volume)
+        await host.call("storage_pool_refresh", lambda lv: lv.storage_pool_refresh(pool, 0))
+        vol = await host.call("storage_vol_lookup_by_name",
+                              lambda lv: lv.storage_vol_lookup_by_name(pool, image.base_volume))
         # Created empty: its size reaches DIGEST_LEN only once the digest is written (see ensure).
-        marker = await host.call("storage_vol_create_xml", pool,
-                                 volume_xml(name=image.marker_volume, capacity=0, fmt="raw"), 0)
+        marker = await host.call("storage_vol_create_xml", lambda lv: lv.storage_vol_create_xml(pool,
+                                 volume_xml(name=image.marker_volume, capacity=0, fmt="raw"), 0))
         try:
             await host.upload(marker, digest.encode())
         except BaseException:
             await _discard(host, marker)
             raise
-        path = await host.call("storage_vol_get_path", vol)
+        path = await host.call("storage_vol_get_path", lambda lv: lv.storage_vol_get_path(vol))
         duration = self._clock() - started
         log.info("base image cached", size=moved, duration=round(duration, 3), sha256=digest,
                  rateMBps=round(moved / 1e6 / duration, 1) if duration > 0 else None)
@@ -262,7 +264,7 @@ async def _source(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield chunk
 
 
-async def _discard(host: Host, vol: Any) -> None:
+async def _discard(host: Host, vol: StorageVol) -> None:
     """Best effort: a volume we could not finish must not look finished (it has no marker either way)."""
     with contextlib.suppress(Exception):
         await delete_volume(host, vol)

@@ -65,7 +65,7 @@ def build_element(meta: InstanceMetadata) -> etree._Element:
 
 
 def to_xml(meta: InstanceMetadata) -> str:
-    return etree.tostring(build_element(meta), encoding="unicode")
+    return str(etree.tostring(build_element(meta), encoding="unicode"))
 
 
 def parse(xml: str) -> InstanceMetadata:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from egress_kvm.config.models import HostConfig, KvmConfig, MachineType, check_http_url
+from egress_kvm.config.models import KvmConfig, MachineType, check_http_url
 from egress_kvm.providers.base import PermanentError, Placement, ResolvedPlacement
 from egress_kvm.redact import redact_url
 
@@ -66,12 +66,14 @@ def resolve(placement: Placement, kvm: KvmConfig, *, provider: str) -> ResolvedP
     return ResolvedPlacement(zone=zone, machine_type=machine_type, image=image)
 
 
-def host_for(kvm: KvmConfig, zone: str, *, provider: str) -> HostConfig:
-    host = kvm.host(zone)
-    if host is None:
-        known = ", ".join(h.name for h in kvm.hosts)
-        raise PermanentError(f"unknown zone {zone!r} for provider {provider!r} (known: {known})")
-    return host
+def checked(resolved: ResolvedPlacement, kvm: KvmConfig, *, provider: str) -> ResolvedPlacement:
+    """A placement resolved elsewhere, checked against this config (nothing filled in): a create must
+    not trust its input to name a host, size and image the config has."""
+    again = resolve(Placement(zone=resolved.zone, machine_type=resolved.machine_type, image=resolved.image),
+                    kvm, provider=provider)
+    if again != resolved:  # cannot happen for a fully named placement; a bug if it does
+        raise PermanentError(f"placement {resolved} is not resolved for provider {provider!r}")
+    return resolved
 
 
 def machine_type(kvm: KvmConfig, key: str) -> MachineType:

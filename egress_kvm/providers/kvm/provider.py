@@ -22,7 +22,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import aiohttp
 
@@ -51,7 +50,7 @@ from rpc.constants import (
     ErrorCode,
 )
 from rpc.errors import LibvirtError, NotFoundError
-from rpc.types import DomainGetStateRet
+from rpc.types import Domain, DomainGetStateRet, StoragePool, StorageVol
 
 from . import capacity, metadata, naming, placement, seed
 from .addresses import discover
@@ -149,7 +148,7 @@ class KvmProvider:
 
     async def create(self, request: CreateRequest, *, progress: ProgressCallback | None = None) -> Instance:
         name = _checked_name(request.name)
-        resolved = self.resolve(request.placement)
+        resolved = placement.checked(request.placement, self.config, provider=self.name)
         host = self.host(resolved.zone)
         # One create per name at a time on this host: a second would replace the first one's volumes.
         async with self._operation(host, name, "create"), host.exclusive(f"instance:{name}"):
@@ -196,16 +195,16 @@ class KvmProvider:
                 removed.append("domain")
                 if dom.id != -1:  # running (the lookup's id is -1 for an inactive domain)
                     try:
-                        await host.call("domain_destroy_flags", dom, 0)
+                        await host.call("domain_destroy_flags", lambda lv: lv.domain_destroy_flags(dom, 0))
                         log.v(1).info("domain destroyed")
                     except LibvirtError as exc:
                         if exc.code not in (ErrorCode.OPERATION_INVALID, ErrorCode.NO_DOMAIN):
                             raise  # 55: it stopped meanwhile, which is what we want
                 with contextlib.suppress(NotFoundError):
-                    await host.call("domain_undefine_flags", dom,
-                                    DOMAIN_UNDEFINE_NVRAM | DOMAIN_UNDEFINE_MANAGED_SAVE)
+                    await host.call("domain_undefine_flags", lambda lv: lv.domain_undefine_flags(dom,
+                                    DOMAIN_UNDEFINE_NVRAM | DOMAIN_UNDEFINE_MANAGED_SAVE))
                     log.v(1).info("domain undefined")
-            pool = await self._pool(host, required=False)
+            pool = await self._find_pool(host)
             if pool is not None:
                 for vol_name in (naming.overlay_volume(name), naming.seed_volume(name)):
                     vol = await lookup_volume(host, pool, vol_name)
@@ -223,7 +222,9 @@ class KvmProvider:
         out: list[Instance] = []
         for host in hosts:
             async with self._operation(host, "", "list"):
-                listing = await host.call("connect_list_all_domains", 1, CONNECT_LIST_DOMAINS_PERSISTENT)
+                listing = await host.call("connect_list_all_domains",
+                                          lambda lv: lv.connect_list_all_domains(
+                                              1, CONNECT_LIST_DOMAINS_PERSISTENT))
                 for dom in listing.domains:
                     try:
                         meta = await self._metadata(host, dom)
@@ -240,13 +241,13 @@ class KvmProvider:
 
     async def evict_unused_images(self, *, grace: float = 600.0) -> list[str]:
         """Delete URL bases nothing backs onto, on every reachable host (eviction.py); the GC pass calls
-        this. Returns `host/volume` of each base deleted; a host that fails is skipped (logged once)."""
+        this. Returns `host/volume` of each base deleted; a host that fails is skipped."""
         keep = {naming.base_volume(key=k) for k in self.config.images}
         evicted: list[str] = []
         for host in self._hosts.values():
             try:
                 async with self._operation(host, "", "evict unused images"):
-                    pool = await self._pool(host, required=False)
+                    pool = await self._find_pool(host)
                     if pool is None:
                         continue
                     running = {key[2] for key in self._importer.running_keys() if key[0] == host.name}
@@ -282,7 +283,7 @@ class KvmProvider:
         cfg = host.config
         mtype = placement.machine_type(self.config, resolved.machine_type)
         source = placement.image_source(self.config, resolved.image)
-        pool = await self._pool(host, required=True)
+        pool = await self._pool(host)
         base = await self._base(host, pool, source)
 
         iso = seed.build_seed_iso(name=name, user_data=request.user_data, vendor_data=self.config.vendor_data)
@@ -322,13 +323,13 @@ class KvmProvider:
             seed_volume=naming.seed_volume(name), seed_bus=cfg.seed_bus, bridge=cfg.bridge,
             mac=naming.mac_address(name), meta=meta)
         try:
-            dom = await host.call("domain_define_xml", domain_xml(spec))
+            dom = await host.call("domain_define_xml", lambda lv: lv.domain_define_xml(domain_xml(spec)))
         except LibvirtError as exc:
             if exc.code not in (ErrorCode.OPERATION_FAILED, ErrorCode.DOM_EXIST):
                 raise
             # Defined by someone else between our lookup and now: only another operator can (our own
             # creates of a name are serialised), so it is used only if this cluster made it.
-            dom = await host.call("domain_lookup_by_name", name)
+            dom = await host.call("domain_lookup_by_name", lambda lv: lv.domain_lookup_by_name(name))
             theirs = await self._metadata(host, dom)
             self._check_ours(host, name, theirs, action="reuse", owner_uid=request.owner_uid)
         log.v(1).info("domain defined", mac=spec.mac, memoryMiB=mtype.memory_mib, vcpus=mtype.vcpus)
@@ -337,9 +338,8 @@ class KvmProvider:
                         owner_uid=meta.owner_uid, created_at=meta.created_at,
                         owner_namespace=meta.owner_namespace, owner_name=meta.owner_name)
 
-    async def _base(self, host: Host, pool: Any, source: placement.ImageSource) -> BaseImage:
+    async def _base(self, host: Host, pool: StoragePool, source: placement.ImageSource) -> BaseImage:
         """The cached base image, or InProgress while a background import fetches it (imports.py)."""
-
         started_by = current_instance.get()  # log lines name the instance whose create started it
 
         async def fetch(progress: ProgressCallback) -> BaseImage:
@@ -351,11 +351,13 @@ class KvmProvider:
                                          label=f"{source.label} on host {host.name}",
                                          cached=lambda: self._images.cached(host, pool, source), fetch=fetch)
 
-    async def _create_volume(self, host: Host, pool: Any, xml: str, vol_name: str, *, available: int) -> Any:
+    async def _create_volume(self, host: Host, pool: StoragePool, xml: str, vol_name: str, *,
+                             available: int) -> StorageVol:
         """Create a per-instance volume; one left by an interrupted earlier attempt is replaced."""
         for attempt in (1, 2):
             try:
-                return await host.call("storage_vol_create_xml", pool, xml, 0)
+                return await host.call("storage_vol_create_xml",
+                                       lambda lv: lv.storage_vol_create_xml(pool, xml, 0))
             except LibvirtError as exc:
                 if capacity.is_no_space(exc):
                     raise capacity.no_space(exc, host=host.name, pool=pool.name, available=available,
@@ -369,22 +371,26 @@ class KvmProvider:
 
     # -- shared steps ----------------------------------------------------------------------------
 
-    async def _pool(self, host: Host, *, required: bool) -> Any | None:
-        try:
-            pool = await host.call("storage_pool_lookup_by_name", host.config.pool)
-        except NotFoundError:
-            if not required:
-                return None
-            raise TransientError(f"host {host.name!r} has no storage pool {host.config.pool!r}") from None
+    async def _pool(self, host: Host) -> StoragePool:
+        pool = await self._find_pool(host)
+        if pool is None:
+            raise TransientError(f"host {host.name!r} has no storage pool {host.config.pool!r}")
         return pool
 
-    async def _lookup_domain(self, host: Host, name: str) -> Any | None:
+    async def _find_pool(self, host: Host) -> StoragePool | None:
         try:
-            return await host.call("domain_lookup_by_name", name)
+            return await host.call("storage_pool_lookup_by_name",
+                                   lambda lv: lv.storage_pool_lookup_by_name(host.config.pool))
         except NotFoundError:
             return None
 
-    async def _lookup_with_metadata(self, host: Host, name: str) -> tuple[Any | None, Meta | None]:
+    async def _lookup_domain(self, host: Host, name: str) -> Domain | None:
+        try:
+            return await host.call("domain_lookup_by_name", lambda lv: lv.domain_lookup_by_name(name))
+        except NotFoundError:
+            return None
+
+    async def _lookup_with_metadata(self, host: Host, name: str) -> tuple[Domain | None, Meta | None]:
         """The domain of that name and its metadata; (None, None) when there is none.
 
         A domain undefined between the lookup and the metadata read (NO_DOMAIN on the latter, which goes
@@ -402,9 +408,11 @@ class KvmProvider:
                     raise
         raise AssertionError("unreachable")
 
-    async def _metadata(self, host: Host, dom: Any) -> metadata.InstanceMetadata | None:
+    async def _metadata(self, host: Host, dom: Domain) -> metadata.InstanceMetadata | None:
         try:
-            xml = await host.call("domain_get_metadata", dom, DOMAIN_METADATA_ELEMENT, metadata.NAMESPACE, 0)
+            xml = await host.call("domain_get_metadata",
+                                  lambda lv: lv.domain_get_metadata(
+                                      dom, DOMAIN_METADATA_ELEMENT, metadata.NAMESPACE, 0))
         except LibvirtError as exc:
             if exc.code == ErrorCode.NO_DOMAIN_METADATA:
                 return None
@@ -430,9 +438,10 @@ class KvmProvider:
             raise NotOwned(f"domain {name!r} on host {host.name!r} belongs to another Proxy (owner uid "
                            f"{meta.owner_uid}, not {owner_uid}); refusing to {action} it")
 
-    async def _ensure_running(self, host: Host, dom: Any, name: str, *, machine_type: str) -> Any:
+    async def _ensure_running(self, host: Host, dom: Domain, name: str, *,
+                              machine_type: str) -> DomainGetStateRet:
         """Start the domain unless it runs, resume it if paused; returns its state as it is now."""
-        st = await host.call("domain_get_state", dom, 0)
+        st = await host.call("domain_get_state", lambda lv: lv.domain_get_state(dom, 0))
         if st.state == DomainState.PAUSED:
             return await self._resume(host, dom, name, reason=st.reason)
         if power_state(st.state) == PowerState.RUNNING:
@@ -450,23 +459,23 @@ class KvmProvider:
         back; on a file server it is often far below what is really available. So a shortfall is checked
         again against MemAvailable from /proc/meminfo (over SSH exec, when the host allows it).
         """
-        free = await host.call("node_get_free_memory")
+        free = await host.call("node_get_free_memory", lambda lv: lv.node_get_free_memory())
         if free >= memory_mib * capacity.MIB:
             return
         available = await capacity.mem_available(host)
         capacity.check_free_memory(host=host.name, free_bytes=max(free, available or 0),
                                    memory_mib=memory_mib, machine_type=machine_type)
 
-    async def _start(self, host: Host, dom: Any, name: str) -> Any:
+    async def _start(self, host: Host, dom: Domain, name: str) -> Domain:
         try:
-            dom = await host.call("domain_create_with_flags", dom, 0)
+            dom = await host.call("domain_create_with_flags", lambda lv: lv.domain_create_with_flags(dom, 0))
         except LibvirtError as exc:
             if exc.code != ErrorCode.OPERATION_INVALID:  # 55: already running
                 raise
         host.log.with_values(name=name).v(1).info("KVM domain ensured running")
         return dom
 
-    async def _resume(self, host: Host, dom: Any, name: str, *, reason: int) -> Any:
+    async def _resume(self, host: Host, dom: Domain, name: str, *, reason: int) -> DomainGetStateRet:
         """Resume a paused domain; returns the state it is in now.
 
         Raises TransientError while a libvirt job holds it paused, and QuotaError for an I/O-error pause
@@ -484,12 +493,12 @@ class KvmProvider:
             if not room.enough:
                 raise room.error()
         try:
-            await host.call("domain_resume", dom)
+            await host.call("domain_resume", lambda lv: lv.domain_resume(dom))
         except LibvirtError as exc:
             if exc.code != ErrorCode.OPERATION_INVALID:
                 raise
             # 55: no longer paused (resumed or stopped meanwhile); only "running now" is what we wanted.
-            st = await host.call("domain_get_state", dom, 0)
+            st = await host.call("domain_get_state", lambda lv: lv.domain_get_state(dom, 0))
             if power_state(st.state) != PowerState.RUNNING:
                 raise TransientError(f"VM {name!r} on host {host.name!r} could not be resumed: "
                                      f"{exc.message}") from None
@@ -509,26 +518,28 @@ class KvmProvider:
         """
         room = _Room(host=host.name, pool=host.config.pool, name=name)
         with contextlib.suppress(LibvirtError):  # a figure it cannot read stays unknown: no resume
-            pool = await self._pool(host, required=False)
+            pool = await self._find_pool(host)
             if pool is None:
                 return room
             try:
-                await host.call("storage_pool_refresh", pool, 0)
+                await host.call("storage_pool_refresh", lambda lv: lv.storage_pool_refresh(pool, 0))
             except LibvirtError as exc:  # e.g. an upload in progress: decide on libvirt's last figures
                 host.log.with_values(name=name).v(1).info("pool refresh refused", pool=pool.name,
                                                           error=exc.message)
-            room.available = (await host.call("storage_pool_get_info", pool)).available
+            room.available = (await host.call("storage_pool_get_info",
+                                              lambda lv: lv.storage_pool_get_info(pool))).available
             overlay = await lookup_volume(host, pool, naming.overlay_volume(name))
             if overlay is None:
                 room.needed = self.config.disk_size_gb * GIB
             else:
-                info = await host.call("storage_vol_get_info", overlay)
+                info = await host.call("storage_vol_get_info", lambda lv: lv.storage_vol_get_info(overlay))
                 room.needed = max(info.capacity - info.allocation, RESUME_MIN_ROOM)
         return room
 
-    async def _instance(self, host: Host, dom: Any, name: str, meta: Meta | None, *,
-                        state: Any | None = None) -> Instance:
-        st = state if state is not None else await host.call("domain_get_state", dom, 0)
+    async def _instance(self, host: Host, dom: Domain, name: str, meta: Meta | None, *,
+                        state: DomainGetStateRet | None = None) -> Instance:
+        st = state if state is not None else await host.call("domain_get_state",
+                                                             lambda lv: lv.domain_get_state(dom, 0))
         message = ""
         if st.state == DomainState.PAUSED and st.reason == DOMAIN_PAUSED_IOERROR:
             # Reported as Paused (so the controller calls start, which resumes it) only once there is
@@ -540,12 +551,12 @@ class KvmProvider:
                        f"({capacity.fmt_bytes(room.available or 0)} available)")
         elif st.state == DomainState.PAUSED:
             message = f"paused ({paused_reason(st.reason)})"
-        state = power_state(st.state)
+        power = power_state(st.state)
         ip = None
-        if state == PowerState.RUNNING:
+        if power == PowerState.RUNNING:
             ip = await discover(host, dom, mac=naming.mac_address(name), bridge=host.config.bridge, name=name)
         return Instance(
-            name=name, zone=host.name, power_state=state, ip=ip,
+            name=name, zone=host.name, power_state=power, ip=ip,
             owner_uid=meta.owner_uid if meta else "", created_at=meta.created_at if meta else None,
             owner_namespace=meta.owner_namespace if meta else "", owner_name=meta.owner_name if meta else "",
             message=message)

@@ -13,13 +13,15 @@ import contextlib
 import shlex
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import asyncssh
 
 import rpc
 from egress_kvm.config.models import HostConfig
 from rpc.observe import Observer
+
+from .libvirt_api import LibvirtApi
 
 LIBVIRT_URI = "qemu:///system"
 
@@ -48,7 +50,10 @@ class DialOptions:
 class Session(Protocol):
     """What the provider needs from one host: a libvirt client, command execution, and liveness."""
 
-    libvirt: Any  # an rpc client: one snake_case method per libvirt procedure
+    @property
+    def libvirt(self) -> LibvirtApi:
+        """The rpc client (or, in tests, the fake standing for it)."""
+        ...
 
     @property
     def closed_reason(self) -> str | None:
@@ -81,10 +86,11 @@ class _TrackingClient(asyncssh.SSHClient):
 
 
 class SshSession:
-    def __init__(self, conn: asyncssh.SSHClientConnection, tracker: _TrackingClient, client: Any) -> None:
+    def __init__(self, conn: asyncssh.SSHClientConnection, tracker: _TrackingClient,
+                 client: rpc.Client) -> None:
         self._conn = conn
         self._tracker = tracker
-        self.libvirt = client
+        self.libvirt: rpc.Client = client
         self._closed_by_us = False
 
     def on_close(self, callback: Callable[[str], None]) -> None:

@@ -4,7 +4,7 @@ Faithful where the controller depends on it: resourceVersion bumped on every wri
 bumped on spec changes only, status written only through `update_proxy_status` (conflicts re-read and
 retried, as the contract says the real client does, unless the spec moved on: SpecChanged;
 `inject_conflicts` forces some), finalizers holding
-a deletion as deletionTimestamp until the last one goes, LookupError for a vanished object, and every
+a deletion as deletionTimestamp until the last one goes, ProxyGone for a vanished object, and every
 status checked against the CRD's status schema (so a misspelt field or an invalid phase fails a test).
 Watchers get ADDED/MODIFIED/DELETED as an informer would, on the next loop iteration.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from egress_kvm.kube.interfaces import FINALIZER, Key, Obj, SpecChanged, key_of
+from egress_kvm.kube.interfaces import FINALIZER, Key, Obj, ProxyGone, SpecChanged, key_of
 
 CRD = Path(__file__).resolve().parents[3] / "deploy" / "crd" / "egressproxies.io_proxies.yaml"
 _STATUS_SCHEMA = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
@@ -195,7 +195,7 @@ class FakeKube:
     def _stored_for(self, obj: Obj) -> Obj:
         stored = self.objects.get(key_of(obj))
         if stored is None or stored["metadata"]["uid"] != obj["metadata"].get("uid"):
-            raise LookupError(f"proxy {key_of(obj)} not found")
+            raise ProxyGone(f"proxy {key_of(obj)} not found")
         return stored
 
     def _bump(self, obj: Obj, kind: str) -> None:

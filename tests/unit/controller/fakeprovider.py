@@ -70,7 +70,7 @@ class FakeProvider:
         return ResolvedPlacement(zone=zone, machine_type=mt, image=image)
 
     async def create(self, request: CreateRequest, *, progress: ProgressCallback | None = None) -> Instance:
-        zone = self.resolve(request.placement).zone
+        zone = request.placement.zone
         self._reach(zone, "create", request.name)
         existing = self.vms.get((zone, request.name))
         if existing is not None:

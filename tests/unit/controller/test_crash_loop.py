@@ -39,7 +39,7 @@ async def test_a_vm_that_keeps_stopping_is_restarted_on_a_growing_delay(
     provider.get = real_get  # type: ignore[method-assign]  # the guest stays up now
     c.enqueue(KEY)
     # Ready ends the streak: the next stop is told at once again.
-    await eventually(lambda: phase(kube) == "Ready" and KEY not in c.reconciler.restarts)
+    await eventually(lambda: phase(kube) == "Ready" and c.reconciler.memory.peek(KEY).restarts == 0)
 
 
 async def test_a_vm_that_never_gets_an_ip_is_looked_at_less_and_less_often(
@@ -56,4 +56,4 @@ async def test_a_vm_that_never_gets_an_ip_is_looked_at_less_and_less_often(
     assert gets <= 20, f"{gets} provider round trips while waiting for an IP"
     name = kube.status(KEY)["instance"]["name"]
     provider.vms[("nas1", name)] = dataclasses.replace(provider.vms[("nas1", name)], ip="127.0.0.1")
-    await eventually(lambda: phase(kube) == "Ready" and KEY not in c.reconciler.ip_waits)
+    await eventually(lambda: phase(kube) == "Ready" and c.reconciler.memory.peek(KEY).ip_waits == 0)

@@ -69,4 +69,4 @@ async def test_a_providers_fix_during_a_failing_create_is_tried(
     gate.set()
     await eventually(lambda: phase(kube) == "Ready", what="the new providers file tried and Ready")
     assert any(op == "create" for op, _ in fixed.calls)
-    assert c.reconciler.failed.get(KEY) is None
+    assert c.reconciler.memory.peek(KEY).failed is None

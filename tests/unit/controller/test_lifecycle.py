@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 
 from egress_kvm.controller.status import get_condition
+from egress_kvm.controller.verdict import ProbeKey
 from egress_kvm.kube.interfaces import FINALIZER
 from egress_kvm.providers.base import PowerState, QuotaError, TransientError
 
@@ -408,7 +409,7 @@ async def test_the_ip_is_re_read_on_every_reconcile(
     st = kube.status(KEY)
     assert st["endpoint"] == f"http://127.0.0.3:{proxy_server.port}"
     assert st["phase"] == "Running"  # probes start over at the new address
-    assert c.prober.target(KEY).host == "127.0.0.3"
+    assert c.prober.target(ProbeKey(KEY)).host == "127.0.0.3"
 
 
 async def test_long_provider_errors_are_capped_in_status(

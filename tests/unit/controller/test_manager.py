@@ -6,6 +6,7 @@ import asyncio
 
 from egress_kvm import metrics
 from egress_kvm.controller.manager import Controller
+from egress_kvm.controller.verdict import ProbeKey
 
 from .conftest import FAST, eventually
 from .fakekube import FakeKube
@@ -115,10 +116,10 @@ async def test_deleted_event_forgets_the_key(
     c = make_controller({"kvm-home": provider})
     kube.create_proxy("px1", spec_for(proxy_server))
     await eventually(lambda: phase(kube) == "Ready")
-    assert c.prober.keys() == [KEY]
+    assert c.prober.keys() == [ProbeKey(KEY)]
     kube.delete(KEY)
     await eventually(lambda: KEY not in kube.objects)
-    await eventually(lambda: c.prober.keys() == [] and KEY not in c.reconciler.phases)
+    await eventually(lambda: c.prober.keys() == [] and KEY not in c.reconciler.memory)
 
 
 async def test_stop_before_run(kube: FakeKube) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from egress_kvm.controller.desired import Desired
-from egress_kvm.providers.base import CreateRequest, Placement
+from egress_kvm.providers.base import CreateRequest, ResolvedPlacement
 
 from .conftest import eventually
 from .fakekube import FakeKube
@@ -58,7 +58,8 @@ async def test_user_data_and_proxy_password_never_leak(
 
 
 def test_user_data_is_not_in_reprs() -> None:
-    req = CreateRequest(name="proxy-x", owner_uid="u", placement=Placement(), user_data=FROM_SECRET)
+    req = CreateRequest(name="proxy-x", owner_uid="u", placement=ResolvedPlacement("z", "m", "i"),
+                        user_data=FROM_SECRET)
     assert FROM_SECRET.decode() not in repr(req)
-    d = Desired(provider=None, placement=Placement(), resolved=None, name="n", user_data=FROM_SECRET)  # type: ignore[arg-type]
+    d = Desired(provider=None, resolved=None, name="n", user_data=FROM_SECRET)  # type: ignore[arg-type]
     assert FROM_SECRET.decode() not in repr(d)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from egress_kvm.kube.backoff import Backoff
+from egress_kvm.backoff import Backoff
 from egress_kvm.kube.informer import ProxyInformer
 
 from .kube_scripted_api import ScriptedApi, WatchStream, proxy, status_plan

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from egress_kvm.backoff import Backoff
 from egress_kvm.kube.api import KubeApiClient, namespace_uid
-from egress_kvm.kube.backoff import Backoff
 from egress_kvm.kube.informer import ProxyInformer
-from egress_kvm.kube.interfaces import FINALIZER, SpecChanged
+from egress_kvm.kube.interfaces import FINALIZER, ProxyGone, SpecChanged
 from egress_kvm.kube.rest import KubeApiError, request_json
 
 from .kube_emulator_fixtures import (
@@ -137,7 +137,7 @@ async def test_status_update_does_not_land_on_a_recreated_proxy() -> None:
         old = await create_proxy(client, "p")
         await delete_proxy(client, "p")
         await create_proxy(client, "p")  # same name, new uid, generation 1 again
-        with pytest.raises(LookupError):
+        with pytest.raises(ProxyGone):
             await kube.update_proxy_status(old, {"phase": "Pending", "message": "for the old one"})
         fresh = await kube.get_proxy("default", "p")
         assert fresh is not None and not fresh.get("status")
@@ -157,7 +157,7 @@ async def test_finalizer_removal_does_not_land_on_a_recreated_proxy() -> None:
         fresh = await kube.get_proxy("default", "p")
         assert fresh is not None and fresh["metadata"]["uid"] != old["metadata"]["uid"]
         assert fresh["metadata"]["finalizers"] == [FINALIZER]
-        with pytest.raises(LookupError):
+        with pytest.raises(ProxyGone):
             await kube.set_finalizer({**old, "metadata": {**old["metadata"], "finalizers": []}},
                                      present=True)
 
@@ -167,7 +167,7 @@ async def test_status_update_of_a_vanished_proxy_raises_lookuperror() -> None:
         kube = KubeApiClient(client)
         obj = await create_proxy(client, "gone")
         await delete_proxy(client, "gone")
-        with pytest.raises(LookupError):
+        with pytest.raises(ProxyGone):
             await kube.update_proxy_status(obj, {"phase": "Pending"})
         assert await kube.get_proxy("default", "gone") is None
 
@@ -213,7 +213,7 @@ async def test_removing_our_last_finalizer_lets_the_object_go() -> None:
         assert await kube.get_proxy("default", "p") is None
         # Removing again (object gone) is not an error: it returns the last object seen.
         assert (await kube.set_finalizer(deleting, present=False))["metadata"]["name"] == "p"
-        with pytest.raises(LookupError):
+        with pytest.raises(ProxyGone):
             await kube.set_finalizer(created, present=True)  # adding to a vanished Proxy
 
 

@@ -6,15 +6,16 @@ import io
 import json
 from typing import Any
 
-from egress_kvm.providers.base import CreateRequest, Placement
+from egress_kvm.providers.base import CreateRequest, ResolvedPlacement
 
 SECRET = b"#cloud-config\npassword: hunter2-very-secret\n"
 
 
-def request(name: str = "proxy-abc", *, zone: str | None = "host0", image: str | None = None,
-            machine_type: str | None = None, uid: str = "uid-1") -> CreateRequest:
-    return CreateRequest(name=name, owner_uid=uid, placement=Placement(zone=zone, image=image,
-                                                                        machine_type=machine_type),
+def request(name: str = "proxy-abc", *, zone: str = "host0", image: str = "debian-12",
+            machine_type: str = "small", uid: str = "uid-1") -> CreateRequest:
+    """A create as the controller sends it: the placement resolved (defaults: the fake config's)."""
+    return CreateRequest(name=name, owner_uid=uid,
+                         placement=ResolvedPlacement(zone=zone, image=image, machine_type=machine_type),
                          user_data=SECRET, owner_namespace="ns1", owner_name="px1")
 
 

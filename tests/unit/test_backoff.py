@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from egress_kvm.kube.backoff import Backoff
+from egress_kvm.backoff import Backoff
 
 
 def test_without_jitter_doubles_to_the_cap_and_resets() -> None:
@@ -30,7 +30,14 @@ def test_many_failures_do_not_overflow() -> None:
     assert d == 30
 
 
-@pytest.mark.parametrize("kw", [dict(base=0), dict(base=2, cap=1), dict(factor=0.5), dict(jitter=2)])
+def test_delay_is_pure_and_zero_without_failures() -> None:
+    b = Backoff(1.0, 300.0)
+    assert [b.delay(n) for n in (0, 1, 2, 3, 10_000)] == [0.0, 1.0, 2.0, 4.0, 300.0]
+    assert b.failures == 0
+
+
+@pytest.mark.parametrize("kw", [dict(base=0, cap=1), dict(base=2, cap=1), dict(base=1, cap=2, factor=0.5),
+                                dict(base=1, cap=2, jitter=2)])
 def test_bad_parameters_are_refused(kw: dict) -> None:
     with pytest.raises(ValueError):
         Backoff(**kw)

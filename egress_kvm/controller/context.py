@@ -1,0 +1,144 @@
+"""One reconcile pass: the Proxy as last read or written, what it has observed so far, and its writes.
+
+Status is written whole (composed by compose.py), with the transition Events (plan.py) and the ones the
+pass gathered, and the phase written is remembered for the gauge. `generation` and the providers are
+frozen when the pass starts: `proxy` is replaced by whatever a write returns, which after a conflict may
+carry a newer spec this pass never evaluated, and a verdict must name the inputs it was computed from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from egress_kvm.kube.interfaces import Key, KubeApi, Obj
+from egress_kvm.log import Logger
+from egress_kvm.providers.base import NotOwned, Provider
+
+from .compose import Serving, Verdict, cap_messages, compose, held
+from .desired import provider_for_ref
+from .health import Prober
+from .memory import Memory
+from .plan import NORMAL, WARNING, Event, transition_events
+from .proxyspec import EXTERNAL, SpecError, parse_spec
+from .status import READY, RUNNING, Ref
+from .verdict import Health, ProbeKey, ProbeTarget, stored_verdict
+
+
+@dataclass
+class Context:
+    key: Key
+    proxy: Obj
+    log: Logger
+    kube: KubeApi
+    prober: Prober[ProbeKey]
+    memory: Memory
+    providers: Mapping[str, Provider] = field(default_factory=dict)
+    providers_hash: str = ""
+    events: list[Event] = field(default_factory=list)  # recorded with the next status write
+    serving: ProbeTarget | None = None  # the replaced instance while it still serves
+    generation: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.generation = int(self.proxy["metadata"].get("generation") or 0)
+
+    @property
+    def status(self) -> Obj:
+        return self.proxy.get("status") or {}
+
+    @property
+    def uid(self) -> str:
+        """The Proxy's uid: every provider call names it, so the host refuses another owner's instance."""
+        return str(self.proxy["metadata"].get("uid") or "")
+
+    @property
+    def namespace(self) -> str:
+        return str(self.proxy["metadata"].get("namespace", ""))
+
+    @property
+    def own(self) -> ProbeKey:
+        return ProbeKey(self.key)
+
+    @property
+    def probe_key(self) -> ProbeKey:
+        """The instance being provisioned is probed under its own key while the replaced one serves."""
+        return ProbeKey(self.key, replacement=self.serving is not None)
+
+    # --- probes --------------------------------------------------------------------------------------
+
+    def watch(self, key: ProbeKey, target: ProbeTarget) -> None:
+        """Probe `target`; a probe that starts afresh for the Proxy's own key (this process has not been
+        probing it: a restart, a new leader) takes the verdict status recorded for the same endpoint."""
+        seed = None
+        if key == self.own and self.prober.target(key) is None:
+            seed = stored_verdict(self.status, target)
+        self.prober.watch(key, target, seed=seed)
+
+    def unwatch_all(self) -> None:
+        self.prober.unwatch(ProbeKey(self.key))
+        self.prober.unwatch(ProbeKey(self.key, replacement=True))
+
+    def _probe_stored(self) -> Health | None:
+        """Nothing observed (the host did not answer) and this process is not probing yet (a restart):
+        probe the endpoint status names, which the VM serves without its host's help, seeded with the
+        recorded verdict. Without it a stale Ready would stand with no probe behind it."""
+        ip = self.status.get("ip")
+        try:
+            spec = parse_spec(self.proxy.get("spec"))
+        except SpecError:
+            return None
+        if not ip or spec.mode == EXTERNAL:
+            return None
+        target = ProbeTarget(str(ip), spec.port, spec.health, self.namespace, spec.auth_secret)
+        if self.status.get("endpoint") != target.endpoint:
+            return None
+        self.watch(self.own, target)
+        return self.prober.health(self.own)
+
+    # --- acting --------------------------------------------------------------------------------------
+
+    async def delete(self, provider_name: str, ref: Ref) -> None:
+        """Delete an instance status names (`provider_name`: the spec's, for status that lacks one)."""
+        provider = provider_for_ref(self.providers, provider_name, ref)
+        if provider is None:
+            self.events.append(Event(WARNING, "ProviderMissing",
+                                     f"no provider serves zone {ref.zone}: instance {ref.name} not deleted"))
+            return
+        try:
+            await provider.delete(ref.name, ref.zone, owner_uid=self.uid)
+        except NotOwned as e:  # status named another Proxy's instance: leave it alone
+            self.events.append(Event(WARNING, "NotOwner", str(e)))
+            self.log.info("instance not deleted: not this Proxy's", instance=ref.name, error=str(e))
+            return
+        self.log.info("instance deleted", instance=ref.name, zone=ref.zone)
+        self.events.append(Event(NORMAL, "Deleted", f"deleted instance {ref.name} on {ref.zone}"))
+
+    # --- writing -------------------------------------------------------------------------------------
+
+    def held(self, *, message: str, reason: str, unreachable: str | None = None) -> Obj:
+        """The status as it is with a new message (nothing observed): see compose.held."""
+        health = self.prober.health(self.own)
+        if health is None and self.status.get("phase") in (RUNNING, READY):
+            health = self._probe_stored()
+        return held(self.status, message=message, reason=reason, generation=self.generation, health=health,
+                    unreachable=unreachable)
+
+    async def say(self, verdict: Verdict) -> None:
+        serving = Serving(self.serving, self.prober.health(self.own)) if self.serving is not None else None
+        await self.write(compose(self.status, verdict, generation=self.generation, serving=serving))
+
+    async def write(self, status: Obj) -> None:
+        cap_messages(status)
+        old = self.status
+        events = [*self.events, *transition_events(
+            old_phase=old.get("phase"), new_phase=status["phase"], message=status.get("message", ""),
+            endpoint=status.get("endpoint"), ip=status.get("ip"))]
+        self.events.clear()
+        if status != old:
+            self.proxy = await self.kube.update_proxy_status(self.proxy, status)
+            if old.get("phase") != status["phase"]:
+                self.log.info("phase changed", old=old.get("phase"), new=status["phase"],
+                              message=status.get("message"))
+        self.memory[self.key].phase = status["phase"]
+        for ev in events:
+            await self.kube.record_event(self.proxy, type_=ev.type_, reason=ev.reason, message=ev.message)
