@@ -10,12 +10,14 @@ and is not in the operator image.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from collections.abc import Sequence
+
+from egress_kvm import eventloop
 
 OPERATOR_COMMANDS = {"run": "egress_kvm.commands.run", "preflight": "egress_kvm.commands.preflight"}
 TESTBED_COMMANDS = {"lab": "testbed.commands.lab", "emulator": "testbed.commands.emulator"}
@@ -52,7 +54,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(args_list)
     result = args.func(args)
     if inspect.iscoroutine(result):
-        result = asyncio.run(result)
+        try:
+            loop = eventloop.choose(os.environ)
+        except ValueError as e:
+            result.close()
+            parser.error(str(e))
+        result = eventloop.run(result, loop)
     raise SystemExit(int(result or 0))
 
 

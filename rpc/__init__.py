@@ -4,9 +4,10 @@
                                      known_hosts="known_hosts") as client:
         dom = await client.domain_lookup_by_name("vm1")
 
-Layers: framing/xdr/procedures/messages are the sans-IO core (bytes in, events out); connection is the
-asyncio shell (reader task, serials, deadlines, keepalive, streams, events); client adds one method per
-procedure; transport opens unix-socket and SSH-forwarded links. Nothing here knows about Kubernetes.
+Layers: framing/xdr/procedures/messages and protocol (ClientProtocol: serials, deadlines, streams,
+tombstones, subscriptions, keepalive) are the sans-IO core (bytes in, events out); connection is the
+thin asyncio shell that moves bytes and completes futures; client adds one method per procedure;
+link/transport open unix-socket and SSH-forwarded links. Nothing here knows about Kubernetes.
 """
 
 from .client import Client
@@ -37,6 +38,7 @@ from .errors import (
 from .events import LifecycleSubscription
 from .observe import CallRecord, Observer
 from .streams import Download
+from .trace import Direction, PacketTrace, Tracer
 from .transport import DEFAULT_SOCKET, DEFAULT_URI, connect_over, connect_ssh, connect_unix, open_ssh
 from .types import (
     ConnectListAllDomainsRet,
@@ -66,6 +68,7 @@ __all__ = [
     "ConnectListAllStoragePoolsRet",
     "ConnectionLost",
     "DeadlineExceeded",
+    "Direction",
     "Domain",
     "DomainEventID",
     "DomainEventType",
@@ -86,6 +89,7 @@ __all__ = [
     "NodeGetInfoRet",
     "NotFoundError",
     "Observer",
+    "PacketTrace",
     "ProtocolError",
     "RemoteError",
     "RpcError",
@@ -96,6 +100,7 @@ __all__ = [
     "StorageVol",
     "StorageVolGetInfoRet",
     "StorageVolType",
+    "Tracer",
     "connect_over",
     "connect_ssh",
     "connect_unix",

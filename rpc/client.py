@@ -49,7 +49,7 @@ class Client(Connection):
             await self._finish_close()
             return
         self._closing = True
-        if self._lost is None:
+        if self.is_connected:
             # Best effort: the daemon may already be gone; we close either way.
             with contextlib.suppress(Exception):
                 await self.call(2, (), timeout=min(self.call_timeout, 5.0))
@@ -58,14 +58,7 @@ class Client(Connection):
     async def _finish_close(self) -> None:
         from .errors import ConnectionLost
 
-        self._fail(ConnectionLost(f"connection to {self._link.description} closed by the client"))
-        if not self._reader_task.done():
-            self._reader_task.cancel()
-        for task in (self._reader_task, self._keepalive_task):
-            if task is not None:
-                # The task has ended; any error it had was already delivered to the waiters.
-                with contextlib.suppress(BaseException):
-                    await task
+        self._lost(ConnectionLost(f"connection to {self._link.description} closed by the client"))
         await self._link.aclose()
 
     async def _handshake(
@@ -139,7 +132,7 @@ class Client(Connection):
             self,
             dom,
             timeout=timeout,
-            max_queue=max_queue if max_queue is not None else self._event_queue_max,
+            max_queue=max_queue if max_queue is not None else self.event_queue_max,
         )
 
     # -- one method per procedure (protocol order and names) --------------------------------------

@@ -1,98 +1,78 @@
-"""The asyncio connection: one reader task, many calls in flight matched by serial, streams, events.
+"""The asyncio shell around the sans-IO ClientProtocol: it moves bytes and completes futures, nothing more.
 
-Why it is shaped this way:
-- One reader task owns the socket's read side; it decodes every packet and completes the matching future,
-  feeds the matching stream, or queues the event for its subscription. Callers never read.
-- Every packet is written with synchronous `write()` calls and no `await` between a packet's parts, so
-  packets from concurrent calls can never interleave; only stream uploads wait for the buffer to drain.
-- Every call has a deadline, enforced with a timer on the call's future (no task per call). A call that
-  times out or is cancelled leaves the serial map at once, so its late reply is recognised and dropped.
-- Events go to a bounded per-subscription queue that the reader never waits on: a slow consumer loses
-  events (and is told so with EventsLost), it never stalls replies.
-- The reader never waits on a consumer. A download whose consumer falls `download_high_water` bytes
-  behind fails alone (DownloadOverrun, aborted on the server, its buffer freed) rather than pausing the
-  reader, which would stall every other call, event and PING on the connection.
-- A call that opens server-side state (a stream, an event registration) and is abandoned (deadline,
-  cancel) leaves a tombstone: if its late reply says the state was opened, the client undoes it (stream
-  abort, deregistration) instead of letting the daemon push data or events nobody reads.
-- When the link dies (EOF, error, keepalive timeout, malformed framing) every waiter fails at once with
-  ConnectionLost; only the packet at fault (if it can be told apart) gets ProtocolError.
+All protocol state and rules live in protocol.ClientProtocol (serials, pending calls and their
+deadlines, streams, tombstones, subscriptions, keepalive). This shell:
+- feeds every read from the link into the protocol and turns the events into future results, stream
+  wake-ups and subscription pushes, synchronously, so nothing is ever reordered;
+- writes every packet with synchronous `write()` calls and no `await` between a packet's parts, so
+  packets from concurrent calls never interleave; only stream uploads wait for the buffer to drain;
+- keeps ONE loop timer, armed at the protocol's next wakeup (the earliest deadline or keepalive step),
+  instead of a timer per call.
+The reader never waits on a consumer: events go to bounded per-subscription queues and downloads fail
+alone when their consumer falls too far behind (both enforced by the protocol).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .constants import MessageType
-from .errors import (
-    ConnectionLost,
-    DeadlineExceeded,
-    DownloadOverrun,
-    ProtocolError,
-    error_from_remote,
-)
-from .framing import Header, PacketDecoder
-from .link import WRITE_HIGH_WATER, Link
-from .messages import (
-    PING,
-    PONG,
-    ErrorReply,
-    EventMessage,
-    Ping,
-    Reply,
-    StreamData,
-    StreamFailed,
-    StreamFinished,
-    classify,
-    encode_call,
-    encode_stream_abort,
-)
+from .errors import ConnectionLost, DeadlineExceeded, RpcError
+from .link import WRITE_HIGH_WATER, BaseLink
 from .observe import CallRecord, Observer
-from .procedures import BY_NUMBER, LIFECYCLE_MSG, PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE, Procedure
-from .streams import StreamState
-from .types import LifecycleEvent
-from .xdr import Reader
+from .procedures import BY_NUMBER, Procedure
+from .protocol import (
+    DOWNLOAD_HIGH_WATER,
+    MAX_TOMBSTONES,
+    CallDone,
+    CallFailed,
+    ClientProtocol,
+    ConnectionClosed,
+    LifecycleReceived,
+    Stream,
+    StreamChanged,
+    SubscriptionFailed,
+)
+from .trace import Tracer
 
 if TYPE_CHECKING:
     from .events import LifecycleSubscription
 
-READ_SIZE = 256 * 1024
 DEFAULT_CALL_TIMEOUT = 60.0
 DEFAULT_KEEPALIVE_INTERVAL = 5.0
 DEFAULT_KEEPALIVE_COUNT = 5
 DEFAULT_EVENT_QUEUE = 10000
-#: A download buffers at most this much unread; past it the download fails (DownloadOverrun).
-DOWNLOAD_HIGH_WATER = 8 * 1024 * 1024
-#: At most this many abandoned calls are remembered for undoing their late replies (oldest forgotten).
-MAX_TOMBSTONES = 1024
 
 PROC_REGISTER_ANY = 316
 PROC_DEREGISTER_ANY = 317
 
-
-@dataclass(slots=True)
-class _Pending:
-    proc: Procedure
-    fut: asyncio.Future[Any]
-    on_reply: Callable[[Any], None] | None
+__all__ = [
+    "DEFAULT_CALL_TIMEOUT",
+    "DEFAULT_EVENT_QUEUE",
+    "DEFAULT_KEEPALIVE_COUNT",
+    "DEFAULT_KEEPALIVE_INTERVAL",
+    "DOWNLOAD_HIGH_WATER",
+    "MAX_TOMBSTONES",
+    "Connection",
+]
 
 
 class Connection:
-    """A libvirt RPC connection over one Link. Use the Client subclass; this is its generic machinery."""
+    """A libvirt RPC connection over one link. Use the Client subclass; this is its generic machinery."""
 
     def __init__(
         self,
-        link: Link,
+        link: BaseLink,
         *,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
         observer: Observer | None = None,
         event_queue_max: int = DEFAULT_EVENT_QUEUE,
         download_high_water: int = DOWNLOAD_HIGH_WATER,
+        tracer: Tracer | None = None,
     ) -> None:
         if call_timeout is None or call_timeout <= 0:
             raise ValueError(f"call_timeout must be a positive number of seconds, got {call_timeout!r}")
@@ -101,50 +81,68 @@ class Connection:
         self.call_timeout = float(call_timeout)
         self.observer = observer
         self._event_queue_max = event_queue_max
-        if not isinstance(download_high_water, int) or download_high_water <= 0:
-            raise ValueError(f"download_high_water must be a positive size, got {download_high_water!r}")
-        self._download_high_water = download_high_water
-        self._decoder = PacketDecoder()
-        self._pending: dict[int, _Pending] = {}
-        self._streams: dict[int, StreamState] = {}
-        self._subs: dict[int, LifecycleSubscription] = {}
-        self._serial = 0
-        self._lost: BaseException | None = None
-        self._closing = False
-        self._last_rx = self._loop.time()
-        #: serial -> procedure of abandoned calls whose late reply may have opened server-side state;
-        #: None marks our own fire-and-forget cleanup calls, whose replies are dropped silently.
-        self._tombstones: dict[int, Procedure | None] = {}
-        #: Lifecycle events dropped because their body was malformed (framing intact, so not fatal).
-        self.bad_events = 0
-        self._keepalive_task: asyncio.Task[None] | None = None
-        self.keepalive_interval: float | None = None
-        self.keepalive_count = 0
-        #: Replies that arrived for calls no longer waiting (timed out or cancelled): dropped.
-        self.late_replies = 0
-        self.pings_received = 0
-        self.pongs_received = 0
-        self._reader_task = self._loop.create_task(
-            self._read_loop(), name=f"libvirt-reader {link.description}"
+        self._core = ClientProtocol(
+            now=self._loop.time(),
+            download_high_water=download_high_water,
+            tracer=tracer,
+            description=link.description,
         )
+        self._core.write_backlog = link.write_buffer_size
+        self._subs: dict[int, LifecycleSubscription] = {}
+        self._on_reply: dict[int, Callable[[Any], None]] = {}
+        self._stream_waiters: dict[int, asyncio.Future[None]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._closing = False
+        self._closed = asyncio.Event()
+        link.start(self)
 
     # -- state ------------------------------------------------------------------------------------
 
     @property
+    def protocol(self) -> ClientProtocol:
+        """The protocol state machine (read its state; drive it only through this connection)."""
+        return self._core
+
+    @property
     def is_connected(self) -> bool:
-        return self._lost is None
+        return self._core.closed is None
 
     @property
     def description(self) -> str:
         return self._link.description
 
-    def _check_open(self) -> None:
-        if self._lost is not None:
-            raise ConnectionLost(f"connection to {self._link.description} is closed: {self._lost}")
+    @property
+    def late_replies(self) -> int:
+        """Replies that arrived for calls no longer waiting (timed out or cancelled): dropped."""
+        return self._core.late_replies
 
-    def _next_serial(self) -> int:
-        self._serial = (self._serial + 1) & 0xFFFFFFFF or 1
-        return self._serial
+    @property
+    def pings_received(self) -> int:
+        return self._core.pings_received
+
+    @property
+    def pongs_received(self) -> int:
+        return self._core.pongs_received
+
+    @property
+    def bad_events(self) -> int:
+        """Lifecycle events dropped because their body was malformed."""
+        return self._core.bad_events
+
+    @property
+    def keepalive_interval(self) -> float | None:
+        return self._core.keepalive_interval
+
+    @property
+    def keepalive_count(self) -> int:
+        return self._core.keepalive_count
+
+    def check_open(self) -> None:
+        """ConnectionLost if the connection is closed."""
+        lost = self._core.closed
+        if lost is not None:
+            raise ConnectionLost(f"connection to {self._link.description} is closed: {lost}")
 
     # -- the generic call path -------------------------------------------------------------------
 
@@ -156,102 +154,51 @@ class Connection:
         timeout: float | None = None,
         on_reply: Callable[[Any], None] | None = None,
     ) -> Any:
-        """Send one call and return its decoded result (see Procedure.decode_ret)."""
+        """Send one call and return its decoded result (see Procedure.decode_ret). `on_reply` runs with
+        the value as the reply is read, before any later packet is handled."""
         procedure = proc if isinstance(proc, Procedure) else BY_NUMBER[proc]
         if procedure.stream:
             raise TypeError(f"{procedure.method} opens a stream: use the client's method for it")
-        started = time.perf_counter()
+        # One coroutine frame per call, no helper: this is the hot path (docs/performance.md).
+        observer = self.observer
+        started = time.perf_counter() if observer is not None else 0.0
+        loop = self._loop
+        fut = loop.create_future()
+        now = loop.time()
+        wait = self.call_timeout if timeout is None else timeout
         try:
-            result = await self._roundtrip(procedure, args, timeout=timeout, on_reply=on_reply)
+            serial, data = self._core.send_call(procedure, args, now=now, timeout=wait, token=fut)
+        except (TypeError, ValueError):
+            raise  # bad arguments: nothing was sent, nothing to observe
         except BaseException as e:
-            if self.observer is not None and not isinstance(e, TypeError | ValueError):
-                self._observe(procedure, args, None, e, started)
+            if observer is not None:
+                self.record(procedure, args, None, e, started)
             raise
-        if self.observer is not None:
-            self._observe(procedure, args, result, None, started)
-        return result
-
-    async def _roundtrip(
-        self,
-        procedure: Procedure,
-        args: Sequence[Any],
-        *,
-        timeout: float | None,
-        on_reply: Callable[[Any], None] | None = None,
-        stream: StreamState | None = None,
-    ) -> Any:
-        self._check_open()
-        payload = procedure.encode_args(args)
-        deadline = self.call_timeout if timeout is None else timeout
-        if deadline <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
-        serial = self._next_serial()
-        fut: asyncio.Future[Any] = self._loop.create_future()
-        self._pending[serial] = _Pending(procedure, fut, on_reply)
-        if stream is not None:
-            stream.serial = serial
-            self._streams[serial] = stream
-        timer = self._loop.call_later(deadline, self._expire, serial, deadline)
+        if on_reply is not None:
+            self._on_reply[serial] = on_reply
         try:
-            self._link.write(encode_call(proc=procedure.number, serial=serial, payload=payload))
-            return await fut
-        except (DeadlineExceeded, asyncio.CancelledError):
-            # Abandoned (not failed by the link) by a call that may open something on the daemon: undo it
-            # now if the reply already came, else when its late reply comes.
-            if self._lost is None and (procedure.stream or procedure.number == PROC_REGISTER_ANY):
-                if fut.done() and not fut.cancelled() and fut.exception() is None:
-                    self._undo(procedure, serial, fut.result())
-                else:
-                    self._remember(serial, procedure)
+            self._link.write(data)
+        except ConnectionLost as e:
+            self._lost(e)
+        if self._timer_at > now + wait:
+            self._arm()
+        try:
+            result = await fut
+        except BaseException as e:
+            if isinstance(e, asyncio.CancelledError):
+                self._core.abandon(serial)
+                self._flush()
+            if observer is not None:
+                self.record(procedure, args, None, e, started)
             raise
         finally:
-            timer.cancel()
-            self._pending.pop(serial, None)
+            if on_reply is not None:
+                self._on_reply.pop(serial, None)
+        if observer is not None:
+            self.record(procedure, args, result, None, started)
+        return result
 
-    def _remember(self, serial: int, procedure: Procedure | None) -> None:
-        while len(self._tombstones) >= MAX_TOMBSTONES:
-            del self._tombstones[next(iter(self._tombstones))]
-        self._tombstones[serial] = procedure
-
-    def _late_reply(self, ev: Reply | ErrorReply) -> None:
-        """A reply nobody waits for: drop it, undoing what it opened if its call was abandoned."""
-        if ev.serial not in self._tombstones:
-            self.late_replies += 1
-            return
-        proc = self._tombstones.pop(ev.serial)
-        if proc is None:
-            return  # the reply to one of our own cleanup calls
-        self.late_replies += 1
-        if type(ev) is not Reply or proc.number != ev.proc or self._lost is not None:
-            return  # refused, or not what we sent: nothing was opened
-        with contextlib.suppress(ProtocolError):
-            self._undo(proc, ev.serial, None if proc.stream else proc.decode_ret(ev.payload))
-
-    def _undo(self, proc: Procedure, serial: int, value: Any) -> None:
-        """Close what an abandoned call opened: abort its stream, or deregister its event callback."""
-        with contextlib.suppress(ConnectionLost):
-            if proc.stream:
-                self._link.write(encode_stream_abort(proc=proc.number, serial=serial))
-            else:  # PROC_REGISTER_ANY: the daemon registered a callback (id `value`) nobody listens to
-                self._send_and_forget(BY_NUMBER[PROC_DEREGISTER_ANY], (value,))
-
-    def _send_and_forget(self, procedure: Procedure, args: Sequence[Any]) -> None:
-        """Send a cleanup call from inside the reader (which cannot await); its reply is dropped."""
-        serial = self._next_serial()
-        self._remember(serial, None)
-        payload = procedure.encode_args(args)
-        self._link.write(encode_call(proc=procedure.number, serial=serial, payload=payload))
-
-    def _expire(self, serial: int, deadline: float) -> None:
-        p = self._pending.pop(serial, None)
-        if p is not None and not p.fut.done():
-            p.fut.set_exception(
-                DeadlineExceeded(
-                    f"{p.proc.method}: no reply from {self._link.description} within {deadline:g} s"
-                )
-            )
-
-    def _observe(
+    def record(
         self,
         procedure: Procedure,
         args: Sequence[Any],
@@ -259,8 +206,11 @@ class Connection:
         error: BaseException | None,
         started: float,
     ) -> None:
+        """Hand one finished call to the observer (streams call this at their end)."""
+        if self.observer is None:
+            return
         names = [n for n, _ in procedure.args.fields] if procedure.args else []
-        record = CallRecord(
+        rec = CallRecord(
             procedure=procedure.name,
             method=procedure.method,
             args=dict(zip(names, args, strict=False)),
@@ -270,240 +220,185 @@ class Connection:
         )
         # An observer's bug must not break the call it observes.
         with contextlib.suppress(Exception):
-            self.observer(record)  # type: ignore[misc]
+            self.observer(rec)
 
-    # -- the reader task -------------------------------------------------------------------------
+    # -- what the link feeds (link.Receiver) -------------------------------------------------------
 
-    async def _read_loop(self) -> None:
-        link = self._link
-        decoder = self._decoder
-        dispatch = self._dispatch
-        loop = self._loop
-        try:
-            while True:
-                data = await link.read(READ_SIZE)
-                if not data:
-                    if self._closing:
-                        raise ConnectionLost(f"connection to {link.description} closed by the client")
-                    where = "" if decoder.at_boundary() else " in the middle of a packet"
-                    raise ConnectionLost(f"connection closed by {link.description}{where}")
-                self._last_rx = loop.time()
-                for packet in decoder.feed(data):
-                    try:
-                        event = classify(packet)
-                    except ProtocolError as e:
-                        if self._fail_one(packet.header, e):
-                            continue  # framing is intact: only that call (or stream) is lost
-                        raise
-                    dispatch(event)
-        except asyncio.CancelledError:
-            self._fail(ConnectionLost(f"connection to {link.description} closed by the client"))
-            raise
-        except ConnectionLost as e:
-            self._fail(e)
-        except ProtocolError as e:
-            # Framing is broken: nothing after this can be trusted, so the link is dropped. For every
-            # waiter that is a lost connection (what callers reconnect on); the cause stays chained.
-            lost = ConnectionLost(f"connection to {link.description} dropped: protocol error: {e}")
-            lost.__cause__ = e
-            self._fail(lost)
-        except Exception as e:
-            self._fail(ConnectionLost(f"connection to {link.description} lost: {e or type(e).__name__}"))
+    def data_received(self, data: bytes) -> None:
+        events = self._core.receive_data(data, now=self._loop.time())
+        if events:
+            self._handle(events)
+        self._flush()
 
-    def _fail_one(self, header: Header, exc: ProtocolError) -> bool:
-        """A malformed body (e.g. a remote_error) in a reply or stream packet: fail just its owner."""
-        if header.type == MessageType.REPLY:
-            p = self._pending.pop(header.serial, None)
-            if p is not None and not p.fut.done():
-                p.fut.set_exception(exc)
-                self._streams.pop(header.serial, None)
-                return True
-        elif header.type == MessageType.STREAM:
-            stream = self._streams.get(header.serial)
-            if stream is not None:
-                stream.fail(exc)
-                return True
-        return False
+    def eof_received(self) -> None:
+        if self._closing:
+            self._lost(ConnectionLost(f"connection to {self._link.description} closed by the client"))
+        else:
+            self._handle(self._core.receive_data(b"", now=self._loop.time()))
 
-    def _dispatch(self, ev: Any) -> None:
-        kind = type(ev)
-        if kind is Reply or kind is ErrorReply:
-            p = self._pending.pop(ev.serial, None)
-            if p is None or p.fut.done():
-                self._late_reply(ev)
-                return
-            if ev.proc != p.proc.number:
-                p.fut.set_exception(
-                    ProtocolError(
-                        f"reply to serial {ev.serial} names procedure {ev.proc}, not {p.proc.number}"
-                    )
-                )
-                return
-            if kind is ErrorReply:
-                p.fut.set_exception(error_from_remote(ev.error))
-                stream = self._streams.pop(ev.serial, None)
-                if stream is not None:
-                    stream.fail(error_from_remote(ev.error))
-                return
-            try:
-                value = p.proc.decode_ret(ev.payload)
-                if p.on_reply is not None:
-                    p.on_reply(value)
-            except ProtocolError as e:
-                p.fut.set_exception(e)
-                return
-            p.fut.set_result(value)
-        elif kind is StreamData or kind is StreamFinished or kind is StreamFailed:
-            stream = self._streams.get(ev.serial)
-            if stream is None or stream.proc.number != ev.proc:
-                return  # an aborted stream's tail
-            stream.on_event(ev)
-            if stream.buffered > self._download_high_water:
-                self._overrun(stream)
-        elif kind is EventMessage:
-            if ev.proc == PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE:
-                self._lifecycle_event(ev.payload)
-        elif kind is Ping:
-            self.pings_received += 1
-            # A peer that pings but never reads would grow our send buffer without bound: answer only
-            # while it is draining (one PONG answers any number of PINGs anyway).
-            if self._lost is None and self._link.write_buffer_size() < WRITE_HIGH_WATER:
-                self._link.write(PONG)
-        else:  # Pong: liveness is already recorded
-            self.pongs_received += 1
-
-    def _lifecycle_event(self, payload: bytes) -> None:
-        """Route one lifecycle event. A malformed body is dropped and counted: the framing is intact, so
-        it is no reason to drop the connection; a subscription it can still be traced to is failed."""
-        try:
-            r = Reader(payload, what="lifecycle event")
-            event: LifecycleEvent = LIFECYCLE_MSG.unpack(r)
-            r.finish()
-        except ProtocolError as e:
-            self.bad_events += 1
-            # The callback id is the body's first int; the subscription stays registered so that its
-            # aclose() still deregisters it.
-            callback_id = int.from_bytes(payload[:4], "big", signed=True) if len(payload) >= 4 else None
-            sub = self._subs.get(callback_id) if callback_id is not None else None
-            if sub is not None:
-                sub._fail(ProtocolError(f"malformed lifecycle event for callback {sub.callback_id}: {e}"))
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._core.closed is not None:
             return
-        sub = self._subs.get(event.callback_id)
-        if sub is not None:
-            sub._push(event)
-
-    def _overrun(self, stream: StreamState) -> None:
-        """A download's consumer fell too far behind: fail that download alone, never the reader."""
-        mib = stream.buffered / (1024 * 1024)
-        stream.overrun(
-            DownloadOverrun(
-                f"{stream.proc.method}: the consumer fell {mib:.1f} MiB behind (download_high_water "
-                f"{self._download_high_water} bytes); the download was aborted so that it does not stall "
-                "other calls on this connection: read it faster, or give it a connection of its own"
+        if self._closing:
+            self._lost(ConnectionLost(f"connection to {self._link.description} closed by the client"))
+        elif exc is None:
+            self.eof_received()
+        else:
+            self._lost(
+                ConnectionLost(f"connection to {self._link.description} lost: {exc or type(exc).__name__}")
             )
-        )
-        self._close_stream(stream, abort=True)
 
-    def _fail(self, exc: BaseException) -> None:
-        """The link is gone: fail every waiter at once, each with its own exception instance."""
-        if self._lost is not None:
-            return
-        self._lost = exc
-        msg = str(exc)
-        cause = exc.__cause__
+    def _flush(self) -> None:
+        out = self._core.data_to_send()
+        if out:
+            try:
+                self._link.write(out)
+            except ConnectionLost as e:
+                self._lost(e)
 
-        def lost() -> ConnectionLost:
-            e = ConnectionLost(msg)
-            e.__cause__ = cause
-            return e
+    def _lost(self, exc: ConnectionLost) -> None:
+        self._handle(self._core.close(exc))
 
-        pending, self._pending = self._pending, {}
-        for p in pending.values():
-            if not p.fut.done():
-                p.fut.set_exception(lost())
-        streams, self._streams = self._streams, {}
-        for s in streams.values():
-            s.fail(lost())
-        subs, self._subs = self._subs, {}
-        for sub in subs.values():
-            sub._fail(lost())
-        self._tombstones.clear()
-        if self._keepalive_task is not None and self._keepalive_task is not asyncio.current_task():
-            self._keepalive_task.cancel()
+    def _handle(self, events: list[Any]) -> None:
+        for ev in events:
+            kind = type(ev)
+            if kind is CallDone:
+                fut = ev.token
+                if not fut.done():
+                    cb = self._on_reply.get(ev.serial)
+                    if cb is not None:
+                        try:
+                            cb(ev.value)
+                        except RpcError as e:
+                            fut.set_exception(e)
+                            continue
+                    fut.set_result(ev.value)
+            elif kind is CallFailed:
+                fut = ev.token
+                if not fut.done():
+                    fut.set_exception(ev.error)
+            elif kind is StreamChanged:
+                w = self._stream_waiters.get(ev.stream.serial)
+                if w is not None and not w.done():
+                    w.set_result(None)
+            elif kind is LifecycleReceived:
+                sub = self._subs.get(ev.callback_id)
+                if sub is not None:
+                    sub._push(ev.event)
+            elif kind is SubscriptionFailed:
+                sub = self._subs.get(ev.callback_id)
+                if sub is not None:
+                    if isinstance(ev.error, ConnectionLost):
+                        self._subs.pop(ev.callback_id, None)
+                    sub._fail(ev.error)
+            elif kind is ConnectionClosed:
+                self._closed_down()
+
+    def _closed_down(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = math.inf
+        for sub in list(self._subs.values()):
+            sub._fail(ConnectionLost(str(self._core.closed)))
+        self._subs.clear()
+        for w in self._stream_waiters.values():
+            if not w.done():
+                w.set_result(None)
         self._link.abort()
+        self._closed.set()
 
-    # -- keepalive -------------------------------------------------------------------------------
+    # -- time -------------------------------------------------------------------------------------
+
+    def _arm(self) -> None:
+        wake = self._core.next_wakeup()
+        if wake is None or wake >= self._timer_at:
+            if wake is None and self._timer is not None:
+                self._timer.cancel()
+                self._timer, self._timer_at = None, math.inf
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = wake
+        self._timer = self._loop.call_at(wake, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        events = self._core.tick(self._loop.time())
+        if events:
+            self._handle(events)
+        self._flush()
+        self._arm()
 
     def _start_keepalive(self, *, interval: float, count: int) -> None:
         """PING after `interval` s of silence; declare the peer dead after interval x (count + 1) s."""
-        if interval <= 0 or count < 0:
-            raise ValueError(f"keepalive interval must be > 0 and count >= 0, got {interval!r}, {count!r}")
-        self.keepalive_interval = float(interval)
-        self.keepalive_count = int(count)
-        self._keepalive_task = self._loop.create_task(self._keepalive_loop(), name="libvirt-keepalive")
+        self._core.enable_keepalive(interval=interval, count=count, now=self._loop.time())
+        self._arm()
 
-    async def _keepalive_loop(self) -> None:
-        interval = self.keepalive_interval or 0.0
-        dead_after = interval * (self.keepalive_count + 1)
-        last_ping = 0.0
-        while self._lost is None:
-            now = self._loop.time()
-            idle = now - self._last_rx
-            if idle >= dead_after:
-                self._fail(
-                    ConnectionLost(
-                        f"no data from {self._link.description} for {idle:.1f} s "
-                        f"(keepalive: interval {interval:g} s x {self.keepalive_count + 1})"
-                    )
-                )
-                return
-            if idle >= interval and now - last_ping >= interval:
-                last_ping = now
-                try:
-                    self._link.write(PING)
-                except ConnectionLost as e:
-                    self._fail(e)
-                    return
-            wake_in = min(
-                interval - (now - last_ping) if idle >= interval else interval - idle, dead_after - idle
-            )
-            await asyncio.sleep(max(wake_in, 0.01))
+    # -- streams (used by streams.py) --------------------------------------------------------------
 
-    # -- streams ---------------------------------------------------------------------------------
-
-    async def _open_stream(
+    async def open_stream(
         self, procedure: Procedure, args: Sequence[Any], *, timeout: float | None
-    ) -> StreamState:
-        stream = StreamState(proc=procedure, serial=0)
+    ) -> Stream:
+        """Make a stream procedure's call; returns its open Stream once the daemon accepted it."""
+        loop = self._loop
+        fut = loop.create_future()
+        wait = self.call_timeout if timeout is None else timeout
+        now = loop.time()
+        serial, data = self._core.send_call(procedure, args, now=now, timeout=wait, token=fut)
+        stream = self._core.stream(serial)
+        assert stream is not None
         try:
-            await self._roundtrip(procedure, args, timeout=timeout, stream=stream)
-        except BaseException:
-            self._streams.pop(stream.serial, None)
+            self._link.write(data)
+        except ConnectionLost as e:
+            self._lost(e)
+        self._arm()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            self._core.abandon(serial)
+            self._flush()
             raise
         return stream
 
-    def _close_stream(self, stream: StreamState, *, abort: bool) -> None:
-        if self._streams.pop(stream.serial, None) is not None and abort and self._lost is None:
-            with contextlib.suppress(ConnectionLost):  # the link is gone: nothing left to abort
-                self._link.write(encode_stream_abort(proc=stream.proc.number, serial=stream.serial))
-        stream.chunks.clear()
-        stream.buffered = 0
+    def stream_write(self, stream: Stream, chunk: bytes | memoryview) -> None:
+        """Send one STREAM/CONTINUE packet: header + data in one buffer (the one copy this layer makes)."""
+        self._link.write(self._core.send_stream_data(stream, len(chunk)) + chunk)
 
-    async def _wait_stream(self, stream: StreamState, timeout: float, *, what: str) -> None:
-        waiter = stream.new_waiter()
+    def stream_finish(self, stream: Stream) -> None:
+        self._link.write(self._core.finish_stream(stream))
+
+    def close_stream(self, stream: Stream, *, abort: bool) -> None:
+        self._core.close_stream(stream, abort=abort)
+        self._stream_waiters.pop(stream.serial, None)
+        self._flush()
+
+    async def wait_stream(self, stream: Stream, timeout: float, *, what: str) -> None:
+        """Wait until something happens to the stream (data, end, confirmation, error) or `timeout`."""
+        waiter = self._loop.create_future()
+        self._stream_waiters[stream.serial] = waiter
         try:
             await asyncio.wait_for(waiter, timeout)
         except TimeoutError:
             raise DeadlineExceeded(
                 f"{stream.proc.method}: {what}: nothing from {self._link.description} within {timeout:g} s"
             ) from None
+        finally:
+            if self._stream_waiters.get(stream.serial) is waiter:
+                del self._stream_waiters[stream.serial]
 
-    async def _drain_for(self, stream: StreamState, timeout: float) -> None:
+    def stream_waiter(self, stream: Stream) -> asyncio.Future[None]:
+        """A future set when something happens to the stream (for racing it against other waits)."""
+        waiter = self._loop.create_future()
+        self._stream_waiters[stream.serial] = waiter
+        return waiter
+
+    async def drain_for(self, stream: Stream, timeout: float) -> None:
         """Wait for the write buffer to drain, but return at once if the server fails the stream."""
         if self._link.write_buffer_size() < WRITE_HIGH_WATER:
             return
         drain = self._loop.create_task(self._link.drain())
-        waiter = stream.new_waiter()
+        waiter = self.stream_waiter(stream)
         drain_error: BaseException | None = None
         try:
             done, _ = await asyncio.wait(
@@ -528,3 +423,33 @@ class Connection:
             raise DeadlineExceeded(
                 f"{stream.proc.method}: {self._link.description} accepted no data for {timeout:g} s"
             )
+
+    # -- subscriptions (used by events.py) ---------------------------------------------------------
+
+    async def subscribe(self, sub: LifecycleSubscription, dom: Any, *, timeout: float | None) -> int:
+        """Register lifecycle events for `sub`; events are routed to it from the moment the reply is read."""
+
+        installed: list[int] = []
+
+        def install(callback_id: int) -> None:
+            installed.append(callback_id)
+            self._subs[callback_id] = sub
+
+        try:
+            return await self.call(PROC_REGISTER_ANY, (0, dom), timeout=timeout, on_reply=install)
+        except BaseException:
+            # Abandoned after the reply was read: the protocol already queued the deregistration.
+            for callback_id in installed:
+                self._subs.pop(callback_id, None)
+            raise
+
+    async def unsubscribe(self, callback_id: int, *, timeout: float | None) -> None:
+        """Stop routing `callback_id` and deregister it on the daemon (if the connection is up)."""
+        self._subs.pop(callback_id, None)
+        if self._core.unsubscribe(callback_id, notify_server=False) and self.is_connected:
+            with contextlib.suppress(RpcError):
+                await self.call(PROC_DEREGISTER_ANY, (callback_id,), timeout=timeout)
+
+    @property
+    def event_queue_max(self) -> int:
+        return self._event_queue_max

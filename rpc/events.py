@@ -1,25 +1,29 @@
 """Lifecycle event subscriptions: registration, a bounded per-subscription queue, deregistration.
 
-The reader task pushes each DOMAIN_EVENT_CALLBACK_LIFECYCLE message into the queue of the subscription
-whose callback id it carries, and never waits: a consumer that falls behind loses the newest events and
-is told so (EventsLost), rather than stalling replies to calls on the same connection.
+The connection pushes each DOMAIN_EVENT_CALLBACK_LIFECYCLE message into the queue of the subscription
+whose callback id it carries (the protocol decides which ids are live), and never waits: a consumer
+that falls behind loses the newest events and is told so (EventsLost), rather than stalling replies to
+calls on the same connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from .errors import EventsLost, RpcError
+from .errors import EventsLost
 from .types import Domain, LifecycleEvent
 
-if TYPE_CHECKING:
-    from .connection import Connection
 
-PROC_REGISTER_ANY = 316
-PROC_DEREGISTER_ANY = 317
+class EventHost(Protocol):
+    """What a subscription needs from a connection (Connection implements it)."""
+
+    async def subscribe(
+        self, sub: LifecycleSubscription, dom: Domain | None, *, timeout: float | None
+    ) -> int: ...
+
+    async def unsubscribe(self, callback_id: int, *, timeout: float | None) -> None: ...
 
 
 class LifecycleSubscription:
@@ -30,9 +34,7 @@ class LifecycleSubscription:
     newer events are dropped and the iterator raises EventsLost once after the ones it kept.
     """
 
-    def __init__(
-        self, conn: Connection, dom: Domain | None, *, timeout: float | None, max_queue: int
-    ) -> None:
+    def __init__(self, conn: EventHost, dom: Domain | None, *, timeout: float | None, max_queue: int) -> None:
         self._conn = conn
         self.dom = dom
         self._timeout = timeout
@@ -49,20 +51,10 @@ class LifecycleSubscription:
     async def __aenter__(self) -> LifecycleSubscription:
         if self._active:
             raise RuntimeError("this subscription is already registered")
+        # The connection routes events to us from the moment the reply is read, before any later packet
+        # is handled, so no event can slip past; a registration abandoned after its reply is undone there.
+        self.callback_id = await self._conn.subscribe(self, self.dom, timeout=self._timeout)
 
-        def install(callback_id: int) -> None:
-            # Runs in the reader before any later packet is dispatched, so no event can slip past.
-            self.callback_id = callback_id
-            self._conn._subs[callback_id] = self
-
-        try:
-            await self._conn.call(PROC_REGISTER_ANY, (0, self.dom), timeout=self._timeout, on_reply=install)
-        except BaseException:
-            # Cancelled or timed out after the reply was installed: the connection deregisters the
-            # abandoned callback itself; just forget the subscription here.
-            if self.callback_id is not None:
-                self._conn._subs.pop(self.callback_id, None)
-            raise
         self._active = True
         return self
 
@@ -74,9 +66,8 @@ class LifecycleSubscription:
             return
         self._active = False
         cb = self.callback_id
-        if cb is not None and self._conn._subs.pop(cb, None) is not None and self._conn.is_connected:
-            with contextlib.suppress(RpcError):
-                await self._conn.call(PROC_DEREGISTER_ANY, (cb,), timeout=self._timeout)
+        if cb is not None:
+            await self._conn.unsubscribe(cb, timeout=self._timeout)
         self._closed = True
         self._wake()
 

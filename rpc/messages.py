@@ -79,7 +79,20 @@ class Pong:
     pass
 
 
-Incoming = Reply | ErrorReply | EventMessage | StreamData | StreamFinished | StreamFailed | Ping | Pong
+@dataclass(frozen=True, slots=True)
+class Unsupported:
+    """A well-framed packet the receiver cannot use: a reply passing file descriptors (REPLY_WITH_FDS), a
+    sparse-stream hole (STREAM_HOLE); on a server, a CALL_WITH_FDS. The framing is intact, so it fails
+    only the call or stream it belongs to, never the connection."""
+
+    serial: int
+    proc: int
+    type: int
+
+
+Incoming = (
+    Reply | ErrorReply | EventMessage | StreamData | StreamFinished | StreamFailed | Ping | Pong | Unsupported
+)
 
 
 def decode_remote_error(payload: bytes) -> RemoteError:
@@ -125,6 +138,8 @@ def classify(packet: Packet) -> Incoming:
         if h.status == MessageStatus.OK:
             return StreamFinished(h.serial, h.proc)
         return StreamFailed(h.serial, h.proc, decode_remote_error(packet.payload))
+    if h.type == MessageType.REPLY_WITH_FDS or h.type == MessageType.STREAM_HOLE:
+        return Unsupported(h.serial, h.proc, h.type)
     raise ProtocolError(f"unexpected message type {h.type} from server")
 
 
@@ -175,6 +190,88 @@ def encode_stream_abort(*, proc: int, serial: int) -> bytes:
         serial=serial,
         status=MessageStatus.ERROR,
     )
+
+
+# -- the server's side (a daemon stand-in, a simulator): what a server sends --------------------------
+
+
+def encode_reply(*, proc: int, serial: int, payload: bytes) -> bytes:
+    """REPLY/OK carrying a procedure's encoded return value."""
+    return encode_packet(
+        prog=REMOTE_PROGRAM,
+        vers=REMOTE_PROTOCOL_VERSION,
+        proc=proc,
+        type=MessageType.REPLY,
+        serial=serial,
+        status=MessageStatus.OK,
+        payload=payload,
+    )
+
+
+def encode_error_reply(*, proc: int, serial: int, error: RemoteError) -> bytes:
+    """REPLY/ERROR carrying a remote_error."""
+    return encode_packet(
+        prog=REMOTE_PROGRAM,
+        vers=REMOTE_PROTOCOL_VERSION,
+        proc=proc,
+        type=MessageType.REPLY,
+        serial=serial,
+        status=MessageStatus.ERROR,
+        payload=encode_remote_error(error),
+    )
+
+
+def encode_event(*, proc: int, payload: bytes) -> bytes:
+    """MESSAGE (an event the server pushes), serial 0."""
+    return encode_packet(
+        prog=REMOTE_PROGRAM,
+        vers=REMOTE_PROTOCOL_VERSION,
+        proc=proc,
+        type=MessageType.MESSAGE,
+        serial=0,
+        status=MessageStatus.OK,
+        payload=payload,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A call as a server receives it (args still encoded: decode with the procedure's decode_args)."""
+
+    serial: int
+    proc: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAborted:
+    """STREAM/ERROR from a client: it aborts the stream (no remote_error in it)."""
+
+    serial: int
+    proc: int
+
+
+FromClient = Call | StreamData | StreamFinished | StreamAborted | Ping | Pong | Unsupported
+
+
+def classify_from_client(packet: Packet) -> FromClient:
+    """The meaning of one packet a client sent: the server's counterpart of `classify`."""
+    h = packet.header
+    if h.prog == KEEPALIVE_PROGRAM:
+        if h.proc == KEEPALIVE_PROC_PING:
+            return Ping()
+        if h.proc == KEEPALIVE_PROC_PONG:
+            return Pong()
+        raise ProtocolError(f"unknown keepalive procedure {h.proc}")
+    if h.type == MessageType.CALL:
+        return Call(h.serial, h.proc, packet.payload)
+    if h.type == MessageType.STREAM:
+        if h.status == MessageStatus.CONTINUE:
+            return StreamData(h.serial, h.proc, packet.payload)
+        if h.status == MessageStatus.OK:
+            return StreamFinished(h.serial, h.proc)
+        return StreamAborted(h.serial, h.proc)
+    return Unsupported(h.serial, h.proc, h.type)
 
 
 def _keepalive(proc: int) -> bytes:

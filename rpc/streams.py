@@ -1,84 +1,74 @@
-"""Data streams (STORAGE_VOL_UPLOAD / DOWNLOAD): per-stream state, upload, and the download iterator.
+"""Data streams (STORAGE_VOL_UPLOAD / DOWNLOAD): upload, and the download iterator.
 
-The reader task feeds each stream's StreamState (by serial); the functions here run on the caller's
-side. The rules they follow (libvirt-rpc.md, "Streams"): an upload is not acknowledged chunk by chunk,
-and a server failure arrives unasked as STREAM/ERROR, after which the server drops everything we send,
-the finish included; so every wait here also watches for that error, and every wait has a deadline.
+The protocol (protocol.ClientProtocol) keeps each stream's state; the functions here run on the
+caller's side, through the small StreamHost interface the connection offers. The rules they follow
+(libvirt-rpc.md, "Streams"): an upload is not acknowledged chunk by chunk, and a server failure
+arrives unasked as STREAM/ERROR, after which the server drops everything we send, the finish included;
+so every wait here also watches for that error, and every wait has a deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import time
 from collections.abc import AsyncIterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, cast
 
 from .constants import STREAM_CHUNK
-from .errors import ProtocolError, RpcError, error_from_remote
-from .messages import StreamData, StreamFailed, StreamFinished, encode_stream_finish, stream_data_header
+from .errors import RpcError
 from .procedures import Procedure
+from .protocol import Stream
 
-if TYPE_CHECKING:
-    from .connection import Connection
+#: Flags asking for a sparse stream (VIR_STORAGE_VOL_UPLOAD_SPARSE_STREAM / _DOWNLOAD_SPARSE_STREAM):
+#: the daemon would send or expect STREAM_HOLE packets, which this client does not speak.
+SPARSE_STREAM_FLAG = 1
 
 
-class StreamState:
-    """State of one data stream (upload or download), fed by the reader task."""
+class StreamHost(Protocol):
+    """What the stream code needs from a connection (Connection implements it)."""
 
-    def __init__(self, *, proc: Procedure, serial: int) -> None:
-        self.proc = proc
-        self.serial = serial
-        self.chunks: collections.deque[bytes] = collections.deque()
-        self.buffered = 0
-        self.eof = False  # download: the zero-length CONTINUE arrived
-        self.finished = False  # server sent STREAM/OK
-        self.error: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
+    call_timeout: float
 
-    def wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+    def check_open(self) -> None: ...
 
-    def new_waiter(self) -> asyncio.Future[None]:
-        self._waiter = asyncio.get_running_loop().create_future()
-        return self._waiter
+    async def open_stream(
+        self, procedure: Procedure, args: Sequence[Any], *, timeout: float | None
+    ) -> Stream: ...
 
-    def on_event(self, ev: StreamData | StreamFinished | StreamFailed) -> None:
-        if type(ev) is StreamData:
-            if self.proc.stream == "upload":
-                # Nobody would ever consume it, and buffering it could stall the reader: refuse.
-                if self.error is None:
-                    self.error = ProtocolError(f"{self.proc.method}: server sent data on an upload stream")
-            elif self.eof:
-                pass  # nothing may follow the end of data; ignore rather than buffer
-            elif ev.data:
-                self.chunks.append(ev.data)
-                self.buffered += len(ev.data)
-            else:
-                self.eof = True
-        elif type(ev) is StreamFinished:
-            self.finished = True
-        else:
-            self.error = error_from_remote(ev.error)
-        self.wake()
+    def stream_write(self, stream: Stream, chunk: bytes | memoryview) -> None: ...
 
-    def fail(self, exc: BaseException) -> None:
-        if self.error is None:
-            self.error = exc
-        self.wake()
+    def stream_finish(self, stream: Stream) -> None: ...
 
-    def overrun(self, exc: BaseException) -> None:
-        """The consumer fell too far behind: drop what is buffered (the download is over) and fail."""
-        self.chunks.clear()
-        self.buffered = 0
-        self.fail(exc)
+    def close_stream(self, stream: Stream, *, abort: bool) -> None: ...
+
+    async def wait_stream(self, stream: Stream, timeout: float, *, what: str) -> None: ...
+
+    def stream_waiter(self, stream: Stream) -> asyncio.Future[None]: ...
+
+    async def drain_for(self, stream: Stream, timeout: float) -> None: ...
+
+    def record(
+        self,
+        procedure: Procedure,
+        args: Sequence[Any],
+        result: Any,
+        error: BaseException | None,
+        started: float,
+    ) -> None: ...
+
+
+def refuse_sparse(procedure: Procedure, flags: int) -> None:
+    """ValueError before the call if `flags` ask for a sparse stream (holes are not supported)."""
+    if flags & SPARSE_STREAM_FLAG:
+        raise ValueError(
+            f"{procedure.method}: flags={flags:#x} asks for a sparse stream (SPARSE_STREAM, 0x1), which this "
+            "client does not support: pass flags without it"
+        )
 
 
 async def upload(
-    conn: Connection,
+    conn: StreamHost,
     procedure: Procedure,
     args: Sequence[Any],
     data: bytes | bytearray | memoryview | AsyncIterable[bytes],
@@ -86,13 +76,14 @@ async def upload(
     timeout: float | None,
 ) -> int:
     """Run an upload stream; return the bytes sent. `timeout` bounds each wait for progress."""
+    refuse_sparse(procedure, int(args[-1]))
     wait = conn.call_timeout if timeout is None else timeout
     started = time.perf_counter()
     sent = 0
     try:
-        stream = await conn._open_stream(procedure, args, timeout=timeout)
-        in_memory = isinstance(data, bytes | bytearray | memoryview)
-        source = chunks(data if in_memory else _raced(data, stream))
+        stream = await conn.open_stream(procedure, args, timeout=timeout)
+        raw = data if isinstance(data, bytes | bytearray | memoryview) else None
+        source = chunks(raw if raw is not None else _raced(cast(AsyncIterable[bytes], data), stream, conn))
         try:
             while True:
                 if stream.error is not None:
@@ -100,41 +91,33 @@ async def upload(
                 chunk = await anext(source, None)
                 if chunk is None:
                     break
-                conn._check_open()
-                # header + data in one buffer: the one copy of the data this layer makes
-                conn._link.write(
-                    stream_data_header(proc=procedure.number, serial=stream.serial, length=len(chunk)) + chunk
-                )
+                conn.stream_write(stream, chunk)
                 sent += len(chunk)
-                await conn._drain_for(stream, wait)
-            if stream.error is not None:
-                raise stream.error
-            conn._check_open()
-            conn._link.write(encode_stream_finish(proc=procedure.number, serial=stream.serial))
+                await conn.drain_for(stream, wait)
+            conn.stream_finish(stream)
             while not stream.finished:
                 if stream.error is not None:
                     raise stream.error
-                await conn._wait_stream(stream, wait, what="waiting for the upload to be confirmed")
+                await conn.wait_stream(stream, wait, what="waiting for the upload to be confirmed")
         except BaseException:
-            conn._close_stream(stream, abort=not stream.finished and stream.error is None)
+            conn.close_stream(stream, abort=not stream.finished and stream.error is None)
             raise
         finally:
             with contextlib.suppress(Exception):
                 await source.aclose()
-        conn._close_stream(stream, abort=False)
+        conn.close_stream(stream, abort=False)
     except BaseException as e:
-        if conn.observer is not None and not isinstance(e, TypeError | ValueError):
-            conn._observe(procedure, args, sent, e, started)
+        if not isinstance(e, TypeError | ValueError):
+            conn.record(procedure, args, sent, e, started)
         raise
-    if conn.observer is not None:
-        conn._observe(procedure, args, sent, None, started)
+    conn.record(procedure, args, sent, None, started)
     return sent
 
 
 _END = object()
 
 
-async def _raced(data: AsyncIterable[bytes], stream: StreamState) -> Any:
+async def _raced(data: AsyncIterable[bytes], stream: Stream, conn: StreamHost) -> Any:
     """The caller's pieces, each wait for the next one racing the stream's error: a server STREAM/ERROR
     or a dropped link ends the upload at once even while the source is waiting (a slow disk, a pipe,
     HTTP). Raced per piece of the caller's, not per stream packet sliced from it: one task per piece."""
@@ -144,13 +127,14 @@ async def _raced(data: AsyncIterable[bytes], stream: StreamState) -> Any:
     while True:
         if stream.error is not None:
             raise stream.error
-        fetch = asyncio.ensure_future(anext(it, _END))
-        waiter = stream.new_waiter()
+        fetch: asyncio.Future[Any] = asyncio.ensure_future(anext(it, _END))
+        waiter: asyncio.Future[Any] = conn.stream_waiter(stream)
         try:
             while not fetch.done() and stream.error is None:
                 await asyncio.wait({fetch, waiter}, return_when=asyncio.FIRST_COMPLETED)
                 if waiter.done() and not fetch.done():
-                    waiter = stream.new_waiter()  # a wake that was not an error (e.g. a stray OK): wait on
+                    # a wake that was not an error (e.g. a stray OK): wait on
+                    waiter = conn.stream_waiter(stream)
         except BaseException:
             fetch.cancel()
             with contextlib.suppress(BaseException):
@@ -207,12 +191,13 @@ async def chunks(data: bytes | bytearray | memoryview | AsyncIterable[bytes]) ->
 class Download:
     """An async iterator of a download's bytes. Use `async with` (or aclose()) when you may stop early."""
 
-    def __init__(self, conn: Connection, procedure: Procedure, args: Sequence[Any], *, timeout: float | None):
+    def __init__(self, conn: StreamHost, procedure: Procedure, args: Sequence[Any], *, timeout: float | None):
+        refuse_sparse(procedure, int(args[-1]))
         self._conn = conn
         self._proc = procedure
         self._args = tuple(args)
         self._timeout = timeout
-        self._stream: StreamState | None = None
+        self._stream: Stream | None = None
         self._done = False
         self._received = 0
         self._started = 0.0
@@ -234,27 +219,26 @@ class Download:
         try:
             if self._stream is None:
                 self._started = time.perf_counter()
-                self._stream = await conn._open_stream(self._proc, self._args, timeout=self._timeout)
+                self._stream = await conn.open_stream(self._proc, self._args, timeout=self._timeout)
             s = self._stream
             while True:
-                if s.chunks:
-                    chunk = s.chunks.popleft()
-                    s.buffered -= len(chunk)
+                chunk = s.take()
+                if chunk is not None:
                     self._received += len(chunk)
                     return chunk
                 if s.error is not None:
                     raise s.error
                 if s.eof:
-                    conn._check_open()
+                    conn.check_open()
                     if not s.finished:
-                        conn._link.write(encode_stream_finish(proc=self._proc.number, serial=s.serial))
+                        conn.stream_finish(s)
                     while not s.finished:
                         if s.error is not None:
                             raise s.error
-                        await conn._wait_stream(s, wait, what="waiting for the end of the download")
+                        await conn.wait_stream(s, wait, what="waiting for the end of the download")
                     self._finish(None)
                     raise StopAsyncIteration
-                await conn._wait_stream(s, wait, what="waiting for data")
+                await conn.wait_stream(s, wait, what="waiting for data")
         except StopAsyncIteration:
             raise
         except BaseException as e:
@@ -266,9 +250,9 @@ class Download:
             return
         self._done = True
         if self._stream is not None:
-            self._conn._close_stream(self._stream, abort=error is not None and self._stream.error is None)
-        if self._conn.observer is not None and not isinstance(error, TypeError | ValueError):
-            self._conn._observe(
+            self._conn.close_stream(self._stream, abort=error is not None and self._stream.error is None)
+        if not isinstance(error, TypeError | ValueError):
+            self._conn.record(
                 self._proc, self._args, self._received if error is None else None, error, self._started
             )
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 import asyncssh
 
@@ -26,8 +26,9 @@ from .connection import (
     DOWNLOAD_HIGH_WATER,
 )
 from .errors import ConnectFailed, HostKeyRejected, LibvirtError, RpcError
-from .link import Link
+from .link import BaseLink, SSHLink, open_unix_link
 from .observe import Observer
+from .trace import Tracer
 
 DEFAULT_URI = "qemu:///system"
 DEFAULT_SOCKET = "/var/run/libvirt/libvirt-sock"
@@ -46,7 +47,7 @@ PREFERRED_CIPHERS = (
 
 
 async def _open_client(
-    link: Link,
+    link: BaseLink,
     *,
     uri: str | None,
     timeout: float,
@@ -57,6 +58,7 @@ async def _open_client(
     readonly: bool,
     event_queue_max: int,
     download_high_water: int = DOWNLOAD_HIGH_WATER,
+    tracer: Tracer | None = None,
 ) -> Client:
     """Run the handshake on `link`; `timeout` bounds the whole of it (what is left of connect_*'s)."""
     client = Client(
@@ -65,6 +67,7 @@ async def _open_client(
         observer=observer,
         event_queue_max=event_queue_max,
         download_high_water=download_high_water,
+        tracer=tracer,
     )
     try:
         async with asyncio.timeout(timeout) as whole:
@@ -83,6 +86,71 @@ async def _open_client(
             raise
         raise ConnectFailed(f"{link.description}: handshake failed: {e}") from e
     return client
+
+
+class Dialer(Protocol):
+    """One way to reach libvirtd's socket: `dial` returns a connected link or raises ConnectFailed."""
+
+    description: str
+
+    async def dial(self, timeout: float) -> BaseLink: ...
+
+
+class UnixDialer:
+    """libvirtd's unix socket, directly (an asyncio.Protocol on it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.description = f"unix:{path}"
+
+    async def dial(self, timeout: float) -> BaseLink:
+        try:
+            return await asyncio.wait_for(open_unix_link(self.path), timeout)
+        except TimeoutError:
+            raise ConnectFailed(f"{self.description}: no connection within {timeout:g} s") from None
+        except OSError as e:
+            raise ConnectFailed(f"{self.description}: {e.strerror or e}") from e
+
+
+class SSHDialer:
+    """libvirtd's unix socket through an SSH direct-streamlocal channel (an asyncssh session on it).
+    With `owns_ssh`, closing the link closes the SSH connection too."""
+
+    def __init__(
+        self, ssh_conn: asyncssh.SSHClientConnection, socket_path: str, *, owns_ssh: bool = False
+    ) -> None:
+        self.ssh_conn = ssh_conn
+        self.socket_path = socket_path
+        self.owns_ssh = owns_ssh
+        host = ssh_conn.get_extra_info("peername") or ("?", 0)
+        self.description = f"ssh://{host[0]}:{host[1]}{socket_path}"
+
+    async def _close_ssh(self) -> None:
+        self.ssh_conn.close()
+        with contextlib.suppress(TimeoutError):  # close() already dropped the transport; don't hang on it
+            await asyncio.wait_for(self.ssh_conn.wait_closed(), 5.0)
+
+    async def dial(self, timeout: float) -> BaseLink:
+        where = self.description
+        on_close = self._close_ssh if self.owns_ssh else None
+        # asyncssh types session factories as SSHUNIXSession; SSHLink has that shape (connection_made,
+        # data_received, eof_received, connection_lost, pause/resume_writing) without the base class.
+        factory = cast(Any, lambda: SSHLink(description=where, on_close=on_close))
+        try:
+            _, session = await asyncio.wait_for(
+                self.ssh_conn.create_unix_connection(factory, self.socket_path, encoding=None), timeout
+            )
+            link = cast(SSHLink, session)
+        except TimeoutError:
+            raise ConnectFailed(f"{where}: the SSH server opened no channel within {timeout:g} s") from None
+        except asyncssh.ChannelOpenError as e:
+            raise ConnectFailed(
+                f"{where}: the SSH server refused to forward the libvirt socket: {e.reason} "
+                "(is libvirtd running there, and may the SSH user open its socket?)"
+            ) from e
+        except (asyncssh.Error, OSError) as e:
+            raise ConnectFailed(f"{where}: {e}") from e
+        return link
 
 
 class _Deadline:
@@ -118,18 +186,14 @@ async def connect_unix(
     readonly: bool = False,
     event_queue_max: int = DEFAULT_EVENT_QUEUE,
     download_high_water: int = DOWNLOAD_HIGH_WATER,
+    tracer: Tracer | None = None,
 ) -> Client:
-    """A client on libvirtd's unix socket at `path`, handshake done (auth, keepalive, CONNECT_OPEN uri)."""
+    """A client on libvirtd's unix socket at `path`, handshake done (auth, keepalive, CONNECT_OPEN uri).
+    `tracer` receives one record per packet (header fields only; see rpc.trace)."""
     timeout = _check_timeout("timeout", timeout)
     _check_timeout("call_timeout", call_timeout)
     deadline = _Deadline(timeout, f"unix:{path}")
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout)
-    except TimeoutError:
-        raise ConnectFailed(f"unix:{path}: no connection within {timeout:g} s") from None
-    except OSError as e:
-        raise ConnectFailed(f"unix:{path}: {e.strerror or e}") from e
-    link = Link(reader, writer, description=f"unix:{path}")
+    link = await UnixDialer(path).dial(timeout)
     try:
         left = deadline.left()
     except ConnectFailed:
@@ -146,6 +210,7 @@ async def connect_unix(
         readonly=readonly,
         event_queue_max=event_queue_max,
         download_high_water=download_high_water,
+        tracer=tracer,
     )
 
 
@@ -162,32 +227,15 @@ async def connect_over(
     readonly: bool = False,
     event_queue_max: int = DEFAULT_EVENT_QUEUE,
     download_high_water: int = DOWNLOAD_HIGH_WATER,
+    tracer: Tracer | None = None,
     _owns_ssh: bool = False,
 ) -> Client:
     """A client on an SSH connection the caller already has; its close() closes only its own channel."""
     timeout = _check_timeout("timeout", timeout)
     _check_timeout("call_timeout", call_timeout)
-    host = ssh_conn.get_extra_info("peername") or ("?", 0)
-    description = f"ssh://{host[0]}:{host[1]}{socket_path}"
-    deadline = _Deadline(timeout, description)
-    try:
-        reader, writer = await asyncio.wait_for(ssh_conn.open_unix_connection(socket_path), timeout)
-    except TimeoutError:
-        raise ConnectFailed(f"{description}: the SSH server opened no channel within {timeout:g} s") from None
-    except asyncssh.ChannelOpenError as e:
-        raise ConnectFailed(
-            f"{description}: the SSH server refused to forward the libvirt socket: {e.reason} "
-            "(is libvirtd running there, and may the SSH user open its socket?)"
-        ) from e
-    except (asyncssh.Error, OSError) as e:
-        raise ConnectFailed(f"{description}: {e}") from e
-
-    async def close_ssh() -> None:
-        ssh_conn.close()
-        with contextlib.suppress(TimeoutError):  # close() already dropped the transport; don't hang on it
-            await asyncio.wait_for(ssh_conn.wait_closed(), 5.0)
-
-    link = Link(reader, writer, description=description, on_close=close_ssh if _owns_ssh else None)
+    dialer = SSHDialer(ssh_conn, socket_path, owns_ssh=_owns_ssh)
+    deadline = _Deadline(timeout, dialer.description)
+    link = await dialer.dial(timeout)
     try:
         left = deadline.left()
     except ConnectFailed:
@@ -204,6 +252,7 @@ async def connect_over(
         readonly=readonly,
         event_queue_max=event_queue_max,
         download_high_water=download_high_water,
+        tracer=tracer,
     )
 
 
@@ -281,6 +330,7 @@ async def connect_ssh(
     readonly: bool = False,
     event_queue_max: int = DEFAULT_EVENT_QUEUE,
     download_high_water: int = DOWNLOAD_HIGH_WATER,
+    tracer: Tracer | None = None,
     **ssh_options: Any,
 ) -> Client:
     """A client through its own SSH connection (closed with the client). `known_hosts` is required:
@@ -310,6 +360,7 @@ async def connect_ssh(
             readonly=readonly,
             event_queue_max=event_queue_max,
             download_high_water=download_high_water,
+            tracer=tracer,
             _owns_ssh=True,
         )
     except BaseException:

@@ -28,6 +28,7 @@ from egress_kvm import metrics
 from egress_kvm.backoff import Backoff
 from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj, ProxyStore, key_of
 from egress_kvm.log import Logger, get_logger
+from egress_kvm.policy.policies import EgressPolicies
 from egress_kvm.providers.base import Provider
 
 from .gc import Collected, collect_orphans
@@ -48,7 +49,8 @@ class Controller:
                  logger: Logger | None = None, namespace: str | None = None,
                  timings: Timings | None = None, transient_backoff: Backoff = TRANSIENT_BACKOFF,
                  quota_backoff: Backoff = QUOTA_BACKOFF, probe_time_scale: float = 1.0,
-                 reconcile_timeout: float = 300.0, wedge_grace: float = 60.0) -> None:
+                 egress: EgressPolicies | None = None, reconcile_timeout: float = 300.0,
+                 wedge_grace: float = 60.0) -> None:
         """`namespace` (optional, beyond the contract): the watch scope, so GC never judges instances
         owned from other namespaces. The last four tune timings for tests."""
         if workers < 1:
@@ -65,7 +67,8 @@ class Controller:
         self.queue = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff)
         self.prober: Prober[ProbeKey] = Prober(
             kube=kube, on_change=self._enqueue_any, time_scale=probe_time_scale,
-            on_refresh=self._enqueue_unless_backing_off, logger=self.log.with_name("health"))
+            on_refresh=self._enqueue_unless_backing_off, logger=self.log.with_name("health"),
+            policies=egress)
         self.reconciler = Reconciler(kube=kube, prober=self.prober, providers=providers,
                                      providers_hash=providers_hash, timings=timings, logger=self.log)
         self._tasks: list[asyncio.Task[None]] = []
@@ -107,8 +110,11 @@ class Controller:
             return
         self.enqueue(key)
 
-    def update_providers(self, providers: Mapping[str, Provider], providers_hash: str) -> None:
+    def update_providers(self, providers: Mapping[str, Provider], providers_hash: str,
+                         egress: EgressPolicies | None = None) -> None:
         self.log.info("providers changed; re-evaluating every Proxy", providers=sorted(providers))
+        if egress is not None:  # the file's egress section, which External probes follow
+            self.prober.policies = egress
         self.reconciler.set_providers(providers, providers_hash)
         self._listen_for_hosts(providers)
         self._enqueue_all()

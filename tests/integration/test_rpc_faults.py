@@ -27,7 +27,7 @@ DEADLINE = (
 async def wait_sent(client: rpc.Client, n: int = 1) -> None:
     """Let the call leave: its serial is in the map once it has been written."""
     for _ in range(200):
-        if len(client._pending) >= n:
+        if client.protocol.pending >= n:
             await asyncio.sleep(0.1)
             return
         await asyncio.sleep(0.01)
@@ -78,7 +78,7 @@ async def test_deadline_on_a_frozen_libvirtd_then_the_late_reply_is_dropped(lab_
             await asyncio.sleep(0.05)
         assert client.late_replies == 1
         assert await client.connect_get_lib_version(timeout=30) > 0
-        assert client.is_connected and client._pending == {}
+        assert client.is_connected and client.protocol.pending == 0
 
 
 async def test_killing_libvirtd_mid_call_is_connection_lost_on_every_transport(lab_host) -> None:  # type: ignore[no-untyped-def]
@@ -120,6 +120,6 @@ async def test_a_full_pool_mid_upload_ends_the_upload_at_once_with_the_daemons_e
             with pytest.raises(rpc.LibvirtError, match="No space left on device") as ei:
                 await client.storage_vol_upload(vol, 0, size, 0, os.urandom(size), timeout=DEADLINE)
             assert ei.value.code_name == "SYSTEM_ERROR"
-            assert client._streams == {}
+            assert client.protocol.streams == {}
             assert await client.connect_get_lib_version() > 0  # the connection is fine
             await client.storage_vol_delete(vol)

@@ -371,7 +371,7 @@ async def test_upload_to_a_missing_volume_fails_cleanly(lab_host, client: rpc.Cl
         await client.storage_vol_upload(ghost, 0, 0, 0, b"abc")
     with pytest.raises(rpc.NotFoundError):
         await client.storage_vol_download(ghost, 0, 0).read_all()
-    assert client._streams == {} and await client.connect_get_lib_version() > 0
+    assert client.protocol.streams == {} and await client.connect_get_lib_version() > 0
 
 
 def vol_fields(lab_host, pool: str, name: str) -> dict[str, str]:  # type: ignore[no-untyped-def]

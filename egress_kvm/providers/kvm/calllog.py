@@ -5,6 +5,9 @@ interfaces, ...), duration, and on failure error + libvirtCode/libvirtCodeName/l
 V(2) adds the bulky or sensitive-ish parts: domain/volume `xml`, the `metadata` element, interface
 `addresses`, domain `names`. Stream payloads never reach a record (the rpc package hands us only the
 byte count), so the seed ISO upload - the user's cloud-init - is logged as `length` and `duration` only.
+V(5) (`--zap-log-level=5`) adds the raw wire tier: one `libvirt packet` line per packet in each direction
+with the header fields (program, version, procedure, type, serial, status, length) and never the payload;
+a stream's data packets come as one line per stream and direction (`packets`, total `length`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ from egress_kvm.metrics import LIBVIRT_RPC_DURATION
 from rpc.constants import DomainState, StoragePoolState
 from rpc.errors import LibvirtError, NotFoundError
 from rpc.observe import CallRecord, Observer
+from rpc.trace import PacketTrace, Tracer
+
+#: The verbosity of the raw wire tier (one line per packet).
+WIRE_V = 5
 
 # The instance an operation is about, so RPC lines of a Create carry `name` even for volume calls.
 current_instance: contextvars.ContextVar[str] = contextvars.ContextVar("current_instance", default="")
@@ -104,3 +111,22 @@ def make_observer(log: Logger, *, host: str) -> Observer:
         line.info("libvirt call", **fields)
 
     return observe
+
+
+def make_tracer(log: Logger, *, host: str) -> Tracer | None:
+    """The V(5) wire tracer for one host's client, or None when V(5) is off: then the rpc client skips
+    tracing altogether (it costs nothing per packet). Logging is configured before providers are made."""
+    line = log.with_name("libvirt").with_values(host=host).v(WIRE_V)
+    if not line.enabled():
+        return None
+
+    def trace(rec: PacketTrace) -> None:
+        fields: dict[str, Any] = {
+            "direction": rec.direction.value, "program": rec.program, "version": rec.version,
+            "procedure": rec.procedure, "type": rec.type, "serial": rec.serial, "status": rec.status,
+            "length": rec.length}
+        if rec.packets != 1:
+            fields["packets"] = rec.packets
+        line.info("libvirt packet", **fields)
+
+    return trace

@@ -33,6 +33,9 @@ from dataclasses import dataclass
 import aiohttp
 
 from egress_kvm.metrics import IMAGE_BYTES_FETCHED
+from egress_kvm.policy.connect import EgressDenied, NameNotResolved, TooManyRedirects, open_checked
+from egress_kvm.policy.egress import Policy
+from egress_kvm.policy.phrases import failure_phrase
 from egress_kvm.providers.base import PermanentError, ProgressCallback, TransientError
 from rpc.errors import LibvirtError, NotFoundError
 from rpc.types import StoragePool, StorageVol
@@ -56,7 +59,9 @@ class BaseImage:
     downloaded: bool
 
 
-HttpFactory = Callable[[], Awaitable[aiohttp.ClientSession]]
+# The session for an image (its resolver enforces the egress policy) and that policy (for literal
+# addresses and redirects, which open_checked decides hop by hop).
+HttpFactory = Callable[[ImageSource], Awaitable[tuple[aiohttp.ClientSession, Policy]]]
 
 
 @dataclass(frozen=True)
@@ -148,12 +153,12 @@ class ImageCache:
         started = self._clock()
         limits = self.limits
         deadline = asyncio.get_running_loop().time() + limits.timeout
-        http = await self._http()
+        http, policy = await self._http(image)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 try:
                     async with asyncio.timeout_at(deadline):  # a server trickling its headers included
-                        resp = await stack.enter_async_context(http.get(image.url))
+                        resp = await stack.enter_async_context(open_checked(http, image.url, policy))
                 except TimeoutError:
                     raise TransientError(f"image {image.label!r}: {image.shown_url} sent no answer within "
                                          f"{limits.timeout:.0f} s") from None
@@ -209,9 +214,13 @@ class ImageCache:
                     if isinstance(exc, _SourceError):
                         raise exc.cause from None  # handled below as the download's own failure
                     raise
-        except aiohttp.ClientError as exc:
+        except EgressDenied as exc:
+            raise PermanentError(f"image {image.label!r} ({image.shown_url}): {exc}") from None
+        except (aiohttp.ClientError, NameNotResolved, TooManyRedirects) as exc:
+            # A fixed phrase, never the library's text: it quotes URLs (queries, userinfo) and peers.
+            why = failure_phrase(exc)
             raise TransientError(
-                f"image {image.label!r}: downloading {image.shown_url} failed: {exc}") from None
+                f"image {image.label!r}: downloading {image.shown_url} failed: {why}") from None
         except TimeoutError:
             raise TransientError(f"image {image.label!r}: downloading {image.shown_url} timed out") from None
         IMAGE_BYTES_FETCHED.labels(host.name, image.label).inc(moved)

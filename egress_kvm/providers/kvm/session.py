@@ -20,6 +20,7 @@ import asyncssh
 import rpc
 from egress_kvm.config.models import HostConfig
 from rpc.observe import Observer
+from rpc.trace import Tracer
 
 from .libvirt_api import LibvirtApi
 
@@ -42,6 +43,7 @@ class DialOptions:
     ssh_key_file: str
     known_hosts_file: str | None  # None: insecureIgnoreHostKey
     observer: Observer | None = None
+    tracer: Tracer | None = None  # the V(5) wire trace (None: off)
     timeout: float = 20.0
     call_timeout: float = 60.0
     keepalive_interval: float = 10.0
@@ -148,7 +150,7 @@ async def ssh_dial(host: HostConfig, options: DialOptions) -> Session:
     try:
         client = await rpc.connect_over(
             conn, socket_path=host.socket, uri=LIBVIRT_URI, timeout=options.timeout,
-            call_timeout=options.call_timeout, observer=options.observer)
+            call_timeout=options.call_timeout, observer=options.observer, tracer=options.tracer)
     except BaseException:
         conn.close()
         raise

@@ -86,7 +86,7 @@ async def test_four_trickling_image_servers_do_not_hold_the_workers(
         monkeypatch: pytest.MonkeyPatch) -> None:
     real = addresses.usable_ipv4
     monkeypatch.setattr(addresses, "usable_ipv4", lambda a: a.startswith("127.") or real(a))
-    provider, hv = fake_kvm_provider(hosts=["host0"], cluster_id="c1")
+    provider, hv = fake_kvm_provider(hosts=["host0"], cluster_id="c1", urlImages=["127.0.0.1/32"])
     h = hv["host0"]
     try:
         make_controller({PROVIDER: provider}, workers=4)

@@ -15,7 +15,7 @@ DATA = qcow2_image()
 
 
 async def test_a_url_base_goes_once_nothing_backs_onto_it_and_its_grace_passed() -> None:
-    provider, hv = fake_kvm_provider(cluster_id="c1")
+    provider, hv = fake_kvm_provider(cluster_id="c1", urlImages=["images.example"])
     h = hv["host0"]
     base = naming.base_volume(url=URL)
     h.put_volume(base, DATA, fmt="qcow2")

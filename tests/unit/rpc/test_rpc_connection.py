@@ -95,7 +95,7 @@ async def test_deadline_then_late_reply_is_dropped_and_connection_stays_usable(s
     server.handlers[157] = lambda: 9001000
     assert await client.connect_get_lib_version() == 9001000
     assert client.late_replies == 1
-    assert client._pending == {}
+    assert client.protocol.pending == 0
     await client.close()
 
 
@@ -115,7 +115,7 @@ async def test_cancelled_call_leaves_no_trace_and_its_reply_is_dropped(server: F
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert client._pending == {}
+    assert client.protocol.pending == 0
     reply(server, rec, "host0")
     server.handlers[59] = lambda: "host1"
     assert await client.connect_get_hostname() == "host1"
@@ -149,7 +149,7 @@ async def test_bad_length_word_drops_the_link_and_waiters_get_connection_lost(se
     with pytest.raises(rpc.ConnectionLost, match=r"protocol error: .*exceeds the maximum") as ei:
         await task
     assert isinstance(ei.value.__cause__, rpc.ProtocolError)
-    assert client._decoder.buffered == 0
+    assert client.protocol.at_boundary
     with pytest.raises(rpc.ConnectionLost):
         await client.connect_get_lib_version()
     await client.close()
@@ -208,7 +208,8 @@ async def test_close_sends_connect_close_and_leaves_no_tasks(server: FakeServer)
     await client.close()
     await client.close()  # idempotent
     assert [r.proc for r in server.received][-1] == 2
-    assert client._reader_task.done()
+    assert not client.is_connected
+    # the link's reader (a pump task for this stream-pair link) has ended with the close
     others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
     assert all("libvirt" not in t.get_name() for t in others)
 
@@ -346,7 +347,7 @@ async def test_lifecycle_subscription_routes_by_callback_id_and_deregisters(serv
         assert ev == rpc.LifecycleEvent(11, DOM, 2, 1)
     rec = await next_call(server, 317)
     assert BY_NUMBER[317].decode_args(rec.payload) == (11,)
-    assert client._subs == {}
+    assert client.protocol.subscriptions == frozenset()
     await client.close()
 
 
@@ -448,7 +449,7 @@ async def test_upload_bytes_in_protocol_sized_chunks(server: FakeServer) -> None
     call = next(r for r in server.received if r.proc == 208 and r.type == MessageType.CALL)
     assert all(p.serial == call.serial for p in packets)
     assert BY_NUMBER[208].decode_args(call.payload) == (VOL, 0, len(data), 0)
-    assert client._streams == {}
+    assert client.protocol.streams == {}
     await client.close()
 
 
@@ -484,7 +485,7 @@ async def test_unasked_stream_error_ends_a_blocked_upload_at_once(server: FakeSe
     with pytest.raises(rpc.LibvirtError, match="No space left on device") as ei:
         await upload
     assert ei.value.code_name == "SYSTEM_ERROR"
-    assert client._streams == {}
+    assert client.protocol.streams == {}
     server.reading.set()
     await client.close()
 
@@ -514,7 +515,7 @@ async def test_upload_call_refused_raises_its_error(server: FakeServer) -> None:
     client = await open_client(server)
     with pytest.raises(rpc.NotFoundError):
         await client.storage_vol_upload(VOL, 0, 0, 0, b"data")
-    assert client._streams == {}
+    assert client.protocol.streams == {}
     await client.close()
 
 
@@ -557,7 +558,7 @@ async def test_download_yields_the_bytes_and_completes_the_stream_handshake(serv
     got = await client.storage_vol_download(VOL, 0, 0).read_all()
     await feeder
     assert got == data
-    assert client._streams == {}
+    assert client.protocol.streams == {}
     await client.close()
 
 
@@ -587,7 +588,7 @@ async def test_download_left_early_aborts_the_stream(server: FakeServer) -> None
         assert await first == b"abc"
     abort = await asyncio.wait_for(server.stream_packets.get(), 5)
     assert abort.status == MessageStatus.ERROR and abort.payload == b""
-    assert client._streams == {}
+    assert client.protocol.streams == {}
     await client.close()
 
 
@@ -608,7 +609,7 @@ async def test_a_stalled_download_consumer_fails_alone_and_never_stalls_other_ca
     assert await client.connect_get_hostname(timeout=5) == "still answering"
     abort = await asyncio.wait_for(server.stream_packets.get(), 5)
     assert (abort.serial, abort.status, abort.payload) == (rec.serial, MessageStatus.ERROR, b"")
-    assert client._streams == {}  # its buffer is freed
+    assert client.protocol.streams == {}  # its buffer is freed
     with pytest.raises(rpc.DownloadOverrun, match=r"consumer fell .* MiB behind"):
         await dl.__anext__()
     assert client.is_connected
@@ -687,7 +688,7 @@ async def test_data_pushed_on_an_upload_stream_is_refused_not_buffered(server: F
 
     with pytest.raises(rpc.ProtocolError, match="sent data on an upload stream"):
         await client.storage_vol_upload(VOL, 0, 0, 0, source())
-    assert client._streams == {}
+    assert client.protocol.streams == {}
     server.handlers[59] = lambda: "alive"
     assert await client.connect_get_hostname() == "alive"
     await client.close()
@@ -778,7 +779,7 @@ async def test_stream_error_ends_an_upload_whose_source_is_waiting(server: FakeS
     with pytest.raises(rpc.LibvirtError, match="No space left on device"):
         await asyncio.wait_for(upload, 5)  # without the source ever being released
     assert not release.is_set() and log == ["source closed"]
-    assert client._streams == {}
+    assert client.protocol.streams == {}
     await client.close()
 
 
@@ -872,7 +873,7 @@ async def test_late_ok_to_a_timed_out_stream_call_makes_the_client_abort_the_str
     abort = await asyncio.wait_for(server.stream_packets.get(), 5)
     assert (abort.proc, abort.serial) == (proc, rec.serial)
     assert (abort.status, abort.payload) == (MessageStatus.ERROR, b"")
-    assert client._streams == {} and client._tombstones == {}
+    assert client.protocol.streams == {} and client.protocol.tombstones == 0
     await client.close()
 
 
@@ -885,7 +886,7 @@ async def test_late_error_to_a_timed_out_stream_call_sends_nothing(server: FakeS
     rec = await next_call(server, 209)
     server.reply_error(rec, rpc_fake_remote_error(50, "no vol"))
     assert await client.connect_get_hostname() == "h"  # the late error has been read by now
-    assert server.stream_packets.empty() and client._tombstones == {}
+    assert server.stream_packets.empty() and client.protocol.tombstones == 0
     await client.close()
 
 
@@ -915,9 +916,9 @@ async def test_late_reply_to_an_abandoned_event_registration_is_deregistered(
     reply(server, rec, 42)
     dereg = await next_call(server, 317)
     assert BY_NUMBER[317].decode_args(dereg.payload) == (42,)
-    assert client._subs == {}
+    assert client.protocol.subscriptions == frozenset()
     await asyncio.sleep(0.05)  # the 317 reply arrives and is dropped quietly
-    assert client._tombstones == {}
+    assert client.protocol.tombstones == 0
     await client.close()
 
 
@@ -930,14 +931,14 @@ async def test_registration_cancelled_after_its_reply_arrived_is_deregistered(se
     reply(server, rec, 5)
     # Let the reader install the subscription (reply dispatched) but cancel the entering task before
     # it resumes.
-    while 5 not in client._subs:  # noqa: ASYNC110 - the reader's side effect is what we wait for
+    while 5 not in client.protocol.subscriptions:  # noqa: ASYNC110 - the reader's side effect is what we wait for
         await asyncio.sleep(0)
     enter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await enter
     dereg = await next_call(server, 317)
     assert BY_NUMBER[317].decode_args(dereg.payload) == (5,)
-    assert client._subs == {}
+    assert client.protocol.subscriptions == frozenset()
     await client.close()
 
 
