@@ -974,8 +974,11 @@ async def test_a_drain_failing_with_its_stream_leaves_no_unretrieved_exception(s
     client = await open_client(server)
 
     async def broken_drain() -> None:  # the link dropped: every stream fails, and so does the drain
-        for stream in list(client._streams.values()):
-            stream.fail(rpc.ConnectionLost("connection lost: Broken pipe"))
+        for serial, stream in list(client._core.streams.items()):
+            stream._fail(rpc.ConnectionLost("connection lost: Broken pipe"))
+            waiter = client._stream_waiters.get(serial)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
         raise BrokenPipeError(32, "Broken pipe")
 
     client._link.drain = broken_drain  # type: ignore[method-assign]
