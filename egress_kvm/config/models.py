@@ -12,6 +12,7 @@ layer has to wonder whether they could escape.
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 import re
 from typing import Annotated, Literal
@@ -270,6 +271,13 @@ class EgressConfig(_Strict):
         return None if v is None else _rules(v)
 
 
+class TrafficFilter(enum.Enum):
+    """The libvirt nwfilter put on every VM NIC (docs/security.md, "Tenant isolation on the bridge")."""
+
+    CLEAN_TRAFFIC = "clean-traffic"
+    NONE = "none"
+
+
 class KvmConfig(_Strict):
     ssh_key_file: str = Field(alias="sshKeyFile", min_length=1)
     known_hosts_file: str | None = Field(None, alias="knownHostsFile")
@@ -284,6 +292,12 @@ class KvmConfig(_Strict):
     url_images: list[str] = Field(default_factory=list, alias="urlImages")
     machine_types: dict[str, MachineType] = Field(alias="machineTypes")
     hosts: list[HostConfig]
+    traffic_filter: TrafficFilter = Field(
+        TrafficFilter.CLEAN_TRAFFIC, alias="trafficFilter",
+        description="libvirt nwfilter on every VM NIC: 'clean-traffic' (default) drops MAC, IP and ARP "
+                    "spoofing and pins the NIC to the IPv4 its DHCP server hands out (the guest must use "
+                    "DHCP on the bridge); 'none' puts no filter on (for hosts without the nwfilter driver "
+                    "or a static-IP guest image; tenants on one bridge can then spoof each other).")
 
     @field_validator("images")
     @classmethod

@@ -1,21 +1,28 @@
-"""Finding a VM's IPv4 address: the guest agent first, then ARP, then the host's neighbour table.
+"""Finding a VM's IPv4 address: what the guest agent says, confirmed by the host's neighbour table.
 
-A source that errors (no agent yet; libvirt's ARP source failing with "wrong nlmsg len" on some
-kernels) counts as "no address from it" and is logged at V(1): a VM still booting is not a failed
-reconcile. Where libvirt's ARP source errors, the host's neighbour table is read over the same SSH
-connection (`ip -j neigh show dev <bridge>`) and matched by the VM's MAC; if the SSH user may not run
-`ip`, that fallback is skipped. ARP is best effort either way: the host only learns a VM's address once
-the VM talks to it (DHCP, gateway traffic).
+The guest agent runs inside the tenant's VM, so what it reports is the guest's claim, not a fact: taken
+alone it would let a tenant point its endpoint (and the operator's probes) at another machine's address.
+An agent address becomes the endpoint only when the host's own table maps it to the VM's MAC
+(`decide`): first `ip -j neigh show dev <bridge>` over the same SSH connection (no libvirt RPC), else,
+if the SSH user may not run `ip`, libvirt's ARP source (which reads the same kernel table). Without the
+agent, the host table's address for the MAC is the answer, as before. A source that errors (no agent
+yet; libvirt's ARP source failing with "wrong nlmsg len" on some kernels) counts as "no address from
+it" and is logged at V(1): a VM still booting is not a failed reconcile. The host learns a VM's address
+once the VM talks to it (its DHCP reply, gateway traffic); until then there is no endpoint yet.
 
 The address reported is IPv4, not link-local, on the NIC with the VM's deterministic MAC.
 """
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+from egress_kvm.log import Logger
 from rpc.constants import InterfaceAddressesSource, IPAddrType
 from rpc.errors import LibvirtError
 from rpc.types import Domain, DomainInterface
@@ -32,25 +39,61 @@ def usable_ipv4(addr: str) -> bool:
     return not (ip.is_link_local or ip.is_loopback or ip.is_unspecified or ip.is_multicast)
 
 
-def pick_address(interfaces: Iterable[DomainInterface], mac: str) -> str | None:
-    """The first usable IPv4 of the interface whose hwaddr is `mac` (libvirt DomainInterface shapes)."""
+def pick_addresses(interfaces: Iterable[DomainInterface], mac: str) -> list[str]:
+    """The usable IPv4s of the interfaces whose hwaddr is `mac` (libvirt DomainInterface shapes)."""
+    out: list[str] = []
     for iface in interfaces:
         if (iface.hwaddr or "").lower() != mac.lower():
             continue
-        for a in iface.addrs:
-            if a.type_ == IPAddrType.IPV4 and usable_ipv4(a.addr):
-                return str(a.addr)
-    return None
+        out.extend(str(a.addr) for a in iface.addrs if a.type_ == IPAddrType.IPV4 and usable_ipv4(a.addr))
+    return out
+
+
+def pick_address(interfaces: Iterable[DomainInterface], mac: str) -> str | None:
+    """The first usable IPv4 of the interface whose hwaddr is `mac`."""
+    return next(iter(pick_addresses(interfaces, mac)), None)
+
+
+class Verdict(enum.Enum):
+    CONFIRMED = "confirmed"  # the agent's address, and the host maps it to the VM's MAC
+    HOST_ONLY = "host-only"  # no agent address: the host table's
+    OVERRULED = "overruled"  # the agent claims addresses the host does not map to this MAC: the host's
+    UNCONFIRMED = "unconfirmed"  # the agent claims an address the host has not seen for this MAC: none yet
+    NONE = "none"  # nobody knows an address yet
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    ip: str | None
+
+
+def decide(*, agent: Sequence[str], host: Sequence[str]) -> Decision:
+    """The endpoint from the guest's claim (`agent`) and the host's table for the VM's MAC (`host`).
+
+    The host table is the authority: an agent address only counts when the host agrees."""
+    for ip in agent:
+        if ip in host:
+            return Decision(Verdict.CONFIRMED, ip)
+    if host:
+        return Decision(Verdict.OVERRULED if agent else Verdict.HOST_ONLY, host[0])
+    return Decision(Verdict.UNCONFIRMED if agent else Verdict.NONE, None)
 
 
 def pick_neighbour(neigh_json: str, mac: str) -> str | None:
     """From `ip -j neigh show dev BR`: a usable IPv4 whose lladdr is `mac` and whose entry is not FAILED."""
+    return next(iter(pick_neighbours(neigh_json, mac)), None)
+
+
+def pick_neighbours(neigh_json: str, mac: str) -> list[str]:
+    """Every usable IPv4 `ip -j neigh` maps to `mac` in a state other than FAILED/INCOMPLETE."""
+    out: list[str] = []
     try:
         entries = json.loads(neigh_json or "[]")
     except json.JSONDecodeError:
-        return None
+        return out
     if not isinstance(entries, list):
-        return None
+        return out
     for e in entries:
         if not isinstance(e, dict) or str(e.get("lladdr", "")).lower() != mac.lower():
             continue
@@ -61,43 +104,51 @@ def pick_neighbour(neigh_json: str, mac: str) -> str | None:
             continue
         addr = str(e.get("dst", ""))
         if usable_ipv4(addr):
-            return addr
-    return None
+            out.append(addr)
+    return out
 
 
-async def discover(host: Host, dom: Domain, *, mac: str, bridge: str, name: str) -> str | None:
-    log = host.log.with_values(name=name).v(1)
-    agent_error: str | None = None
+async def _host_table(host: Host, dom: Domain, *, mac: str, bridge: str, log: Logger) -> list[str]:
+    """The host's IPv4s for `mac`: `ip -j neigh` over SSH, else libvirt's ARP source; [] if neither."""
+    neigh_error: str
     try:
-        agent = InterfaceAddressesSource.AGENT
-        ifaces = await host.call("domain_interface_addresses",
-                                 lambda lv: lv.domain_interface_addresses(dom, agent, 0))
-        ip = pick_address(ifaces, mac)
-        if ip:
-            return ip
-    except LibvirtError as exc:
-        agent_error = exc.message
-        log.info("address source gave nothing", source="agent", error=exc.message,
-                 libvirtCode=exc.code, libvirtCodeName=exc.code_name)
+        result = await host.exec(["ip", "-j", "neigh", "show", "dev", bridge])
+    except ExecNotAllowed as exc:
+        neigh_error = str(exc)
+    else:
+        if result.exit_status == 0:
+            return pick_neighbours(result.stdout, mac)
+        neigh_error = (result.stderr.strip() or f"ip exited {result.exit_status}")[:300]
+    log.info("address source gave nothing", source="neighbour-table", error=neigh_error)
     try:
         arp = InterfaceAddressesSource.ARP
         ifaces = await host.call("domain_interface_addresses",
                                  lambda lv: lv.domain_interface_addresses(dom, arp, 0))
-        return pick_address(ifaces, mac)
     except LibvirtError as exc:
         log.info("address source gave nothing", source="arp", error=exc.message,
-                 libvirtCode=exc.code, libvirtCodeName=exc.code_name, agentError=agent_error)
+                 libvirtCode=exc.code, libvirtCodeName=exc.code_name)
+        return []
+    return pick_addresses(ifaces, mac)
+
+
+async def discover(host: Host, dom: Domain, *, mac: str, bridge: str, name: str) -> str | None:
+    log = host.log.with_values(name=name).v(1)
+    agent: list[str] = []
     try:
-        result = await host.exec(["ip", "-j", "neigh", "show", "dev", bridge])
-    except ExecNotAllowed as exc:
-        log.info("address source gave nothing", source="neighbour-table", error=str(exc))
-        return None
-    if result.exit_status != 0:
-        log.info("address source gave nothing", source="neighbour-table",
-                 error=(result.stderr.strip() or f"ip exited {result.exit_status}")[:300])
-        return None
-    ip = pick_neighbour(result.stdout, mac)
-    if ip:
-        extra = {"addresses": [ip]} if log.enabled(1) else {}  # addresses are V(2) detail
+        source = InterfaceAddressesSource.AGENT
+        ifaces = await host.call("domain_interface_addresses",
+                                 lambda lv: lv.domain_interface_addresses(dom, source, 0))
+        agent = pick_addresses(ifaces, mac)
+    except LibvirtError as exc:
+        log.info("address source gave nothing", source="agent", error=exc.message,
+                 libvirtCode=exc.code, libvirtCodeName=exc.code_name)
+    decision = decide(agent=agent, host=await _host_table(host, dom, mac=mac, bridge=bridge, log=log))
+    extra: dict[str, Any] = {"agentAddresses": agent, "address": decision.ip} if log.enabled(1) else {}
+    if decision.verdict is Verdict.HOST_ONLY:
         log.info("address from the host's neighbour table", mac=mac, bridge=bridge, **extra)
-    return ip
+    elif decision.verdict in (Verdict.OVERRULED, Verdict.UNCONFIRMED):
+        # Not an error (a VM whose first packet has not reached the host yet is UNCONFIRMED too), but a
+        # guest that keeps claiming an address its MAC does not hold is worth seeing.
+        host.log.with_values(name=name).info("guest agent address not confirmed by the host's neighbour "
+                                             "table", verdict=decision.verdict.value, mac=mac, **extra)
+    return decision.ip

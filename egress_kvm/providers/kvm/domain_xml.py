@@ -3,7 +3,8 @@
 The domain is the spec's "What lands on the host" paragraph: q35, the configured CPU (host-passthrough
 by default; `maximum` under software emulation, where libvirt rejects host-passthrough), the overlay on
 virtio, the seed on a SATA cdrom (or virtio-scsi for kernels without AHCI), one virtio NIC on the bridge
-with the deterministic MAC, a serial console, the guest-agent channel, a virtio RNG, no graphics, and
+with the deterministic MAC (under libvirt's `clean-traffic` nwfilter unless the providers file turns it
+off), a serial console, the guest-agent channel, a virtio RNG, no graphics, and
 the operator's metadata element. Disks reference pool volumes by name (`type='volume'`), so the XML
 needs no host paths and works for any pool type.
 """
@@ -14,11 +15,15 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from egress_kvm.config.models import CpuConfig
+from egress_kvm.config.models import CpuConfig, TrafficFilter
 
 from . import metadata
 
 GUEST_AGENT_CHANNEL = "org.qemu.guest_agent.0"
+# libvirt learns (and from then on pins) the NIC's IPv4 by snooping the DHCP exchange, so the address is
+# the one the bridge's DHCP server handed out, not whichever the guest sends first (the default, "any").
+# Works with libvirt 9.0 without a live domain update; the learned address survives a libvirtd restart.
+IP_LEARNING = "dhcp"
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class DomainSpec:
     bridge: str
     mac: str
     meta: metadata.InstanceMetadata
+    traffic_filter: TrafficFilter = TrafficFilter.CLEAN_TRAFFIC
 
 
 def _sub(parent: etree._Element, tag: str, text: str | None = None, **attrs: str) -> etree._Element:
@@ -84,6 +90,9 @@ def domain_xml(spec: DomainSpec) -> str:
     _sub(nic, "mac", address=spec.mac)
     _sub(nic, "source", bridge=spec.bridge)
     _sub(nic, "model", type="virtio")
+    if spec.traffic_filter is not TrafficFilter.NONE:
+        ref = _sub(nic, "filterref", filter=spec.traffic_filter.value)
+        _sub(ref, "parameter", name="CTRL_IP_LEARNING", value=IP_LEARNING)
 
     serial = _sub(dev, "serial", type="pty")
     _sub(serial, "target", port="0")

@@ -318,7 +318,7 @@ class KvmProvider:
             name=name, domain_type=cfg.domain_type, vcpus=mtype.vcpus, memory_mib=mtype.memory_mib,
             cpu=cfg.cpu_config, pool=pool.name, overlay_volume=naming.overlay_volume(name),
             seed_volume=naming.seed_volume(name), seed_bus=cfg.seed_bus, bridge=cfg.bridge,
-            mac=naming.mac_address(name), meta=meta)
+            mac=naming.mac_address(name), meta=meta, traffic_filter=self.config.traffic_filter)
         try:
             xml = domain_xml(spec)
         except ValueError as exc:  # lxml: a control character in a value (the spec checks should stop it)
