@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from egress_kvm.config.models import CpuConfig, parse_host_port
+from egress_kvm.config.models import CpuConfig, TrafficFilter, parse_host_port
 from egress_kvm.policy.policies import url_image_policy
 from egress_kvm.providers.base import PermanentError, Placement
 from egress_kvm.providers.kvm import addresses, metadata, naming, placement, qcow2, seed
@@ -237,3 +237,32 @@ def test_host_port_parsing_accepts_or_explains(value: str) -> None:
         assert str(exc)
     else:
         assert host and 1 <= port <= 65535
+
+
+@pytest.mark.parametrize(("agent", "host", "verdict", "ip"), [
+    ([], [], addresses.Verdict.NONE, None),
+    (["192.0.2.5"], [], addresses.Verdict.UNCONFIRMED, None),  # the guest's word alone is not enough
+    ([], ["192.0.2.5"], addresses.Verdict.HOST_ONLY, "192.0.2.5"),
+    (["192.0.2.5"], ["192.0.2.5"], addresses.Verdict.CONFIRMED, "192.0.2.5"),
+    (["192.0.2.9"], ["192.0.2.5"], addresses.Verdict.OVERRULED, "192.0.2.5"),  # claims another's address
+    (["192.0.2.9", "192.0.2.5"], ["192.0.2.7", "192.0.2.5"], addresses.Verdict.CONFIRMED, "192.0.2.5"),
+])
+def test_the_endpoint_decision(agent: list[str], host: list[str], verdict: addresses.Verdict,
+                               ip: str | None) -> None:
+    assert addresses.decide(agent=agent, host=host) == addresses.Decision(verdict, ip)
+
+
+@pytest.mark.parametrize(("switch", "filterref"), [
+    (TrafficFilter.CLEAN_TRAFFIC, "clean-traffic"),
+    (TrafficFilter.NONE, None),
+])
+def test_the_nic_carries_the_traffic_filter_with_dhcp_learning(switch: TrafficFilter,
+                                                               filterref: str | None) -> None:
+    nic = etree.fromstring(domain_xml(spec(traffic_filter=switch)).encode()).find("devices/interface")
+    ref = nic.find("filterref")
+    if filterref is None:
+        assert ref is None
+    else:
+        assert ref.get("filter") == filterref
+        assert {p.get("name"): p.get("value") for p in ref.findall("parameter")} == {
+            "CTRL_IP_LEARNING": "dhcp"}

@@ -178,9 +178,38 @@ async def test_get_ip_from_agent_then_arp_then_neighbour_table(logs: LogCapture)
         inst = await provider.get(NAME, "host0")
         assert inst is not None and inst.ip is None
 
-        h.set_vm_ip(NAME, "192.0.2.11")  # agent up: it wins, and only IPv4 non-link-local counts
+        h.set_vm_ip(NAME, "192.0.2.11")  # agent up, but no host table to confirm its claim: no endpoint
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and inst.ip is None
+        h.exec_allowed = True  # the neighbour table maps it to the VM's MAC: the agent's address counts
         inst = await provider.get(NAME, "host0")
         assert inst is not None and inst.ip == "192.0.2.11"
+    finally:
+        await provider.close()
+
+
+async def test_an_agent_address_the_host_does_not_confirm_never_becomes_the_endpoint(
+        logs: LogCapture) -> None:
+    """The guest agent is the tenant's: its claim counts only where the host maps it to the VM's MAC."""
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    mac = naming.mac_address(NAME)
+    try:
+        await provider.create(request())
+        h.agent_ips[NAME] = "192.0.2.99"  # another tenant's address, claimed; the host has not seen the VM
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and inst.ip is None
+        assert logs.lines("guest agent address not confirmed by the host's neighbour table")[-1][
+            "verdict"] == "unconfirmed"
+        h.neighbours["br0"] = [{"dst": "192.0.2.99", "lladdr": "52:54:00:00:00:01", "state": ["REACHABLE"]},
+                               {"dst": "192.0.2.20", "lladdr": mac, "state": ["REACHABLE"]}]
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and inst.ip == "192.0.2.20"  # the host's address for this MAC wins
+        assert logs.lines("guest agent address not confirmed by the host's neighbour table")[-1][
+            "verdict"] == "overruled"
+        h.exec_allowed = False  # no `ip` for the SSH user: libvirt's ARP source is the host table
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and inst.ip == "192.0.2.20"
     finally:
         await provider.close()
 
