@@ -4,7 +4,8 @@ Per provider, once: each image URL answers, with its size. Per host: SSH login w
 host-key verification; that sshd allows stream-local forwarding (the operator reaches libvirt only that
 way) and that the user may open libvirt's socket; libvirt answers (its version); the storage pool is
 active with room for one base image plus N overlays; the user can run `ip` (the provider's
-neighbour-table fallback); /dev/kvm is there for domainType kvm; the bridge is a Linux bridge. Each check
+neighbour-table fallback); /dev/kvm is there for domainType kvm; the bridge is a Linux bridge; libvirt
+has the nwfilter `trafficFilter` names (so VMs can start with it). Each check
 gives one result (verdicts.py decides what it says); a check that cannot run because one it depends on
 failed is skipped, and the others still run, so one run shows every problem of a host.
 """
@@ -24,7 +25,7 @@ import asyncssh
 
 import rpc
 from egress_kvm.config import ConfigError, ProvidersConfig, check_kvm_files
-from egress_kvm.config.models import HostConfig, KvmConfig
+from egress_kvm.config.models import HostConfig, KvmConfig, TrafficFilter
 from egress_kvm.providers.kvm import naming
 from egress_kvm.providers.kvm.session import LIBVIRT_URI
 
@@ -32,8 +33,9 @@ from . import verdicts as v
 from .images import probe_images
 from .verdicts import PoolNeeds, Status, Verdict
 
-CHECKS = ("ssh", "forwarding", "libvirt", "pool", "commands", "kvm", "bridge")
+CHECKS = ("ssh", "forwarding", "libvirt", "pool", "filter", "commands", "kvm", "bridge")
 IMAGE_CHECK = "image"
+FILTER_LIST_MAX = 16384  # REMOTE_NWFILTER_LIST_MAX
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ async def check_host(provider: str, kvm: KvmConfig, host: HostConfig, *, time_li
         f"host key verified against {known_hosts}"
     add("ssh", v.passed(f"logged in as {host.user}@{host.address}, {key_note}"))
     try:
-        await _check_libvirt(conn, host, add, skip, needs=needs, limit=timeout)
+        await _check_libvirt(conn, kvm, host, add, skip, needs=needs, limit=timeout)
         await _check_exec(conn, kvm, host, add, skip, limit=timeout)
     finally:
         conn.close()
@@ -140,7 +142,7 @@ async def _socket_facts(conn: asyncssh.SSHClientConnection, host: HostConfig, *,
     return v.parse_socket_facts(got.stdout, path=path, user=host.user)
 
 
-async def _check_libvirt(conn: asyncssh.SSHClientConnection, host: HostConfig,
+async def _check_libvirt(conn: asyncssh.SSHClientConnection, kvm: KvmConfig, host: HostConfig,
                          add: Callable[[str, Verdict], None], skip: Callable[[str, str], None], *,
                          needs: PoolNeeds, limit: float) -> None:
     timeout = limit
@@ -157,11 +159,13 @@ async def _check_libvirt(conn: asyncssh.SSHClientConnection, host: HostConfig,
             add("forwarding", forwarding)
             add("libvirt", libvirt)
         skip("pool", "libvirt failed")
+        skip("filter", "libvirt failed")
         return
     except (TimeoutError, asyncssh.Error, OSError) as exc:
         add("forwarding", v.failed(f"opening {host.socket} through SSH failed: {_describe(exc)}"))
         skip("libvirt", "forwarding failed")
         skip("pool", "libvirt failed")
+        skip("filter", "libvirt failed")
         return
     writer.close()
     add("forwarding", v.passed(f"stream-local forwarding to {host.socket} allowed"))
@@ -172,6 +176,7 @@ async def _check_libvirt(conn: asyncssh.SSHClientConnection, host: HostConfig,
     except (rpc.RpcError, OSError) as exc:
         add("libvirt", v.failed(f"libvirt handshake failed: {_describe(exc)}"))
         skip("pool", "libvirt failed")
+        skip("filter", "libvirt failed")
         return
     try:
         # A link that dies or a daemon that stops answering mid-check is that check's FAIL (RpcError
@@ -182,12 +187,28 @@ async def _check_libvirt(conn: asyncssh.SSHClientConnection, host: HostConfig,
         except (rpc.RpcError, OSError) as exc:
             add("libvirt", v.failed(f"libvirt did not answer its version: {_describe(exc)}"))
             skip("pool", "libvirt failed")
+            skip("filter", "libvirt failed")
             return
         add("libvirt", v.passed(f"libvirt {_version(lib)}, hypervisor {_version(hv)} at {LIBVIRT_URI}"))
         add("pool", await _pool_verdict(client, host.pool, needs=needs))
+        add("filter", await _filter_verdict(client, kvm.traffic_filter))
     finally:
         with contextlib.suppress(Exception):
             await client.close()
+
+
+async def _filter_verdict(client: Any, wanted: TrafficFilter) -> Verdict:
+    if wanted is TrafficFilter.NONE:
+        return v.filter_verdict(wanted, v.FilterLookup.NOT_NEEDED)
+    try:
+        names = await client.connect_list_nwfilters(FILTER_LIST_MAX)
+    except rpc.LibvirtError as exc:  # no nwfilter driver: "this function is not supported ..."
+        return v.filter_verdict(wanted, v.FilterLookup.ERROR, reason=exc.message)
+    except (rpc.RpcError, OSError) as exc:
+        return v.failed(f"nwfilter {wanted.value!r}: libvirt did not answer: {_describe(exc)}")
+    if wanted.value not in names:
+        return v.filter_verdict(wanted, v.FilterLookup.MISSING)
+    return v.filter_verdict(wanted, v.FilterLookup.FOUND)
 
 
 async def _pool_verdict(client: Any, pool_name: str, *, needs: PoolNeeds) -> Verdict:

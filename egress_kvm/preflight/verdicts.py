@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from egress_kvm.config.models import TrafficFilter
 from egress_kvm.providers.kvm.capacity import GIB, MIB, fmt_bytes
 from rpc.constants import StoragePoolState
 
@@ -232,6 +233,33 @@ def missing_link_verdict(name: str, stderr: str) -> Verdict:
     said = f" ({stderr.strip()})" if stderr.strip() else ""
     return failed(f"bridge {name!r} not found on the host{said}: `ip -br link show type bridge` lists "
                   f"the bridges there")
+
+
+# --- the traffic filter ------------------------------------------------------------------------------
+
+
+class FilterLookup(enum.Enum):
+    FOUND = "found"
+    MISSING = "missing"  # libvirt answered: no such nwfilter
+    ERROR = "error"  # libvirt could not look (no nwfilter driver loaded)
+    NOT_NEEDED = "not-needed"  # trafficFilter: none
+
+
+def filter_verdict(wanted: TrafficFilter, lookup: FilterLookup, *, reason: str = "") -> Verdict:
+    """Whether VMs can start with `trafficFilter`: libvirt refuses to start a domain whose NIC names a
+    filter it does not have."""
+    name = wanted.value
+    if lookup is FilterLookup.NOT_NEEDED:
+        return warned("trafficFilter: none: VM NICs get no nwfilter, so tenants on this bridge can spoof "
+                      "MAC, IP and ARP")
+    if lookup is FilterLookup.FOUND:
+        return passed(f"libvirt has nwfilter {name!r} (VM NICs get it, their IPv4 learned by DHCP)")
+    fix = (f"install libvirt's nwfilter driver and its stock filters (Debian: "
+           f"libvirt-daemon-driver-nwfilter; `virsh nwfilter-list` must show {name!r}), or set "
+           f"trafficFilter: none (no tenant isolation on the bridge)")
+    if lookup is FilterLookup.MISSING:
+        return failed(f"libvirt has no nwfilter {name!r}, so VMs cannot start: {fix}")
+    return failed(f"libvirt cannot look up nwfilter {name!r} ({reason or 'no reason given'}): {fix}")
 
 
 # --- commands over SSH -------------------------------------------------------------------------------

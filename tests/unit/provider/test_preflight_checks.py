@@ -65,6 +65,8 @@ class Host:
     socket_stat: str = "root libvirt 770"  # `stat -c '%U %G %a'`; "" when the socket does not exist
     user_groups: str = "virt"
     volumes: set[str] = field(default_factory=set)  # the pool's volume names
+    # `virsh nwfilter-list`; None: libvirtd has no nwfilter driver (the call is unsupported)
+    nwfilters: tuple[str, ...] | None = ("allow-dhcp", "clean-traffic", "no-ip-spoofing")
     port: int = 0
     servers: list[Any] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
@@ -144,6 +146,12 @@ async def host(tmp_path: Path) -> AsyncIterator[tuple[Host, Path, Path]]:
             raise fake_rpc.FakeError(ErrorCode.NO_STORAGE_VOL, f"Storage volume not found: {name}")
         return StorageVol(pool.name, name, f"/pool/{name}")
 
+    def list_nwfilters(maxnames: int) -> tuple[str, ...]:
+        if h.nwfilters is None:
+            raise fake_rpc.FakeError(ErrorCode.NO_SUPPORT, "this function is not supported by the "
+                                                           "connection driver: virConnectListNWFilters")
+        return h.nwfilters
+
     def handlers() -> dict[int, Callable[..., Any]]:
         silent = fake_rpc.NO_REPLY
         return {
@@ -153,6 +161,7 @@ async def host(tmp_path: Path) -> AsyncIterator[tuple[Host, Path, Path]]:
             87: lambda pool: StoragePoolGetInfoRet(h.pool_state, 50 * GIB, 50 * GIB - h.pool_available,
                                                    h.pool_available),
             95: volume_lookup,  # storage_vol_lookup_by_name
+            179: list_nwfilters,  # connect_list_nwfilters
         }
 
     async def accept_loop() -> None:
@@ -181,8 +190,10 @@ async def host(tmp_path: Path) -> AsyncIterator[tuple[Host, Path, Path]]:
         listener.close()
 
 
-def config_for(h: Host, key: Path, known_hosts: Path, *, hosts: int = 1, domain_type: str = "kvm") -> Any:
+def config_for(h: Host, key: Path, known_hosts: Path, *, hosts: int = 1, domain_type: str = "kvm",
+               traffic_filter: str = "clean-traffic") -> Any:
     return parse_providers([{"name": "kvm-t", "type": "kvm", "kvm": {
+        "trafficFilter": traffic_filter,
         "sshKeyFile": str(key), "knownHostsFile": str(known_hosts),
         "images": {"d": {"url": "http://127.0.0.1:1/d.qcow2"}},
         "machineTypes": {"small": {"vcpus": 1, "memoryMiB": 512}},
@@ -190,9 +201,9 @@ def config_for(h: Host, key: Path, known_hosts: Path, *, hosts: int = 1, domain_
                    "socket": h.socket_path, "domainType": domain_type} for i in range(hosts)]}}])
 
 
-async def preflight(h: Host, key: Path, known_hosts: Path, *,
-                    time_limit: float = 5.0) -> dict[str, CheckResult]:
-    entry = config_for(h, key, known_hosts).providers[0]
+async def preflight(h: Host, key: Path, known_hosts: Path, *, time_limit: float = 5.0,
+                    traffic_filter: str = "clean-traffic") -> dict[str, CheckResult]:
+    entry = config_for(h, key, known_hosts, traffic_filter=traffic_filter).providers[0]
     results = await check_host(entry.name, entry.kvm, entry.kvm.hosts[0], time_limit=time_limit)
     assert [r.check for r in results] == list(CHECKS)
     return {r.check: r for r in results}
@@ -213,7 +224,7 @@ async def test_refused_stream_local_forwarding_fails_and_says_what_to_set(
     h = host[0]
     h.forwarding = False
     r = await preflight(*host)
-    assert status(r) == {"ssh": True, "forwarding": False, "libvirt": None, "pool": None,
+    assert status(r) == {"ssh": True, "forwarding": False, "libvirt": None, "pool": None, "filter": None,
                          "commands": True, "kvm": True, "bridge": True}  # exec checks still run
     assert "refuses stream-local forwarding" in r["forwarding"].detail
     assert "AllowStreamLocalForwarding yes for user virt" in r["forwarding"].detail
@@ -225,7 +236,7 @@ async def test_a_libvirtd_that_stops_answering_is_a_fail_not_a_traceback(
     h = host[0]
     h.libvirt_answers = False
     r = await preflight(*host, time_limit=0.5)
-    assert status(r) == {"ssh": True, "forwarding": True, "libvirt": False, "pool": None,
+    assert status(r) == {"ssh": True, "forwarding": True, "libvirt": False, "pool": None, "filter": None,
                          "commands": True, "kvm": True, "bridge": True}
     assert "did not answer" in r["libvirt"].detail and "connect_get_lib_version" in r["libvirt"].detail
 
@@ -240,7 +251,7 @@ async def test_one_host_failing_mid_check_does_not_stop_the_others(host: tuple[H
         results = await run_preflight(config, emit=lambda res: seen.append(res.line()))
     assert {r.host for r in results} == {None, "h0", "h1"}  # None: the image check, once per provider
     host_lines = [ln.split()[0] for ln in seen if ln.split()[1] != "kvm-t"]
-    assert host_lines == ["PASS", "PASS", "FAIL", "SKIP", "PASS", "PASS", "PASS"] * 2
+    assert host_lines == ["PASS", "PASS", "FAIL", "SKIP", "SKIP", "PASS", "PASS", "PASS"] * 2
 
 
 def _with_time_limit(fn: Any, limit: float) -> Any:
@@ -281,6 +292,24 @@ async def test_pool_inactive_or_full_fails(host: tuple[Host, Path, Path], state:
     assert needle in r["pool"].detail
 
 
+@pytest.mark.parametrize(("nwfilters", "traffic_filter", "ok", "needle"), [
+    (("allow-dhcp", "clean-traffic"), "clean-traffic", True, "libvirt has nwfilter 'clean-traffic'"),
+    (("allow-dhcp",), "clean-traffic", False, "libvirt has no nwfilter 'clean-traffic', so VMs cannot start"),
+    (None, "clean-traffic", False, "cannot look up nwfilter 'clean-traffic' (this function is not supported"),
+    (None, "none", True, "trafficFilter: none: VM NICs get no nwfilter"),  # a WARN: nothing to look up
+])
+async def test_the_traffic_filter_must_be_one_libvirt_has(host: tuple[Host, Path, Path],
+                                                          nwfilters: tuple[str, ...] | None,
+                                                          traffic_filter: str, ok: bool, needle: str) -> None:
+    host[0].nwfilters = nwfilters
+    r = await preflight(*host, traffic_filter=traffic_filter)
+    assert status(r) == {**dict.fromkeys(CHECKS, True), "filter": ok}
+    assert needle in r["filter"].detail
+    if not ok:
+        assert "libvirt-daemon-driver-nwfilter" in r["filter"].detail and "trafficFilter: none" in r[
+            "filter"].detail
+
+
 @pytest.mark.parametrize(("setup", "failing", "needle"), [
     (lambda h: setattr(h, "link_kind", "dummy"), {"bridge": False},
      "'br0' exists but is a dummy device, not a bridge"),
@@ -314,7 +343,7 @@ async def test_open_failed_is_told_apart_by_the_socket_s_group_and_mode(
     h = host[0]
     h.socket_open, h.socket_stat, h.user_groups = False, socket_stat, groups
     r = await preflight(*host)
-    assert status(r) == {**dict.fromkeys(CHECKS, True), **failing, "pool": None}
+    assert status(r) == {**dict.fromkeys(CHECKS, True), **failing, "pool": None, "filter": None}
     problems = [x.detail for x in r.values() if x.ok is False]
     assert len(problems) == 1 and needle in problems[0]
     if "not in group" in needle:
