@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,7 +36,7 @@ from testbed import lab as labmod
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
-BOOT_TIMEOUT = 420.0
+BOOT_TIMEOUT = float(os.environ.get("KVM_TEST_BOOT_TIMEOUT", "420"))  # more on a loaded machine
 # Image keys made per run (a copy of the lab image's entry), so the download path runs every time.
 RUN_IMAGE_KEY = "debian-12-it"
 RUN_IMAGE_PREFIX = naming.base_volume(key=RUN_IMAGE_KEY).removesuffix(".qcow2")
@@ -156,6 +157,21 @@ async def wait_for_ip(provider: KvmProvider, name: str) -> str:
     raise AssertionError(f"{name} got no IP within {BOOT_TIMEOUT:.0f}s")
 
 
+async def guest_run(info: Any, name: str, script: str, *, limit: float = 60.0) -> tuple[int, str]:
+    """Run a bash script in the guest through its agent (guest-exec): exit code and stdout."""
+    start = json.dumps({"execute": "guest-exec", "arguments": {
+        "path": "/bin/bash", "arg": ["-c", script], "capture-output": True}})
+    pid = json.loads(virsh(info, "qemu-agent-command", name, start))["return"]["pid"]
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        status = json.loads(virsh(info, "qemu-agent-command", name, json.dumps(
+            {"execute": "guest-exec-status", "arguments": {"pid": pid}})))["return"]
+        if status.get("exited"):
+            return int(status.get("exitcode", -1)), base64.b64decode(status.get("out-data", "")).decode()
+        await asyncio.sleep(1)
+    raise AssertionError(f"guest script did not finish within {limit}s: {script}")
+
+
 async def wait_until(check: Callable[[], bool], limit: float, what: str) -> None:
     deadline = time.monotonic() + limit
     while not check():
@@ -250,6 +266,10 @@ async def test_create_boot_ip_fallback_and_delete_on_sata(lab: Any, logs: Logs) 
         assert len(nics) == 1 and nics[0].find("source").get("bridge") == info.hosts[0].bridge
         assert nics[0].find("model").get("type") == "virtio"
         assert nics[0].find("mac").get("address") == naming.mac_address(name)
+        ref = nics[0].find("filterref")  # the default trafficFilter, applied by this libvirtd
+        assert ref is not None and ref.get("filter") == "clean-traffic"
+        params = {p.get("name"): p.get("value") for p in ref.findall("parameter")}
+        assert params == {"CTRL_IP_LEARNING": "dhcp"}
         assert dom.find("devices/serial") is not None and dom.find("devices/console") is not None
         assert dom.find("devices/channel/target").get("name") == "org.qemu.guest_agent.0"
         assert dom.find("devices/rng").get("model") == "virtio"
@@ -266,6 +286,19 @@ async def test_create_boot_ip_fallback_and_delete_on_sata(lab: Any, logs: Logs) 
 
         # -- a Get is four RPCs once the agent answers (lookup, metadata, state, agent addresses).
         await wait_until(lambda: virsh_ok(info, "domifaddr", name, "--source", "agent"), 180, "agent up")
+
+        # -- clean-traffic holds: a TCP connect to the host from a spoofed source address (routed with
+        # `src`) is dropped at the bridge, while the same connect from the leased address goes through.
+        gw, port = info.hosts[0].gateway, urllib.parse.urlsplit(info.hosts[0].http_target).port
+        spoof = ip.rsplit(".", 1)[0] + ".250"  # on the LAN, outside dnsmasq's range: nobody's
+        dev = "$(ip -o -4 addr show | awk '$2 != \"lo\" {print $2; exit}')"
+        connect = f"timeout 8 bash -c 'exec 3<>/dev/tcp/{gw}/{port}'"
+        code, out = await guest_run(info, name, (
+            f"dev={dev}; ip addr add {spoof}/32 dev $dev && ip route add {gw}/32 dev $dev src {spoof} && "
+            f"{{ {connect}; echo spoofed=$?; ip route del {gw}/32; {connect}; echo leased=$?; "
+            f"ip addr del {spoof}/32 dev $dev; }}"))
+        print(f"\nspoof check from the guest ({spoof} instead of {ip}): {out.split()}")
+        assert code == 0 and "leased=0" in out.split() and "spoofed=0" not in out.split(), out
         mark = logs.mark()
         assert (await provider.get(name, "host0")).ip == ip  # type: ignore[union-attr]
         get_rpcs = logs.rpcs(mark)
