@@ -175,8 +175,8 @@ def test_json_output_with_local_keys_in_place_of_the_pods(tmp_path: Path, local_
     doc = json.loads(out)  # stdout is the JSON document alone
     checks = [(r["host"], r["check"], r["status"]) for r in doc["results"]]
     assert checks[:2] == [(None, "image d", "fail"), ("h0", "ssh", "fail")]
-    assert [s for _, _, s in checks[2:]] == ["skip"] * 6
-    assert doc["summary"] == {"pass": 0, "warn": 0, "fail": 2, "skip": 6, "hosts": 1}
+    assert [s for _, _, s in checks[2:]] == ["skip"] * 7
+    assert doc["summary"] == {"pass": 0, "warn": 0, "fail": 2, "skip": 7, "hosts": 1}
 
 
 def test_stdin_and_a_bad_file_in_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
