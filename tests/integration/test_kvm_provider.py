@@ -1,7 +1,8 @@
 """The KVM provider against the real lab host, through real SSH and the real rpc client.
 
 One VM boots with the spec's SATA seed and is checked row by row against "What lands on the host" with
-virsh; its IP comes from `get`, first through the guest agent and then, with the agent stopped, through
+virsh (its NIC under the default `clean-traffic` nwfilter, which drops a connect from a spoofed source
+address); its IP comes from `get`, first through the guest agent and then, with the agent stopped, through
 the host's neighbour table (libvirt's ARP source fails on this kernel, docs/lab.md quirk 2). A second VM boots
 with `seedBus: scsi`. Boots are sequential and few: each takes about a minute under software emulation.
 """
