@@ -17,6 +17,7 @@ from egress_kvm.config import (
     load_providers_file,
     parse_providers,
 )
+from egress_kvm.config.models import TrafficFilter
 from egress_kvm.operator.providers_file import read_providers
 
 SHA = "ab" * 32
@@ -251,3 +252,12 @@ def test_egress_section_errors_name_the_entry(egress: dict, fragment: str) -> No
     with pytest.raises(ConfigError) as info:
         parse_providers({"egress": egress, "providers": []})
     assert fragment in str(info.value)
+
+
+def test_traffic_filter_defaults_on_can_be_turned_off_and_names_a_bad_value() -> None:
+    kvm = parse_providers([entry()]).providers[0].kvm
+    assert kvm is not None and kvm.traffic_filter is TrafficFilter.CLEAN_TRAFFIC
+    off = parse_providers([entry(trafficFilter="none")]).providers[0].kvm
+    assert off is not None and off.traffic_filter is TrafficFilter.NONE
+    err = error_of([entry(trafficFilter="no-ip-spoofing")])
+    assert "providers[0].kvm.trafficFilter" in err and "no-ip-spoofing" in err
