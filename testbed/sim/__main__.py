@@ -29,10 +29,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def _main(args: argparse.Namespace) -> int:
-    knobs = Knobs()
-    if args.knobs:
-        knobs.update(json.loads(Path(args.knobs).read_text()))
+async def _main(args: argparse.Namespace, knobs: Knobs) -> int:
     try:
         group: int | None = grp.getgrnam(args.socket_group).gr_gid
     except KeyError:
@@ -42,7 +39,8 @@ async def _main(args: argparse.Namespace) -> int:
     await host.listen()
     control = await host.serve_control(args.control)
     if args.pidfile:
-        Path(args.pidfile).write_text(f"{os.getpid()}\n")
+        with open(args.pidfile, "w") as f:  # noqa: ASYNC230  (once, at start)
+            f.write(f"{os.getpid()}\n")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -56,7 +54,11 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return asyncio.run(_main(_parse(sys.argv[1:] if argv is None else argv)))
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    knobs = Knobs()
+    if args.knobs:
+        knobs.update(json.loads(Path(args.knobs).read_text()))
+    return asyncio.run(_main(args, knobs))
 
 
 if __name__ == "__main__":

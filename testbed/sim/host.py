@@ -123,9 +123,8 @@ class SimHost:
                 self._release(dom.name, guest)
             guest = self.guests[dom.name] = Guest()
             guest.boot = asyncio.get_running_loop().create_task(self._boot(dom, guest))
-        elif event == Lifecycle.STOPPED and guest is not None:
-            self._release(dom.name, guest)
-        elif event == Lifecycle.UNDEFINED and guest is not None and dom.id == -1:
+        elif guest is not None and (event == Lifecycle.STOPPED or
+                                    (event == Lifecycle.UNDEFINED and dom.id == -1)):
             self._release(dom.name, guest)
 
     def _release(self, name: str, guest: Guest) -> None:
@@ -247,4 +246,5 @@ def make_host(*, name: str, pool_path: str, knobs: Knobs, socket_path: str, gues
                      memory=knobs.memory_bytes)
     Path(pool_path).mkdir(parents=True, exist_ok=True)
     load_pool_dir(hyp)
-    return SimHost(hyp, knobs, socket_path=socket_path, guest_network=guest_network, socket_group=socket_group)
+    return SimHost(hyp, knobs, socket_path=socket_path, guest_network=guest_network,
+                   socket_group=socket_group)

@@ -53,7 +53,8 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
         host, port = url.hostname, str(url.port or 80)
         path_line = f"{method} {url.path or '/'}{'?' + url.query if url.query else ''} {version}"
     try:
-        up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), 10)
+        opening = asyncio.open_connection(host.strip("[]"), int(port))
+        up_reader, up_writer = await asyncio.wait_for(opening, 10)
     except (OSError, ValueError, TimeoutError):
         await _refuse(writer, "502 Bad Gateway")
         return

@@ -189,7 +189,7 @@ class WireConnection(asyncio.Protocol):
         if name == "CONNECT_CLOSE":
             return None
         if not self.opened:
-            raise rpc_error(ErrorCode.INVALID_CONN, "invalid connection pointer in virConnect: connection not open")
+            raise rpc_error(ErrorCode.INVALID_CONN, "invalid connection pointer in virConnect: not open")
         if name == "CONNECT_GET_TYPE":
             return "QEMU"
         if name == "CONNECT_GET_URI":

@@ -22,6 +22,7 @@ from testbed.sim.host import SimHost, make_host
 from testbed.sim.knobs import Knobs
 
 GUEST_NET = "127.77.0.0/24"
+VOLUME_XML = "<volume><name>{name}</name><capacity>1</capacity></volume>"
 DOMAIN_XML = """<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory>
 <devices><disk type='volume' device='disk'><source pool='default' volume='{name}.qcow2'/></disk>
 <interface type='bridge'><mac address='52:54:00:00:00:{mac}'/></interface></devices></domain>"""
@@ -48,7 +49,7 @@ async def test_a_domain_boots_gets_an_address_and_serves_a_working_proxy(sim: Si
     port = origin.sockets[0].getsockname()[1]
     async with await client(sim) as lv:
         pool = await lv.storage_pool_lookup_by_name("default")
-        await lv.storage_vol_create_xml(pool, "<volume><name>g1.qcow2</name><capacity>1</capacity></volume>", 0)
+        await lv.storage_vol_create_xml(pool, VOLUME_XML.format(name="g1.qcow2"), 0)
         dom = await lv.domain_define_xml(DOMAIN_XML.format(name="g1", mac="01"))
         dom = await lv.domain_create_with_flags(dom, 0)
         assert (await lv.domain_get_state(dom, 0)).state == DomainState.RUNNING
@@ -79,21 +80,23 @@ async def _hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
     writer.close()
 
 
-async def test_uploads_and_downloads_stream_and_a_full_pool_fails_the_upload_with_enospc(sim: SimHost) -> None:
+async def test_uploads_and_downloads_stream_and_a_full_pool_fails_the_upload_with_enospc(sim: SimHost
+                                                                                          ) -> None:
     data = bytes(range(256)) * 4000  # > 3 stream chunks
     async with await client(sim) as lv:
         pool = await lv.storage_pool_lookup_by_name("default")
-        vol = await lv.storage_vol_create_xml(pool, "<volume><name>v</name><capacity>0</capacity></volume>", 0)
+        vol = await lv.storage_vol_create_xml(pool, VOLUME_XML.format(name="v"), 0)
         assert await lv.storage_vol_upload(vol, 0, 0, 0, data) == len(data)
         assert await lv.storage_vol_download(vol, 0, 0, 0).read_all() == data
-        assert Path(sim.hyp.pool_path, "v").read_bytes() == data  # a file in the pool dir, as libvirt's
+        file = Path(sim.hyp.pool_path, "v")
+        assert file.read_bytes() == data  # noqa: ASYNC240  (a file in the pool dir, as libvirt's)
         await AsyncSimControl(sim_control(sim)).request("set", knobs={"pool_capacity_bytes": len(data) + 10})
         with pytest.raises(LibvirtError) as err:
             await lv.storage_vol_upload(vol, len(data), 0, 0, data)
         assert err.value.code == ErrorCode.SYSTEM_ERROR and "No space left on device" in err.value.message
         assert await lv.storage_pool_get_info(pool)  # the connection survives the stream error
         await lv.storage_vol_delete(vol, 0)
-        assert not Path(sim.hyp.pool_path, "v").exists()
+        assert not file.exists()  # noqa: ASYNC240
 
 
 def sim_control(sim: SimHost) -> str:
@@ -131,9 +134,8 @@ async def test_knobs_freeze_fail_and_kill_and_the_control_socket_refuses_unknown
         await ctl.request("kill")
         with pytest.raises((ConnectionLost, RpcError)):
             await lv.node_get_free_memory()
-    with pytest.raises(OSError):
-        with contextlib.closing(socket.socket(socket.AF_UNIX)) as s:
-            s.connect(sim.socket_path)
+    with pytest.raises(OSError), contextlib.closing(socket.socket(socket.AF_UNIX)) as s:
+        s.connect(sim.socket_path)
     await ctl.request("revive")
     async with await client(sim) as lv:
         assert (await ctl.request("state"))["killed"] is False
