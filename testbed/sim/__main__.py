@@ -26,6 +26,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--knobs", help="a JSON file of initial knobs (testbed/sim/knobs.py)")
     p.add_argument("--socket-group", default="libvirt", help="group owning the socket (default libvirt)")
     p.add_argument("--pidfile", help="write the daemon's pid here once it listens")
+    p.add_argument("--leases", help="a dnsmasq lease file to record each booted guest's address in")
+    p.add_argument("--bridge", help="the bridge whose kernel neighbour table learns each guest's address")
     return p.parse_args(argv)
 
 
@@ -36,6 +38,8 @@ async def _main(args: argparse.Namespace, knobs: Knobs) -> int:
         group = None
     host = make_host(name=args.name, pool_path=args.pool_path, knobs=knobs, socket_path=args.socket,
                      guest_network=args.guest_network, socket_group=group)
+    host.leases = Path(args.leases) if args.leases else None
+    host.bridge = args.bridge
     await host.listen()
     control = await host.serve_control(args.control)
     if args.pidfile:

@@ -19,6 +19,7 @@ import ipaddress
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,10 @@ class SimHost:
         self.server: asyncio.Server | None = None
         self.calls = 0
         self.killed = False
+        # In the lab: where a real host's dnsmasq and kernel would record a booted guest's address
+        self.leases: Path | None = None
+        self.bridge: str | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self._callback_id = 0
         hyp.listeners.append(self._lifecycle)
         self.apply_knobs()
@@ -133,6 +138,10 @@ class SimHost:
         if guest.ip is not None:
             self.hyp.forget_vm_ip(name)
             self.free_ips.insert(0, guest.ip)
+            if self.bridge is not None:
+                task = asyncio.get_running_loop().create_task(self._forget(guest.ip))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
 
     async def _boot(self, dom: Domain, guest: Guest) -> None:
         await asyncio.sleep(self.knobs.boot_delay_s)
@@ -148,6 +157,19 @@ class SimHost:
             guest.stop()
             return
         self.hyp.set_vm_ip(dom.name, guest.ip, agent=self.knobs.agent)
+        await self._announce(dom, guest.ip)
+
+    async def _announce(self, dom: Domain, ip: str) -> None:
+        """What a real guest's DHCP and first packets leave on a host: a lease, a neighbour entry."""
+        if self.leases is not None:
+            with self.leases.open("a") as f:
+                f.write(f"{int(time.time()) + 3600} {dom.mac} {ip} {dom.name} *\n")
+        if self.bridge is not None:
+            await _ip("neigh", "replace", ip, "lladdr", dom.mac, "dev", self.bridge, "nud", "reachable")
+
+    async def _forget(self, ip: str) -> None:
+        if self.bridge is not None:
+            await _ip("neigh", "del", ip, "dev", self.bridge)
 
     def _proxy_port(self, dom: Domain) -> int:
         """The `Port N` the guest's cloud-init user-data configures (tinyproxy's syntax), else the default."""
@@ -238,6 +260,13 @@ class SimHost:
         server = await asyncio.start_unix_server(self._control_client, path)
         os.chmod(path, 0o600)
         return server
+
+
+async def _ip(*args: str) -> None:
+    proc = await asyncio.create_subprocess_exec("ip", *args, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.DEVNULL)
+    await proc.wait()
 
 
 def make_host(*, name: str, pool_path: str, knobs: Knobs, socket_path: str, guest_network: str | None,
