@@ -543,7 +543,23 @@ class Hypervisor:
         return t.StorageVolGetInfoRet(type_=0, capacity=v.capacity, allocation=v.allocation)
 
     def storage_vol_get_xml_desc(self, vol: t.StorageVol, flags: int = 0) -> str:
-        return self.volume(vol).xml
+        """The description libvirt's dir pool generates (not the XML the volume was created from)."""
+        v = self.volume(vol)
+        backing = ""
+        if v.backing_path is not None:
+            fmt = f"<format type='{v.backing_format}'/>" if v.backing_format else ""
+            backing = f"<backingStore><path>{v.backing_path}</path>{fmt}</backingStore>"
+        return (f"<volume type='file'><name>{v.name}</name><key>{v.path}</key>"
+                f"<capacity unit='bytes'>{v.capacity}</capacity>"
+                f"<allocation unit='bytes'>{v.allocation}</allocation>"
+                f"<physical unit='bytes'>{len(v.data)}</physical>"
+                f"<target><path>{v.path}</path><format type='{v.format}'/></target>{backing}</volume>\n")
+
+    def storage_pool_list_all_volumes(self, pool: t.StoragePool, need_results: int, flags: int = 0
+                                      ) -> t.StoragePoolListAllVolumesRet:
+        self.check_pool(pool)
+        vols = tuple(self.vol_handle(v) for v in self.volumes.values())
+        return t.StoragePoolListAllVolumesRet(vols=vols if need_results else (), ret=len(vols))
 
     # -- streams: an upload is begun, fed piece by piece, and ended; a download reads a range ---------
 

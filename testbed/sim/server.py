@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 ERROR_DOMAIN_RPC = 7  # VIR_FROM_RPC
 ERROR_LEVEL = 2  # VIR_ERR_ERROR
 EVENT_LIFECYCLE = 0
+#: CONNECT_(UN)REGISTER_CLOSE_CALLBACK: void in, void out; not in the client's procedure table.
+CLOSE_CALLBACK_PROCS = frozenset({360, 361})
 #: Features this daemon says yes to (CONNECT_SUPPORTS_FEATURE): those a libvirt 9 daemon has and the
 #: rpc client asks about. Others answer 0, which a client reads as "not there".
 SUPPORTED_FEATURES = frozenset({FEATURE_PROGRAM_KEEPALIVE, 5, 6, 8, 9, 11, 12, 13, 14, 15, 16})
@@ -156,6 +158,9 @@ class WireConnection(asyncio.Protocol):
         await self.host.unfrozen.wait()
         proc = BY_NUMBER.get(call.proc)
         try:
+            if call.proc in CLOSE_CALLBACK_PROCS:  # virsh registers one; nothing to keep server-side
+                self.send(encode_reply(proc=call.proc, serial=call.serial, payload=b""))
+                return
             if proc is None:
                 raise rpc_error(ErrorCode.RPC, f"unknown procedure: {call.proc}")
             if proc.number not in (66, 70, 60, 1) and knobs.drop_rate and random.random() < knobs.drop_rate:
