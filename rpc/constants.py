@@ -12,6 +12,9 @@ import enum
 REMOTE_PROGRAM = 0x20008086
 REMOTE_PROTOCOL_VERSION = 1
 KEEPALIVE_PROGRAM = 0x6B656570
+#: libvirt's QEMU-specific program (agent and monitor commands): the client never calls it; a server
+#: (the simulator, testbed/sim) receives it from virsh.
+QEMU_PROGRAM = 0x20008087
 KEEPALIVE_PROTOCOL_VERSION = 1
 
 KEEPALIVE_PROC_PING = 1

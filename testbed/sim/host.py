@@ -25,11 +25,19 @@ from typing import Any
 
 from lxml import etree
 
-from rpc.constants import DomainState
+from rpc.constants import DomainState, ErrorCode
 
 from . import proxy
 from .knobs import Knobs
-from .model import DOMAIN_SHUTOFF_CRASHED, Domain, Hypervisor, Lifecycle, load_pool_dir
+from .model import (
+    DOMAIN_SHUTOFF_CRASHED,
+    Domain,
+    Hypervisor,
+    Lifecycle,
+    invalid,
+    load_pool_dir,
+    lv_error,
+)
 from .server import WireConnection
 
 _PORT_LINE = re.compile(rb"^\s*Port\s+(\d{1,5})\s*$", re.MULTILINE)
@@ -187,6 +195,30 @@ class SimHost:
                 if match and 0 < int(match.group(1)) < 65536:
                     return int(match.group(1))
         return self.knobs.default_proxy_port
+
+    def agent_command(self, handle: Any, command: str) -> str:
+        """The simulated guest agent: `guest-ping`, and `guest-exec` of `systemctl stop qemu-guest-agent`
+        (which ends its address reports, as on a real guest); anything else is refused as unknown."""
+        dom = self.hyp.domain(handle)
+        if dom.id == -1:
+            raise invalid("domain is not running")
+        if dom.name not in self.hyp.agent_ips:
+            raise lv_error(ErrorCode.AGENT_UNRESPONSIVE, "Guest agent is not responding: QEMU guest agent "
+                                                         "is not connected")
+        try:
+            request = json.loads(command)
+        except ValueError:
+            raise lv_error(ErrorCode.INTERNAL_ERROR, "internal error: unparsable agent command") from None
+        execute = request.get("execute") if isinstance(request, dict) else None
+        if execute == "guest-ping":
+            return '{"return":{}}'
+        args = request.get("arguments") or {}
+        argv = [str(args.get("path", "")), *map(str, args.get("arg") or [])]
+        if execute == "guest-exec" and "stop" in argv and "qemu-guest-agent" in argv:
+            self.hyp.agent_ips.pop(dom.name, None)
+            return '{"return":{"pid":1}}'
+        raise lv_error(ErrorCode.INTERNAL_ERROR, f"internal error: unable to execute QEMU agent command "
+                                                 f"'{execute}': not simulated")
 
     def crash_guest(self, name: str) -> None:
         """QEMU died: the domain is shut off (reason CRASHED) and its proxy stops."""

@@ -555,6 +555,28 @@ class Hypervisor:
                 f"<physical unit='bytes'>{len(v.data)}</physical>"
                 f"<target><path>{v.path}</path><format type='{v.format}'/></target>{backing}</volume>\n")
 
+    def storage_pool_is_active(self, pool: t.StoragePool) -> int:
+        self.storage_pool_lookup_by_name(pool.name)
+        return int(self.pool_active)
+
+    def storage_pool_is_persistent(self, pool: t.StoragePool) -> int:
+        self.storage_pool_lookup_by_name(pool.name)
+        return 1
+
+    def storage_pool_get_autostart(self, pool: t.StoragePool) -> int:
+        self.storage_pool_lookup_by_name(pool.name)
+        return 1
+
+    def storage_vol_get_info_flags(self, vol: t.StorageVol, flags: int = 0) -> t.StorageVolGetInfoRet:
+        return self.storage_vol_get_info(vol)
+
+    def domain_is_persistent(self, handle: t.Domain) -> int:
+        return int(self.domain(handle).persistent)
+
+    def domain_has_managed_save_image(self, handle: t.Domain, flags: int = 0) -> int:
+        self.domain(handle)
+        return 0
+
     def storage_pool_list_all_volumes(self, pool: t.StoragePool, need_results: int, flags: int = 0
                                       ) -> t.StoragePoolListAllVolumesRet:
         self.check_pool(pool)
