@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +74,8 @@ CLOSE_CALLBACK_PROCS = frozenset({360, 361})
 
 QEMU_PROC_DOMAIN_AGENT_COMMAND = 3
 AGENT_COMMAND_ARGS = Struct("qemu_domain_agent_command_args",
-                            [("dom", DOMAIN), ("cmd", STRING), ("timeout", INT), ("flags", UINT)], tuple)
+                            [("dom", DOMAIN), ("cmd", STRING), ("timeout", INT), ("flags", UINT)],
+                            lambda *values: values)
 
 
 def encode_ret_string(value: str | None) -> bytes:
@@ -222,6 +224,10 @@ class WireConnection(asyncio.Protocol):
         except ProtocolError as exc:
             err = rpc_error(ErrorCode.RPC, f"cannot decode arguments: {exc}")
             self.send(encode_error_reply(proc=call.proc, serial=call.serial, error=remote_error(err)))
+        except Exception as exc:  # a simulator bug: answer (a client must not hang on it) and say so
+            traceback.print_exc()
+            err = LibvirtError(ErrorCode.INTERNAL_ERROR, "INTERNAL_ERROR", 0, f"simulator: {exc!r}")
+            self.send(encode_error_reply(proc=call.proc, serial=call.serial, error=remote_error(err)))
         if proc is not None and proc.name == "CONNECT_CLOSE":
             self.close()
 
@@ -237,6 +243,10 @@ class WireConnection(asyncio.Protocol):
             status, body = MessageStatus.ERROR, encode_remote_error(remote_error(exc))
         except (ProtocolError, EOFError) as exc:
             err = rpc_error(ErrorCode.RPC, f"cannot decode arguments: {exc}")
+            status, body = MessageStatus.ERROR, encode_remote_error(remote_error(err))
+        except Exception as exc:  # a simulator bug: answer (a client must not hang on it) and say so
+            traceback.print_exc()
+            err = LibvirtError(ErrorCode.INTERNAL_ERROR, "INTERNAL_ERROR", 0, f"simulator: {exc!r}")
             status, body = MessageStatus.ERROR, encode_remote_error(remote_error(err))
         self.send(encode_packet(prog=QEMU_PROGRAM, vers=1, proc=proc, type=MessageType.REPLY, serial=serial,
                                 status=status, payload=body))
