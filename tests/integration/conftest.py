@@ -23,6 +23,12 @@ SIMULATOR_CANNOT: dict[str, str] = {
 }
 
 
+@pytest.fixture(scope="session")
+def sim_lab_host(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """The simulated lab's hosts (beside `lab_host`, for tests that compare the two)."""
+    return request.getfixturevalue("_session_sim_lab").get(image=False)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     module = metafunc.module.__name__.rsplit(".", 1)[-1]
     if module in BOTH and {"lab", "lab_host"} & set(metafunc.fixturenames):
