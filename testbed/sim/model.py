@@ -6,7 +6,9 @@ answers each REMOTE procedure through a method named like the rpc client's (`dom
 rpc.errors.LibvirtError with the codes a real libvirtd uses. Two front ends share it, so the semantics
 live here once: the in-memory fake client of the unit tests (tests/fakes/libvirt.py) and the wire
 server of the simulated lab host (testbed/sim/server.py). Where a code or message was checked against
-real libvirtd, tests/integration/test_sim_fidelity.py replays the same calls to both.
+real libvirtd, tests/integration/test_sim_fidelity.py replays the same calls to both (error domains
+too: libvirt 9.0 reports "domain is not running" from VIR_FROM_DOMAIN (20) in its generic checks and
+from VIR_FROM_QEMU (10) in the QEMU driver's).
 
 Volume bytes live in a `VolumeData`: memory for the fake, a file in the pool directory for the
 simulator (a test image is hundreds of MiB). Lifecycle transitions go to `listeners` (the simulator
@@ -344,7 +346,8 @@ class Hypervisor:
         if name in self.domains:
             existing = self.domains[name]
             raise lv_error(ErrorCode.OPERATION_FAILED, f"domain '{name}' already exists with uuid "
-                                                       f"{uuidlib.UUID(bytes=existing.uuid)}")
+                                                       f"{uuidlib.UUID(bytes=existing.uuid)}",
+                           domain=ERROR_DOMAIN_DOMAIN)
         meta: dict[str, str] = {}
         md = root.find("metadata")
         if md is not None:
@@ -383,7 +386,7 @@ class Hypervisor:
     def domain_destroy_flags(self, handle: t.Domain, flags: int = 0) -> None:
         dom = self.domain(handle)
         if dom.id == -1:
-            raise invalid("domain is not running")
+            raise invalid("domain is not running", domain=ERROR_DOMAIN_DOMAIN)
         dom.state, dom.reason, dom.id = DomainState.SHUTOFF, DOMAIN_SHUTOFF_DESTROYED, -1
         self._emit(dom, Lifecycle.STOPPED, 1)
         if not dom.persistent:
@@ -440,14 +443,14 @@ class Hypervisor:
         d = self.domain(handle)
         if type_ != METADATA_ELEMENT or uri not in d.metadata:
             raise lv_error(ErrorCode.NO_DOMAIN_METADATA, "metadata not found: Requested metadata element "
-                                                         "is not present")
+                                                         "is not present", domain=ERROR_DOMAIN_DOMAIN)
         return strip_namespaces(d.metadata[uri])
 
     def domain_interface_addresses(self, handle: t.Domain, source: int, flags: int = 0
                                    ) -> tuple[t.DomainInterface, ...]:
         d = self.domain(handle)
         if d.id == -1:
-            raise invalid("domain is not running")
+            raise invalid("domain is not running", domain=ERROR_DOMAIN_DOMAIN)
         if source == InterfaceAddressesSource.AGENT:
             ip = self.agent_ips.get(d.name)
             if ip is None:

@@ -38,7 +38,7 @@ def domain_xml(name: str, vol: str, dtype: str) -> str:
 <devices><disk type='volume' device='disk'><driver name='qemu' type='raw'/>
 <source pool='default' volume='{vol}'/><target dev='vda' bus='virtio'/></disk>
 <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>
-<graphics type='none'/></devices></domain>"""
+</devices></domain>"""
 
 
 def shape(value: Any) -> Any:
