@@ -35,7 +35,8 @@ class Knobs:
             if kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             if type(value) is not kind or (kind in (int, float) and value < 0):
-                raise ValueError(f"knob {name!r}: {value!r} is not a non-negative {kind.__name__}")
+                sign = "non-negative " if kind in (int, float) else ""
+                raise ValueError(f"knob {name!r}: {value!r} is not a {sign}{kind.__name__}")
             if name.endswith("_rate") and value > 1:
                 raise ValueError(f"knob {name!r}: {value!r} is not a share in 0..1")
         for name, value in values.items():
