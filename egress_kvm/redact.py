@@ -9,7 +9,7 @@ so both are replaced by a marker; scheme, host, port and path stay, which is wha
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit, urlunsplit
 
 REDACTED = "REDACTED"
 
@@ -41,16 +41,30 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
+def _forms(secret: str) -> set[str]:
+    """`secret` as a library may print it: as given, percent-decoded, percent-encoded (yarl normalises
+    URLs, so `sig%2Fx` may come back as `sig/x` and the other way round), in either hex case."""
+    decoded = unquote_plus(secret)
+    forms = {secret, unquote(secret), decoded, quote(decoded, safe=""), quote(decoded, safe="=&"),
+             quote(decoded, safe="/:=&@"), quote_plus(decoded, safe="=&")}
+    forms |= {f.lower() for f in forms if "%" in f} | {f.upper() for f in forms if "%" in f}
+    return {f for f in forms if f}
+
+
 def scrub(text: str, url: str) -> str:
     """`text` (e.g. a library's error message) with every copy of `url`, and of its userinfo and query,
-    replaced: libraries quote the URL they were given, sometimes in pieces."""
+    replaced, percent-encoded or decoded too: libraries quote the URL they were given, sometimes in pieces
+    and re-encoded."""
     safe = redact_url(url)
     out = text.replace(url, safe)
     try:
         parts = urlsplit(url)
     except ValueError:
         return out
-    for secret in (parts.netloc.rpartition("@")[0] if "@" in parts.netloc else "", parts.query):
-        if secret:
-            out = out.replace(secret, REDACTED)
+    secrets = [parts.netloc.rpartition("@")[0] if "@" in parts.netloc else "", parts.query]
+    # each userinfo part and query value alone too: a library may print them apart or reordered
+    secrets += parts.netloc.rpartition("@")[0].split(":") if "@" in parts.netloc else []
+    secrets += [v for pair in parts.query.split("&") for v in pair.split("=", 1)[1:] if len(v) >= 4]
+    for form in sorted({f for s in secrets if s for f in _forms(s)}, key=len, reverse=True):
+        out = out.replace(form, REDACTED)
     return out

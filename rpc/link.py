@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from .errors import ConnectionLost
 
@@ -184,8 +184,9 @@ class UnixLink(BaseLink, _FlowControl, asyncio.Protocol):
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
+        # A stream transport (uvloop's does not subclass asyncio.Transport, so no isinstance check).
+        self._transport = cast(asyncio.Transport, transport)
+        self._transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
 
     def data_received(self, data: bytes) -> None:
         if not self._batch:

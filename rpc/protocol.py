@@ -622,7 +622,7 @@ class ClientProtocol:
             events.append(StreamChanged(stream))
 
     def _on_stream(self, stream: Stream, ev: StreamData | StreamFinished | StreamFailed) -> None:
-        if type(ev) is StreamData:
+        if isinstance(ev, StreamData):
             if stream.kind is StreamKind.UPLOAD:
                 # Nobody would ever consume it, and buffering it could grow without bound: refuse.
                 stream._fail(ProtocolError(f"{stream.proc.method}: server sent data on an upload stream"))
@@ -635,7 +635,7 @@ class ClientProtocol:
                     self._overrun(stream)
             else:
                 stream.eof = True
-        elif type(ev) is StreamFinished:
+        elif isinstance(ev, StreamFinished):
             stream.finished = True
             self._summarise(stream.serial)
         else:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from .constants import STREAM_CHUNK
 from .errors import RpcError
@@ -82,8 +82,8 @@ async def upload(
     sent = 0
     try:
         stream = await conn.open_stream(procedure, args, timeout=timeout)
-        in_memory = isinstance(data, bytes | bytearray | memoryview)
-        source = chunks(data if in_memory else _raced(data, stream, conn))
+        raw = data if isinstance(data, bytes | bytearray | memoryview) else None
+        source = chunks(raw if raw is not None else _raced(cast(AsyncIterable[bytes], data), stream, conn))
         try:
             while True:
                 if stream.error is not None:
@@ -127,15 +127,14 @@ async def _raced(data: AsyncIterable[bytes], stream: Stream, conn: StreamHost) -
     while True:
         if stream.error is not None:
             raise stream.error
-        fetch = asyncio.ensure_future(anext(it, _END))
-        waiter = conn.stream_waiter(stream)
+        fetch: asyncio.Future[Any] = asyncio.ensure_future(anext(it, _END))
+        waiter: asyncio.Future[Any] = conn.stream_waiter(stream)
         try:
             while not fetch.done() and stream.error is None:
                 await asyncio.wait({fetch, waiter}, return_when=asyncio.FIRST_COMPLETED)
                 if waiter.done() and not fetch.done():
-                    waiter = conn.stream_waiter(
-                        stream
-                    )  # a wake that was not an error (e.g. a stray OK): wait on
+                    # a wake that was not an error (e.g. a stray OK): wait on
+                    waiter = conn.stream_waiter(stream)
         except BaseException:
             fetch.cancel()
             with contextlib.suppress(BaseException):

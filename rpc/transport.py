@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import asyncssh
 
@@ -133,13 +133,14 @@ class SSHDialer:
     async def dial(self, timeout: float) -> BaseLink:
         where = self.description
         on_close = self._close_ssh if self.owns_ssh else None
+        # asyncssh types session factories as SSHUNIXSession; SSHLink has that shape (connection_made,
+        # data_received, eof_received, connection_lost, pause/resume_writing) without the base class.
+        factory = cast(Any, lambda: SSHLink(description=where, on_close=on_close))
         try:
-            _, link = await asyncio.wait_for(
-                self.ssh_conn.create_unix_connection(
-                    lambda: SSHLink(description=where, on_close=on_close), self.socket_path, encoding=None
-                ),
-                timeout,
+            _, session = await asyncio.wait_for(
+                self.ssh_conn.create_unix_connection(factory, self.socket_path, encoding=None), timeout
             )
+            link = cast(SSHLink, session)
         except TimeoutError:
             raise ConnectFailed(f"{where}: the SSH server opened no channel within {timeout:g} s") from None
         except asyncssh.ChannelOpenError as e:

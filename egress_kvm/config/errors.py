@@ -21,6 +21,15 @@ class ConfigError(ValueError):
     """The providers file (or a file it points at) is unusable; the message says where and why."""
 
 
+def yaml_error(exc: Exception) -> str:
+    """Where a YAML document stops parsing, without PyYAML's text: its message quotes the offending
+    lines of the file, and the providers file holds vendorData and paths that must not reach a log."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if mark is None:
+        return "not valid YAML"
+    return f"not valid YAML (line {mark.line + 1}, column {mark.column + 1})"
+
+
 def field_path(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:

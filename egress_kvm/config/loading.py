@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .errors import ConfigError, format_validation_error
+from .errors import ConfigError, format_validation_error, yaml_error
 from .models import ProvidersConfig
 
 
@@ -38,5 +38,5 @@ def load_providers_file(path: str | os.PathLike[str]) -> ProvidersConfig:
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{source}: {yaml_error(exc)}") from None
     return parse_providers(document, source=source)

@@ -80,8 +80,8 @@ def check_http_url(value: str) -> str:
         raise ValueError("is not an http(s) URL")
     if not parts.hostname:
         raise ValueError("has no host")
-    if any(c.isspace() for c in value):
-        raise ValueError("contains whitespace")
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise ValueError("contains whitespace or control characters")
     try:
         _ = parts.port
     except ValueError:
@@ -208,6 +208,57 @@ class HostConfig(_Strict):
         return self.cpu
 
 
+def _rules(v: list[str], *, cidr_only: bool = False) -> list[str]:
+    from egress_kvm.policy.egress import parse_rule  # pure, no I/O: the policy owns the entry syntax
+
+    for i, entry in enumerate(v):
+        try:
+            rule = parse_rule(entry)
+        except ValueError as exc:
+            raise ValueError(f"entry [{i}] {exc}") from None
+        if cidr_only and rule.network is None:
+            raise ValueError(f"entry [{i}] is not a CIDR (optionally with :port)")
+    return v
+
+
+def _cidrs(v: list[str]) -> list[str]:
+    for i, entry in enumerate(v):
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(f"entry [{i}] is not a CIDR") from None
+    return v
+
+
+class EgressConfig(_Strict):
+    """The egress policy for operator-side requests a tenant can aim (docs/security.md)."""
+
+    cluster_cidrs: list[str] | None = Field(None, alias="clusterCIDRs")  # None: the private ranges
+    allowed_cidrs: list[str] = Field(default_factory=list, alias="allowedCIDRs")
+    external_endpoints: list[str] | None = Field(None, alias="externalEndpoints")
+    auth_endpoints: list[str] = Field(default_factory=list, alias="authEndpoints")
+
+    @field_validator("cluster_cidrs")
+    @classmethod
+    def _cluster(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else _cidrs(v)
+
+    @field_validator("allowed_cidrs")
+    @classmethod
+    def _allowed(cls, v: list[str]) -> list[str]:
+        return _rules(v, cidr_only=True)
+
+    @field_validator("auth_endpoints")
+    @classmethod
+    def _auth(cls, v: list[str]) -> list[str]:
+        return _rules(v)
+
+    @field_validator("external_endpoints")
+    @classmethod
+    def _external(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else _rules(v)
+
+
 class KvmConfig(_Strict):
     ssh_key_file: str = Field(alias="sshKeyFile", min_length=1)
     known_hosts_file: str | None = Field(None, alias="knownHostsFile")
@@ -215,6 +266,8 @@ class KvmConfig(_Strict):
     disk_size_gb: Annotated[int, Field(alias="diskSizeGb", ge=1, le=65536)] = DEFAULT_DISK_SIZE_GB
     vendor_data: str = Field(DEFAULT_VENDOR_DATA, alias="vendorData")
     images: dict[str, ImageConfig] = Field(default_factory=dict)
+    # Where placement.image may point as a URL (host/CIDR[:port] entries); empty: URL images are off.
+    url_images: list[str] = Field(default_factory=list, alias="urlImages")
     machine_types: dict[str, MachineType] = Field(alias="machineTypes")
     hosts: list[HostConfig]
 
@@ -226,6 +279,11 @@ class KvmConfig(_Strict):
                 raise ValueError(f"image key {key!r} must be letters, digits, '.', '_' or '-' (it names "
                                  f"the volume base-<key>.qcow2)")
         return v
+
+    @field_validator("url_images")
+    @classmethod
+    def _url_images(cls, v: list[str]) -> list[str]:
+        return _rules(v)
 
     @field_validator("machine_types")
     @classmethod
@@ -279,6 +337,7 @@ class ProviderConfig(_Strict):
 
 class ProvidersConfig(_Strict):
     providers: list[ProviderConfig] = Field(default_factory=list)
+    egress: EgressConfig = Field(default_factory=lambda: EgressConfig.model_validate({}))
 
     @field_validator("providers")
     @classmethod

@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from egress_kvm.kube.interfaces import KubeApi, Obj
+from egress_kvm.policy.secrets import SecretNotUsable, read_usable_secret
 from egress_kvm.providers.base import PermanentError, Provider, ResolvedPlacement
 
-from .naming import instance_name, user_data_digest
+from .naming import instance_name, legacy_user_data_digest, user_data_digest
 from .proxyspec import ProxySpec, SpecError
 from .status import Ref
 
@@ -59,7 +60,11 @@ async def load_user_data(*, kube: KubeApi, namespace: str, spec: ProxySpec) -> b
     if spec.user_data_ref is None:
         return (spec.user_data or "").encode()
     ref = spec.user_data_ref
-    data = await kube.read_secret(namespace, ref.name)
+    try:
+        data = await read_usable_secret(kube, namespace=namespace, name=ref.name,
+                                        field="spec.cloudInit.secretRef")
+    except SecretNotUsable as e:
+        raise Waiting(str(e)) from None
     if data is None:
         raise Waiting(f"waiting for Secret {namespace}/{ref.name} (spec.cloudInit.secretRef)")
     if ref.key not in data:
@@ -79,5 +84,9 @@ async def desired_instance(*, proxy: Obj, spec: ProxySpec, providers: Mapping[st
     user_data = await load_user_data(kube=kube, namespace=meta.get("namespace", ""), spec=spec)
     name = instance_name(uid=meta.get("uid", ""), provider=spec.provider, placement=resolved,
                          user_data_sha256=user_data_digest(user_data))
+    legacy = instance_name(uid=meta.get("uid", ""), provider=spec.provider, placement=resolved,
+                           user_data_sha256=legacy_user_data_digest(user_data))
+    if ((proxy.get("status") or {}).get("instance") or {}).get("name") == legacy:
+        name = legacy  # made before names were keyed: same inputs, so no replacement (naming.py)
     return Desired(provider=provider, resolved=resolved, name=name,
                    user_data=user_data)

@@ -30,7 +30,12 @@ import aiohttp
 from egress_kvm import metrics
 from egress_kvm.kube.interfaces import KubeApi
 from egress_kvm.log import Logger, get_logger
-from egress_kvm.redact import redact_url, scrub
+from egress_kvm.policy.connect import resolve_checked
+from egress_kvm.policy.egress import Purpose, decide, explain, precheck
+from egress_kvm.policy.phrases import failure_phrase
+from egress_kvm.policy.policies import EgressPolicies
+from egress_kvm.policy.secrets import SecretNotUsable, read_usable_secret
+from egress_kvm.redact import redact_url
 
 from .verdict import Health, ProbeTarget, next_health
 
@@ -49,8 +54,9 @@ class Prober(Generic[K]):
 
     def __init__(self, *, kube: KubeApi, on_change: Callable[[K], None], time_scale: float = 1.0,
                  refresh: float = 60.0, on_refresh: Callable[[K], None] | None = None,
-                 logger: Logger | None = None) -> None:
+                 logger: Logger | None = None, policies: EgressPolicies | None = None) -> None:
         self._kube = kube
+        self.policies = policies or EgressPolicies.from_config()  # replaced when the providers file changes
         self._on_change = on_change
         # The periodic nudge that only refreshes lastProbeTime: the manager lets a backing-off key wait.
         self._on_refresh = on_refresh or on_change
@@ -61,7 +67,7 @@ class Prober(Generic[K]):
         self._tasks: dict[K, asyncio.Task[None]] = {}
         self._running: set[asyncio.Task[None]] = set()  # includes cancelled ones not yet finished
         self._health: dict[K, Health] = {}
-        self._auth_cache: dict[tuple[str, str], tuple[float, str | None]] = {}
+        self._auth_cache: dict[tuple[str, str], tuple[float, str | None, str | None]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._died: BaseException | None = None
         self._closed = False
@@ -153,28 +159,51 @@ class Prober(Generic[K]):
         what = f"GET {redact_url(check.url)} through {target.endpoint}" if check.url else \
             f"TCP connect to {target.host}:{target.port}"
         try:
+            address = await self._address(target)
             if check.url is None:
-                await self._tcp(target)
+                await self._tcp(target, address)
                 return True, f"{what} succeeded"
-            status = await self._http(target)
+            status = await self._http(target, address)
             return status < 400, f"{what}: HTTP {status}"
         except _ProbeFailed as e:
             return False, str(e)
         except TimeoutError:
             return False, f"{what}: timed out after {check.timeout_seconds}s"
         except Exception as e:  # any failure is a failed probe, never a dead loop
-            detail = f"{type(e).__name__}: {e}"
-            return False, f"{what}: {scrub(detail, check.url) if check.url else detail}"
+            # A fixed phrase: the library's text can quote the URL or the first bytes the peer sent.
+            return False, f"{what}: {failure_phrase(e)}"
 
-    async def _tcp(self, target: ProbeTarget) -> None:
+    async def _address(self, target: ProbeTarget) -> str:
+        """Where to connect: for an External endpoint, the resolved address the egress policy admits
+        (connected to as is, so the name cannot resolve elsewhere in between); a VM's IP as it is."""
+        if not target.external:
+            # The guest reports its own IP: one naming loopback, link-local or the metadata service
+            # would turn the operator's probe into a request there.
+            verdict = precheck(self.policies.vm_probe, host=target.host, port=target.port)
+            if not verdict.allowed:
+                raise _ProbeFailed(f"not probing {target.host}: "
+                                   f"{explain(verdict, purpose=Purpose.VM_PROBE, shown='the VM address')}")
+            return target.host
         async with asyncio.timeout(target.check.timeout_seconds):
-            _, writer = await asyncio.open_connection(target.host, target.port)
+            address = await resolve_checked(self.policies.external_probe, host=target.host, port=target.port)
+        if target.auth_secret:
+            verdict = decide(self.policies.external_auth, host=target.host, port=target.port, address=address)
+            if not verdict.allowed:
+                raise _ProbeFailed(
+                    f"credentials withheld (spec.auth.secretRef): "
+                    f"{explain(verdict, purpose=Purpose.EXTERNAL_AUTH, shown='this endpoint')}")
+        return str(address)
+
+    async def _tcp(self, target: ProbeTarget, address: str) -> None:
+        async with asyncio.timeout(target.check.timeout_seconds):
+            _, writer = await asyncio.open_connection(address, target.port)
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
 
-    async def _http(self, target: ProbeTarget) -> int:
+    async def _http(self, target: ProbeTarget, address: str) -> int:
         auth = await self._auth(target)
+        proxy = f"http://[{address}]:{target.port}" if ":" in address else f"http://{address}:{target.port}"
         if self._session is None:
             # A fresh connection per probe (force_close): a kept-alive socket could hide a dead listener.
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
@@ -185,7 +214,7 @@ class Prober(Generic[K]):
         # Plain http goes to the proxy as an absolute-form request: the header rides on that request. For
         # https only the CONNECT carries it; on the request it would travel through the tunnel to the site.
         https = url.startswith("https://")
-        async with self._session.get(url, proxy=target.endpoint, timeout=timeout, allow_redirects=False,
+        async with self._session.get(url, proxy=proxy, timeout=timeout, allow_redirects=False,
                                      headers=None if https else auth_header,
                                      proxy_headers=auth_header if https else None) as resp:
             await resp.content.read(64 * 1024)  # enough to see it answer; a huge page is not our business
@@ -199,16 +228,23 @@ class Prober(Generic[K]):
         cache_key = (target.namespace, target.auth_secret)
         cached = self._auth_cache.get(cache_key)
         if cached is not None and time.monotonic() - cached[0] < AUTH_CACHE_SECONDS * self._scale:
-            auth = cached[1]
+            auth, refusal = cached[1], cached[2]
         else:
-            data = await self._kube.read_secret(target.namespace, target.auth_secret)
-            auth = None
-            if data is not None and "username" in data and "password" in data:
-                creds = data["username"] + b":" + data["password"]
-                auth = "Basic " + base64.b64encode(creds).decode("ascii")
-            self._auth_cache[cache_key] = (time.monotonic(), auth)
-        if auth is None:
-            raise _ProbeFailed(f"auth Secret {target.namespace}/{target.auth_secret} is missing or lacks "
+            auth, refusal = None, None
+            try:
+                data = await read_usable_secret(self._kube, namespace=target.namespace,
+                                                name=target.auth_secret, field="spec.auth.secretRef")
+            except SecretNotUsable as e:
+                refusal = str(e)
+            else:
+                if data is not None and "username" in data and "password" in data:
+                    creds = data["username"] + b":" + data["password"]
+                    auth = "Basic " + base64.b64encode(creds).decode("ascii")
+                else:
+                    refusal = (f"auth Secret {target.namespace}/{target.auth_secret} is missing or lacks "
                                "keys username and password (spec.auth.secretRef)")
+            self._auth_cache[cache_key] = (time.monotonic(), auth, refusal)
+        if auth is None:
+            raise _ProbeFailed(refusal or "no credentials (spec.auth.secretRef)")
         return auth
 

@@ -20,6 +20,7 @@ from egress_kvm import metrics
 from egress_kvm.backoff import Backoff
 from egress_kvm.kube.interfaces import Key, KubeApi, Obj, ProxyStore, key_of
 from egress_kvm.log import Logger, get_logger
+from egress_kvm.policy.policies import EgressPolicies
 from egress_kvm.providers.base import Provider
 
 from .gc import Collected, collect_orphans
@@ -39,7 +40,8 @@ class Controller:
                  gc_interval: float = 120.0, gc_grace_period: float = 600.0,
                  logger: Logger | None = None, namespace: str | None = None,
                  timings: Timings | None = None, transient_backoff: Backoff = TRANSIENT_BACKOFF,
-                 quota_backoff: Backoff = QUOTA_BACKOFF, probe_time_scale: float = 1.0) -> None:
+                 quota_backoff: Backoff = QUOTA_BACKOFF, probe_time_scale: float = 1.0,
+                 egress: EgressPolicies | None = None) -> None:
         """`namespace` (optional, beyond the contract): the watch scope, so GC never judges instances
         owned from other namespaces. The last four tune timings for tests."""
         if workers < 1:
@@ -56,7 +58,8 @@ class Controller:
         self.queue = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff)
         self.prober: Prober[ProbeKey] = Prober(
             kube=kube, on_change=self._enqueue_any, time_scale=probe_time_scale,
-            on_refresh=self._enqueue_unless_backing_off, logger=self.log.with_name("health"))
+            on_refresh=self._enqueue_unless_backing_off, logger=self.log.with_name("health"),
+            policies=egress)
         self.reconciler = Reconciler(kube=kube, prober=self.prober, providers=providers,
                                      providers_hash=providers_hash, timings=timings, logger=self.log)
         self._tasks: list[asyncio.Task[None]] = []
@@ -90,8 +93,11 @@ class Controller:
         self._seen[key] = fingerprint
         self.enqueue(key)
 
-    def update_providers(self, providers: Mapping[str, Provider], providers_hash: str) -> None:
+    def update_providers(self, providers: Mapping[str, Provider], providers_hash: str,
+                         egress: EgressPolicies | None = None) -> None:
         self.log.info("providers changed; re-evaluating every Proxy", providers=sorted(providers))
+        if egress is not None:  # the file's egress section, which External probes follow
+            self.prober.policies = egress
         self.reconciler.set_providers(providers, providers_hash)
         self._enqueue_all()
 

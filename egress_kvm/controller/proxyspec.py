@@ -16,6 +16,8 @@ from egress_kvm.config.models import parse_host_port
 from egress_kvm.providers.base import Placement
 from egress_kvm.redact import redact_url
 
+from .shapes import Shape, shape_problem
+
 MANAGED = "Managed"
 EXTERNAL = "External"
 DEFAULT_PORT = 3128
@@ -63,15 +65,28 @@ def _obj(parent: dict[str, Any], key: str, path: str) -> dict[str, Any]:
     return value
 
 
-def _str(parent: dict[str, Any], key: str, path: str, *, required: bool = False) -> str | None:
+def _str(parent: dict[str, Any], key: str, path: str, *, required: bool = False,
+         shape: Shape = Shape.TEXT) -> str | None:
+    """A string field, checked against its shape (the CRD's pattern, repeated here for objects the API
+    server did not check): control characters never pass, since they end up in libvirt XML, names and
+    messages, and must be refused before any volume exists."""
     value = parent.get(key)
     if value is None or value == "":
         if required:
             raise SpecError(f"{path}: is required")
         return None
     if not isinstance(value, str):
-        raise SpecError(f"{path}: must be a string, not {value!r}")
+        raise SpecError(f"{path}: must be a string, not {_shown(value)}")
+    problem = shape_problem(value, shape)
+    if problem is not None:
+        raise SpecError(f"{path}: {_shown(value)} {problem}")
     return value
+
+
+def _shown(value: Any) -> str:
+    """A bad value as a message may show it: escaped (repr), URL secrets removed, and cut short."""
+    text = repr(redact_url(value) if isinstance(value, str) and ("://" in value or "@" in value) else value)
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def _int(parent: dict[str, Any], key: str, path: str, *, default: int, lo: int, hi: int) -> int:
@@ -93,8 +108,9 @@ def _cloud_init(spec: dict[str, Any]) -> tuple[str | None, SecretKeyRef | None]:
     ref = None
     if ci.get("secretRef") is not None:
         r = _obj(ci, "secretRef", "spec.cloudInit.secretRef")
-        ref = SecretKeyRef(name=_str(r, "name", "spec.cloudInit.secretRef.name", required=True) or "",
-                           key=_str(r, "key", "spec.cloudInit.secretRef.key", required=True) or "")
+        name = _str(r, "name", "spec.cloudInit.secretRef.name", required=True, shape=Shape.SECRET_NAME)
+        key = _str(r, "key", "spec.cloudInit.secretRef.key", required=True, shape=Shape.SECRET_KEY)
+        ref = SecretKeyRef(name=name or "", key=key or "")
         if user_data:
             raise SpecError("spec.cloudInit: set userData or secretRef, not both")
     return user_data, ref
@@ -102,7 +118,7 @@ def _cloud_init(spec: dict[str, Any]) -> tuple[str | None, SecretKeyRef | None]:
 
 def _health_check(spec: dict[str, Any]) -> HealthCheck:
     hc = _obj(spec, "healthCheck", "spec.healthCheck")
-    url = _str(hc, "url", "spec.healthCheck.url")
+    url = _str(hc, "url", "spec.healthCheck.url", shape=Shape.URL)
     if url is not None and not url.startswith(("http://", "https://")):
         raise SpecError(f"spec.healthCheck.url: {redact_url(url)!r} is not an http(s) URL")
     health = HealthCheck(
@@ -128,9 +144,9 @@ def parse_spec(spec: Any) -> ProxySpec:
 
     p = _obj(spec, "placement", "spec.placement")
     placement = Placement(
-        zone=_str(p, "zone", "spec.placement.zone"),
+        zone=_str(p, "zone", "spec.placement.zone", shape=Shape.NAME),
         machine_type=_str(p, "machineType", "spec.placement.machineType"),
-        image=_str(p, "image", "spec.placement.image"),
+        image=_str(p, "image", "spec.placement.image", shape=Shape.IMAGE),
         region=_str(p, "region", "spec.placement.region"),
     )
     port = _int(spec, "port", "spec.port", default=DEFAULT_PORT, lo=1, hi=65535)
@@ -141,17 +157,18 @@ def parse_spec(spec: Any) -> ProxySpec:
     auth = _obj(spec, "auth", "spec.auth")
     if auth:
         auth_secret = _str(_obj(auth, "secretRef", "spec.auth.secretRef"), "name",
-                           "spec.auth.secretRef.name", required=True)
+                           "spec.auth.secretRef.name", required=True, shape=Shape.SECRET_NAME)
 
     health = _health_check(spec)
 
-    provider = _str(spec, "provider", "spec.provider") or ""
+    provider = _str(spec, "provider", "spec.provider", shape=Shape.NAME) or ""
     ext_host = ext_port = None
     if mode == MANAGED:
         if not provider:
             raise SpecError("spec.provider: is required in Managed mode")
     else:
-        address = _str(_obj(spec, "external", "spec.external"), "address", "spec.external.address")
+        address = _str(_obj(spec, "external", "spec.external"), "address", "spec.external.address",
+                       shape=Shape.ADDRESS)
         if address is None:
             raise SpecError("spec.external.address: is required in External mode")
         try:

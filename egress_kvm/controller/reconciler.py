@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, ProxyGone, SpecChanged
 from egress_kvm.log import Logger, get_logger
+from egress_kvm.policy.external import external_refusal
 from egress_kvm.providers.base import HostUnreachable, Instance, PowerState, Provider, TransientError
 
 from . import actions
@@ -23,7 +24,7 @@ from .health import Prober
 from .memory import Memory
 from .outcome import Fail, Result, Retry, Trouble, outcome_for
 from .plan import NORMAL, Action, Event, Plan
-from .proxyspec import EXTERNAL, ProxySpec, parse_spec
+from .proxyspec import EXTERNAL, ProxySpec, SpecError, parse_spec
 from .status import COND_HOST, FAILED, PENDING, PROVISIONING, READY, Ref, get_condition, remove_condition
 from .verdict import ProbeKey, ProbeTarget
 
@@ -271,8 +272,12 @@ class Reconciler:
                 await ctx.delete(spec.provider, ref)
         self.prober.unwatch(ProbeKey(ctx.key, replacement=True))
         assert spec.external_host is not None and spec.external_port is not None
+        refused = external_refusal(self.prober.policies, host=spec.external_host, port=spec.external_port,
+                                   auth=bool(spec.auth_secret))
+        if refused is not None:
+            raise SpecError(refused)
         target = ProbeTarget(spec.external_host, spec.external_port, spec.health, ctx.namespace,
-                             spec.auth_secret)
+                             spec.auth_secret, external=True)
         ctx.watch(ctx.own, target)
         status = compose(ctx.status, external_verdict(self.prober.health(ctx.own), host=spec.external_host,
                                                       target=target), generation=ctx.generation)

@@ -34,6 +34,7 @@ class ProbeTarget:
     check: HealthCheck
     namespace: str = ""
     auth_secret: str | None = None
+    external: bool = False  # a tenant-named endpoint: connected to only under the egress policy
 
     @property
     def endpoint(self) -> str:

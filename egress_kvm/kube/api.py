@@ -137,6 +137,11 @@ class KubeApiClient:
     # --- Secrets -------------------------------------------------------------------------------------
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        found = await self.read_secret_labels(namespace, name)
+        return None if found is None else found[1]
+
+    async def read_secret_labels(self, namespace: str, name: str
+                                 ) -> tuple[dict[str, str], dict[str, bytes]] | None:
         try:
             secret = await self._core.read_namespaced_secret(name, namespace,
                                                              _request_timeout=REQUEST_TIMEOUT)
@@ -145,7 +150,8 @@ class KubeApiClient:
             if err.not_found:
                 return None
             raise err from None
-        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+        labels = dict((secret.metadata.labels if secret.metadata else None) or {})
+        return labels, {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
 
     # --- Events --------------------------------------------------------------------------------------
 

@@ -74,6 +74,11 @@ class KubeApi(Protocol):
         """Decoded Secret data; None if the Secret does not exist."""
         ...
 
+    async def read_secret_labels(self, namespace: str, name: str
+                                 ) -> tuple[dict[str, str], dict[str, bytes]] | None:
+        """The Secret's labels and decoded data in one read; None if it does not exist."""
+        ...
+
     async def record_event(self, obj: Obj, *, type_: str, reason: str, message: str) -> None:
         """A core/v1 Event about `obj` (type_ Normal|Warning). Never raises: events are best effort."""
         ...

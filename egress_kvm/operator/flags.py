@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from .. import log
+from ..policy import namekey
 
 DEFAULT_PROVIDERS_CONFIG = "/etc/proxy-operator/providers.yaml"
 DEFAULT_NAMESPACE = "egress-proxies-operator-system"
@@ -136,6 +137,10 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="reconcile workers (default 4)")
     p.add_argument("--cluster-id", default="", metavar="ID",
                    help="marks this cluster's VMs on shared hosts (default: the kube-system Namespace uid)")
+    p.add_argument("--instance-name-key-file", default=namekey.DEFAULT_PATH, metavar="PATH",
+                   help="secret that keys the user-data digest in instance names (default: "
+                        f"{namekey.DEFAULT_PATH}; missing: keyed with the cluster id only; "
+                        "see docs/security.md)")
     p.add_argument("--resync-period", type=_duration_arg, default=300.0, metavar="DURATION",
                    help="re-reconcile every Proxy this often (default 5m)")
     p.add_argument("--gc-interval", type=_duration_arg, default=120.0, metavar="DURATION",
@@ -160,6 +165,7 @@ class Options:
     kubeconfig: str = ""
     max_concurrent_reconciles: int = 4
     cluster_id: str = ""
+    instance_name_key_file: str = namekey.DEFAULT_PATH
     resync_period: float = 300.0
     gc_interval: float = 120.0
     gc_grace_period: float = 600.0

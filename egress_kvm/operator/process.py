@@ -28,6 +28,7 @@ from typing import Any
 from .. import log
 from ..backoff import Backoff
 from ..config import ConfigError
+from ..controller.naming import set_name_key
 from ..kube.api import KubeApiClient, namespace_uid
 from ..kube.client import KubeConfigError, new_api_client, pod_namespace
 from ..kube.informer import ProxyInformer
@@ -35,6 +36,8 @@ from ..kube.interfaces import Obj
 from ..kube.leader import LeaderElector, lease_namespace
 from ..kube.rest import KubeApiError
 from ..metrics import REGISTRY
+from ..policy import namekey
+from ..policy.policies import EgressPolicies
 from ..providers.base import Provider
 from .flags import Options
 from .http import HttpServer, health_app, metrics_app
@@ -116,6 +119,14 @@ class Operator:
                 return self._fatal(exc, "cannot determine the cluster id (the kube-system Namespace uid); "
                                         "pass --cluster-id")
             try:
+                key = namekey.load(opts.instance_name_key_file, cluster_id=cluster_id)
+            except OSError as exc:
+                return self._fatal(exc, "cannot read the instance-name key", path=opts.instance_name_key_file)
+            set_name_key(key.key)
+            if not key.from_file:
+                self.log.info("no instance-name key file: instance names are keyed with the cluster id only "
+                              "(see docs/security.md)", path=opts.instance_name_key_file)
+            try:
                 self.providers = await build(self.loaded, cluster_id=cluster_id)
             except ConfigError as exc:
                 return self._fatal(exc, "invalid providers config", path=opts.providers_config)
@@ -156,7 +167,8 @@ class Operator:
             kube=kube, store=self.informer, providers=self.providers, providers_hash=self.loaded.digest,
             workers=opts.max_concurrent_reconciles, resync_period=opts.resync_period,
             gc_interval=opts.gc_interval, gc_grace_period=opts.gc_grace_period,
-            logger=log.get_logger("controller"), namespace=opts.namespace or None)
+            logger=log.get_logger("controller"), namespace=opts.namespace or None,
+            egress=EgressPolicies.from_config(self.loaded.config.egress))
 
         try:
             await self._start_http(stack)
@@ -279,7 +291,8 @@ class Operator:
                 continue
             last_error = ""
             old, self.providers, self.loaded, current = self.providers, providers, loaded, loaded.digest
-            self.controller.update_providers(providers, loaded.digest)
+            self.controller.update_providers(providers, loaded.digest,
+                                             egress=EgressPolicies.from_config(loaded.config.egress))
             self.log.info("providers config reloaded", path=path,
                           providers=[p.name for p in loaded.config.providers])
             task = asyncio.create_task(self._retire(old), name="retire-providers")

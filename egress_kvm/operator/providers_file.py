@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import yaml
 
 from ..config import ConfigError, ProvidersConfig, check_kvm_files, parse_providers
+from ..config.errors import yaml_error
 from ..providers.base import Provider
 
 
@@ -41,9 +42,9 @@ def read_providers(path: str) -> LoadedProviders:
     try:
         document = yaml.safe_load(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text: {exc}") from None
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: {yaml_error(exc)}") from None
     config = parse_providers(document, source=path)
     for i, entry in enumerate(config.providers):
         if entry.kvm is not None:

@@ -22,7 +22,7 @@ def build_providers(config: ProvidersConfig, *, cluster_id: str,
         if entry.type == "kvm" and entry.kvm is not None:
             check_kvm_files(entry.kvm, prefix=f"providers[{index}].kvm")
             providers[entry.name] = KvmProvider(name=entry.name, config=entry.kvm, cluster_id=cluster_id,
-                                                dial=dial)
+                                                dial=dial, egress=config.egress)
         else:  # pragma: no cover - the model admits only kvm today
             raise ConfigError(f"providers[{index}].type: {entry.type!r} has no implementation")
     return providers

@@ -152,7 +152,7 @@ def validate(value: Any, schema: Schema | None, path: str = "") -> list[FieldErr
                     f"{path} in body should be at least {schema['minLength']} chars long",
                 )
             )
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and not re.search(_go_anchors(schema["pattern"]), value):
             errs.append(
                 FieldError("Invalid", path, value, f"{path} in body should match '{schema['pattern']}'")
             )
@@ -307,3 +307,11 @@ def check_crd_schema(schema: Schema | None, path: str) -> list[FieldError]:
     if isinstance(schema.get("additionalProperties"), dict):
         errs += check_crd_schema(schema["additionalProperties"], f"{path}.additionalProperties")
     return errs
+
+
+def _go_anchors(pattern: str) -> str:
+    """The API server matches patterns with Go's RE2, where a final `$` is the end of the text; in
+    Python's `re` it also matches before a trailing newline, which would let "x\n" pass `^x$`."""
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        return pattern[:-1] + r"\Z"
+    return pattern

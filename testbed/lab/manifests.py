@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -95,9 +96,14 @@ def providers_doc(lab: LabLayout, *, image: dict[str, Any] | None) -> dict[str, 
             entry["cpu"] = {"mode": "maximum"}
         hosts.append(entry)
     images = {}
+    egress: dict[str, Any] = {}
     if image is not None:
         images[IMAGE_KEY] = {"url": image["url"], "sha256": image["sha256"], "format": image["format"]}
-    return {"providers": [{
+        # The image server listens on the lab's gateway, a private address the egress policy denies by
+        # default: allowed explicitly, that address and port only (docs/security.md).
+        served = urlsplit(image["url"])
+        egress["allowedCIDRs"] = [f"{served.hostname}/32:{served.port}"]
+    return {**({"egress": egress} if egress else {}), "providers": [{
         "name": PROVIDER,
         "type": "kvm",
         "kvm": {

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from egress_kvm.config import parse_providers
+from egress_kvm.config.models import EgressConfig
 from egress_kvm.providers.kvm import KvmProvider, naming
 
 from .libvirt import FakeDomain, FakeHypervisor, FakeHypervisors, FakeLibvirtClient, FakeSession, FakeVolume
@@ -89,10 +90,17 @@ def precache_image(hyp: FakeHypervisor, key: str, data: bytes) -> None:
     hyp.put_volume(naming.marker_volume(base), hashlib.sha256(data).hexdigest().encode())
 
 
+# The tests' HTTP servers listen on loopback, which the egress policy denies by default: allowed here
+# explicitly, as the lab's providers files do (the default itself is tested in tests/unit/policy).
+LOOPBACK_EGRESS = EgressConfig.model_validate({"allowedCIDRs": ["127.0.0.0/8"]})
+
+
 def fake_kvm_provider(*, hosts: Sequence[str] = ("host0",), cluster_id: str = "test-cluster",
                       images: dict[str, dict[str, Any]] | None = None, precache: bool = True,
                       machine_types: dict[str, dict[str, int]] | None = None,
-                      host_kwargs: dict[str, Any] | None = None, **kvm_overrides: Any
+                      host_kwargs: dict[str, Any] | None = None,
+                      egress: EgressConfig | None = LOOPBACK_EGRESS,
+                      **kvm_overrides: Any
                       ) -> tuple[KvmProvider, FakeHypervisors]:
     """A real KvmProvider whose hosts are FakeHypervisors (see the module docstring)."""
     entry = kvm_config(hosts=hosts, images=images, machine_types=machine_types, **kvm_overrides)
@@ -102,5 +110,6 @@ def fake_kvm_provider(*, hosts: Sequence[str] = ("host0",), cluster_id: str = "t
         for key in entry.kvm.images:
             for hyp in hv.hosts.values():
                 precache_image(hyp, key, image)
-    provider = KvmProvider(name=entry.name, config=entry.kvm, cluster_id=cluster_id, dial=hv.dial)
+    provider = KvmProvider(name=entry.name, config=entry.kvm, cluster_id=cluster_id, dial=hv.dial,
+                           egress=egress)
     return provider, hv

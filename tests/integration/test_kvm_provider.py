@@ -29,7 +29,7 @@ from lxml import etree
 
 from egress_kvm import log
 from egress_kvm.config import parse_providers
-from egress_kvm.providers.base import CreateRequest, Placement, PowerState
+from egress_kvm.providers.base import CreateRequest, Placement, PowerState, ResolvedPlacement
 from egress_kvm.providers.kvm import KvmProvider, metadata, naming, seed
 from egress_kvm.providers.registry import build_providers
 from testbed import lab as labmod
@@ -73,10 +73,12 @@ def logs(libvirt_trace: Callable[[str], None]) -> Iterator[Logs]:
 
 
 def provider_for(info: Any, *, cluster_id: str, images: dict[str, Any] | None = None,
-                 **host_overrides: Any) -> KvmProvider:
+                 url_images: list[str] | None = None, **host_overrides: Any) -> KvmProvider:
     doc = yaml.safe_load(Path(info.providers_file).read_text())
     entry = doc["providers"][0]
     entry["kvm"]["images"].update(images or {})
+    if url_images is not None:
+        entry["kvm"]["urlImages"] = url_images
     for h in entry["kvm"]["hosts"]:
         h.update(host_overrides)
     config = parse_providers(doc, source=info.providers_file)
@@ -369,3 +371,51 @@ async def test_ssh_drop_is_logged_and_the_next_call_redials(lab: Any, logs: Logs
         await provider.close()
     # close() ends the SSH connection: its sshd session process goes away (nothing leaked).
     await wait_until(lambda: not (session_sshd_pids(info) - before), 30, "the SSH session to end")
+
+
+async def test_a_control_character_in_placement_image_leaves_nothing(lab: Any, logs: Logs) -> None:
+    """Issue 13 item 8, on the real host: a URL image with a control character, whose base is already in
+    the pool (so nothing stops it at the download), used to get the overlay and the seed written before
+    lxml refused the domain XML, and every retry wrote them again. Now it is refused before any RPC that
+    changes the pool, naming the field, and the pool and the domain list are exactly as before."""
+    from urllib.parse import urlsplit
+
+    from egress_kvm.providers.base import PermanentError
+
+    info = lab
+    clean_leftovers(info)
+    served = urlsplit(info.image.url)
+    url = f"http://{served.hostname}:{served.port}/proxy-it-ctl\x01.qcow2"
+    base = naming.base_volume(url=url)
+    # The base and its marker as an earlier download would have left them (a tiny qcow2, its digest).
+    script = (
+        "set -e; d=$(mktemp -d); qemu-img create -q -f qcow2 $d/b.qcow2 16M; "
+        "sha256sum $d/b.qcow2 | cut -c1-64 | tr -d '\\n' > $d/m; "
+        f"virsh -q -c qemu:///system vol-create-as default {base} 0 --format raw; "
+        f"virsh -q -c qemu:///system vol-upload --pool default {base} $d/b.qcow2; "
+        f"virsh -q -c qemu:///system vol-create-as default {naming.marker_volume(base)} 0 --format raw; "
+        f"virsh -q -c qemu:///system vol-upload --pool default {naming.marker_volume(base)} $d/m; rm -r $d")
+    labmod.host_run(info, "host0", ["sh", "-c", script])
+    provider = provider_for(info, cluster_id=f"it-ctl-{uuid.uuid4().hex[:6]}",
+                            url_images=[f"{served.hostname}/32:{served.port}"])
+    try:
+        pool_before = volumes(info)
+        domains_before = set(virsh(info, "list", "--all", "--name").split())
+        for image in (url, "debian-12\x01"):
+            # resolving (what the controller does first) refuses it ...
+            with pytest.raises(PermanentError, match=r"placement\.image"):
+                provider.resolve(Placement(zone="host0", image=image))
+            # ... and so does create itself, for a placement that skipped that step
+            where = ResolvedPlacement(zone="host0", machine_type="small", image=image)
+            with pytest.raises(PermanentError, match=r"placement\.image"):
+                await provider.create(CreateRequest(name="proxy-it-ctl", owner_uid="uid-ctl", placement=where,
+                                                    user_data=user_data(info), owner_namespace="it",
+                                                    owner_name="proxy-it-ctl"))
+        assert volumes(info) == pool_before
+        assert set(virsh(info, "list", "--all", "--name").split()) == domains_before
+        print(f"\npool volumes before/after: {len(pool_before)}/{len(volumes(info))}; "
+              f"no {naming.overlay_volume('proxy-it-ctl')}, no {naming.seed_volume('proxy-it-ctl')}")
+    finally:
+        await provider.close()
+        for vol in (naming.marker_volume(base), base):
+            virsh_ok(info, "vol-delete", "--pool", "default", vol)

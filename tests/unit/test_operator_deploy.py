@@ -142,3 +142,32 @@ async def test_kubectl_apply_k_deploy_and_the_sample_proxy_against_the_emulator(
         assert "proxy.egressproxies.io/proxy-kvm-sample created" in out
         table = await asyncio.to_thread(run, "get", "px")
         assert table.split()[:7] == ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "AGE"]
+
+
+def test_the_egress_networkpolicy_component_renders_and_denies_metadata_and_cluster_ranges(
+        tmp_path: Path) -> None:
+    """Optional component (docs/security.md): rendered through an overlay as a user would enable it."""
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
+    (tmp_path / "overlay").mkdir()
+    (tmp_path / "overlay" / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../deploy]\n"
+        "components: [../deploy/components/egress-networkpolicy]\n")
+    out = subprocess.run([_kubectl(), "kustomize", str(tmp_path / "overlay")], check=True,
+                         capture_output=True, text=True, timeout=60).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    policy = _one(docs, "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == "egress-proxies-operator-system"
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"control-plane": "controller-manager"}
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    wide = [r["to"][0]["ipBlock"] for r in policy["spec"]["egress"]
+            if r["to"][0].get("ipBlock", {}).get("cidr") == "0.0.0.0/0"]
+    assert wide and {"169.254.0.0/16", "10.0.0.0/8", "127.0.0.0/8"} <= set(wide[0]["except"])
+
+
+def test_the_instance_name_key_is_an_optional_secret_mount(rendered: list[dict[str, Any]]) -> None:
+    pod = _one(rendered, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["instance-name-key"]["secret"]["secretName"] == "egress-kvm-instance-name-key"
+    assert volumes["instance-name-key"]["secret"]["optional"] is True
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["instance-name-key"]["mountPath"] == "/etc/proxy-operator/instance-name-key"

@@ -30,3 +30,18 @@ def test_scrub_replaces_the_url_and_its_secret_parts_wherever_quoted() -> None:
     out = scrub(text, url)
     assert "s3cret" not in out and "XyZ" not in out
     assert "https://REDACTED@example.test/p?REDACTED" in out
+
+
+@pytest.mark.parametrize("quoted", [
+    "https://example.test/p?X-Amz-Signature=ab%2Fcd%3D&X-Amz-Credential=AKIA%2F2026",  # as given
+    "https://example.test/p?X-Amz-Signature=ab/cd=&X-Amz-Credential=AKIA/2026",  # decoded by yarl
+    "https://example.test/p?x-amz-signature=ab%2fcd%3d",  # lower-case hex
+    "signature ab%2Fcd%3D rejected; credential AKIA%2F2026",  # values alone
+    "userinfo b%40b:p%3Ass rejected",  # encoded userinfo
+    "userinfo b@b:p:ss rejected",  # decoded userinfo
+])
+def test_scrub_catches_percent_encoded_and_decoded_forms(quoted: str) -> None:
+    url = "https://b%40b:p%3Ass@example.test/p?X-Amz-Signature=ab%2Fcd%3D&X-Amz-Credential=AKIA%2F2026"
+    out = scrub(f"failed: {quoted}", url)
+    for secret in ("ab%2Fcd", "ab/cd", "ab%2fcd", "AKIA%2F2026", "AKIA/2026", "p%3Ass", "p:ss"):
+        assert secret not in out, out

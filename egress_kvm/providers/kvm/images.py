@@ -25,6 +25,9 @@ from dataclasses import dataclass
 import aiohttp
 
 from egress_kvm.metrics import IMAGE_BYTES_FETCHED
+from egress_kvm.policy.connect import EgressDenied, NameNotResolved, TooManyRedirects, open_checked
+from egress_kvm.policy.egress import Policy
+from egress_kvm.policy.phrases import failure_phrase
 from egress_kvm.providers.base import PermanentError, ProgressCallback, TransientError
 from rpc.errors import LibvirtError, NotFoundError
 from rpc.types import StoragePool, StorageVol
@@ -48,7 +51,9 @@ class BaseImage:
     downloaded: bool
 
 
-HttpFactory = Callable[[], Awaitable[aiohttp.ClientSession]]
+# The session for an image (its resolver enforces the egress policy) and that policy (for literal
+# addresses and redirects, which open_checked decides hop by hop).
+HttpFactory = Callable[[ImageSource], Awaitable[tuple[aiohttp.ClientSession, Policy]]]
 
 
 async def lookup_volume(host: Host, pool: StoragePool, name: str) -> StorageVol | None:
@@ -112,9 +117,9 @@ class ImageCache:
         log = host.log.with_values(image=image.label, pool=pool.name, volume=image.base_volume)
         log.info("fetching base image into host pool", url=image.shown_url, reason=reason)
         started = self._clock()
-        http = await self._http()
+        http, policy = await self._http(image)
         try:
-            async with http.get(image.url) as resp:
+            async with open_checked(http, image.url, policy) as resp:
                 if resp.status != 200:
                     raise TransientError(
                         f"image {image.label!r}: GET {image.shown_url} answered HTTP {resp.status}")
@@ -160,9 +165,13 @@ class ImageCache:
                     if isinstance(exc, _SourceError):
                         raise exc.cause from None  # handled below as the download's own failure
                     raise
-        except aiohttp.ClientError as exc:
+        except EgressDenied as exc:
+            raise PermanentError(f"image {image.label!r} ({image.shown_url}): {exc}") from None
+        except (aiohttp.ClientError, NameNotResolved, TooManyRedirects) as exc:
+            # A fixed phrase, never the library's text: it quotes URLs (queries, userinfo) and peers.
+            why = failure_phrase(exc)
             raise TransientError(
-                f"image {image.label!r}: downloading {image.shown_url} failed: {exc}") from None
+                f"image {image.label!r}: downloading {image.shown_url} failed: {why}") from None
         except TimeoutError:
             raise TransientError(f"image {image.label!r}: downloading {image.shown_url} timed out") from None
         IMAGE_BYTES_FETCHED.labels(host.name, image.label).inc(moved)

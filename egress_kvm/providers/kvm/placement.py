@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from egress_kvm.config.models import KvmConfig, MachineType, check_http_url
+from egress_kvm.policy.egress import Policy, Purpose, explain, precheck, url_target
+from egress_kvm.policy.policies import url_image_policy
 from egress_kvm.providers.base import PermanentError, Placement, ResolvedPlacement
 from egress_kvm.redact import redact_url
 
@@ -24,6 +26,7 @@ class ImageSource:
     sha256: str | None
     format: str
     base_volume: str
+    direct: bool = False  # placement.image was a URL (the tenant's), not a key of images (the admin's)
 
     @property
     def marker_volume(self) -> str:
@@ -47,7 +50,10 @@ def _pick(kind: str, value: str | None, known: list[str], provider: str) -> str:
         f"({', '.join(known) or 'none'})")
 
 
-def resolve(placement: Placement, kvm: KvmConfig, *, provider: str) -> ResolvedPlacement:
+def resolve(placement: Placement, kvm: KvmConfig, *, provider: str,
+            url_policy: Policy | None = None) -> ResolvedPlacement:
+    """Defaults and checks. A URL image is refused here unless `url_policy` (the entry's urlImages)
+    admits its host as far as that can be told before DNS; the download decides each address again."""
     zone = _pick("zone", placement.zone, [h.name for h in kvm.hosts], provider)
     machine_type = _pick("machineType", placement.machine_type, list(kvm.machine_types), provider)
     image = placement.image
@@ -56,6 +62,11 @@ def resolve(placement: Placement, kvm: KvmConfig, *, provider: str) -> ResolvedP
             check_http_url(image)
         except ValueError as exc:
             raise PermanentError(f"placement.image {redact_url(image)!r} {exc}") from None
+        target = url_target(image)
+        verdict = precheck(url_policy or url_image_policy(None, ()), host=target.host, port=target.port)
+        if not verdict.allowed:
+            shown = explain(verdict, purpose=Purpose.URL_IMAGE, shown=repr(redact_url(image)))
+            raise PermanentError(f"placement.image {shown} (provider {provider!r})")
     elif image and image not in kvm.images:
         raise PermanentError(
             f"unknown placement.image {redact_url(image)!r} for provider {provider!r}: not a key of images "
@@ -65,11 +76,12 @@ def resolve(placement: Placement, kvm: KvmConfig, *, provider: str) -> ResolvedP
     return ResolvedPlacement(zone=zone, machine_type=machine_type, image=image)
 
 
-def checked(resolved: ResolvedPlacement, kvm: KvmConfig, *, provider: str) -> ResolvedPlacement:
+def checked(resolved: ResolvedPlacement, kvm: KvmConfig, *, provider: str,
+            url_policy: Policy | None = None) -> ResolvedPlacement:
     """A placement resolved elsewhere, checked against this config (nothing filled in): a create must
     not trust its input to name a host, size and image the config has."""
     again = resolve(Placement(zone=resolved.zone, machine_type=resolved.machine_type, image=resolved.image),
-                    kvm, provider=provider)
+                    kvm, provider=provider, url_policy=url_policy)
     if again != resolved:  # cannot happen for a fully named placement; a bug if it does
         raise PermanentError(f"placement {resolved} is not resolved for provider {provider!r}")
     return resolved
@@ -86,4 +98,4 @@ def image_source(kvm: KvmConfig, image: str) -> ImageSource:
         return ImageSource(label=image, url=entry.url, sha256=entry.sha256, format=entry.format,
                            base_volume=naming.base_volume(key=image))
     return ImageSource(label=redact_url(image), url=image, sha256=None, format="qcow2",
-                       base_volume=naming.base_volume(url=image))
+                       base_volume=naming.base_volume(url=image), direct=True)

@@ -24,8 +24,11 @@ from datetime import UTC, datetime
 
 import aiohttp
 
-from egress_kvm.config.models import KvmConfig
+from egress_kvm.config.models import EgressConfig, KvmConfig
 from egress_kvm.log import Logger, get_logger
+from egress_kvm.policy.connect import checked_session
+from egress_kvm.policy.egress import Policy, Purpose
+from egress_kvm.policy.policies import configured_image_policy, url_image_policy
 from egress_kvm.providers.base import (
     CreateRequest,
     Instance,
@@ -56,6 +59,7 @@ from .calllog import current_instance, make_observer, make_tracer
 from .domain_xml import DomainSpec, domain_xml, volume_xml
 from .hosts import Host
 from .images import ImageCache, delete_volume, lookup_volume
+from .placement import ImageSource
 from .session import Dialer, DialOptions, ssh_dial
 
 GIB = 1024**3
@@ -104,7 +108,8 @@ class KvmProvider:
 
     def __init__(self, *, name: str, config: KvmConfig, cluster_id: str, dial: Dialer = ssh_dial,
                  log: Logger | None = None, now: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 http_timeout: aiohttp.ClientTimeout | None = None) -> None:
+                 http_timeout: aiohttp.ClientTimeout | None = None,
+                 egress: EgressConfig | None = None) -> None:
         if not cluster_id:
             raise ValueError("cluster_id must not be empty: it keeps clusters sharing a host apart")
         self.name = name
@@ -119,7 +124,9 @@ class KvmProvider:
                                   observer=make_observer(self._log, host=h.name),
                                   tracer=make_tracer(self._log, host=h.name))
             self._hosts[h.name] = Host(config=h, dial=dial, options=options, log=self._log)
-        self._http: aiohttp.ClientSession | None = None
+        self._http: dict[Purpose, aiohttp.ClientSession] = {}
+        self._image_policies = {Purpose.CONFIGURED_IMAGE: configured_image_policy(egress),
+                                Purpose.URL_IMAGE: url_image_policy(egress, config.url_images)}
         self._http_timeout = http_timeout or aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
         self._images = ImageCache(http=self._http_session)
 
@@ -129,7 +136,8 @@ class KvmProvider:
         return list(self._hosts)
 
     def resolve(self, placement_: Placement) -> ResolvedPlacement:
-        return placement.resolve(placement_, self.config, provider=self.name)
+        return placement.resolve(placement_, self.config, provider=self.name,
+                                 url_policy=self._image_policies[Purpose.URL_IMAGE])
 
     def host(self, zone: str) -> Host:
         host = self._hosts.get(zone)
@@ -140,7 +148,8 @@ class KvmProvider:
 
     async def create(self, request: CreateRequest, *, progress: ProgressCallback | None = None) -> Instance:
         name = _checked_name(request.name)
-        resolved = placement.checked(request.placement, self.config, provider=self.name)
+        resolved = placement.checked(request.placement, self.config, provider=self.name,
+                                     url_policy=self._image_policies[Purpose.URL_IMAGE])
         host = self.host(resolved.zone)
         # One create per name at a time on this host: a second would replace the first one's volumes.
         async with self._operation(host, name, "create"), host.exclusive(f"instance:{name}"):
@@ -233,9 +242,9 @@ class KvmProvider:
         for host in self._hosts.values():
             with contextlib.suppress(Exception):
                 await host.close()
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        for session in self._http.values():
+            await session.close()
+        self._http.clear()
 
     # -- create ----------------------------------------------------------------------------------
 
@@ -260,6 +269,22 @@ class KvmProvider:
 
         overlay_xml = volume_xml(name=naming.overlay_volume(name), capacity=disk_bytes, fmt="qcow2",
                                  backing_path=base.path, backing_format=base.format)
+        # Every document is built before the first volume exists: a value lxml refuses must leave
+        # nothing behind (and, being permanent, would otherwise leave it on every retry).
+        meta = metadata.InstanceMetadata(
+            cluster_id=self.cluster_id, owner_uid=request.owner_uid, created_at=self._now(),
+            owner_namespace=request.owner_namespace, owner_name=request.owner_name, zone=resolved.zone,
+            machine_type=resolved.machine_type, image=source.label)  # a URL without credentials
+        spec = DomainSpec(
+            name=name, domain_type=cfg.domain_type, vcpus=mtype.vcpus, memory_mib=mtype.memory_mib,
+            cpu=cfg.cpu_config, pool=pool.name, overlay_volume=naming.overlay_volume(name),
+            seed_volume=naming.seed_volume(name), seed_bus=cfg.seed_bus, bridge=cfg.bridge,
+            mac=naming.mac_address(name), meta=meta)
+        try:
+            xml = domain_xml(spec)
+        except ValueError as exc:  # lxml: a control character in a value (the spec checks should stop it)
+            raise PermanentError(f"instance {name!r}: a placement or owner value cannot be written to the "
+                                 f"domain XML ({type(exc).__name__})") from None
         await self._create_volume(host, pool, overlay_xml, naming.overlay_volume(name),
                                   available=info.available)
         log.v(1).info("overlay created", pool=pool.name, volume=naming.overlay_volume(name),
@@ -276,17 +301,8 @@ class KvmProvider:
             raise
         log.v(1).info("seed ISO uploaded", pool=pool.name, volume=naming.seed_volume(name), length=len(iso))
 
-        meta = metadata.InstanceMetadata(
-            cluster_id=self.cluster_id, owner_uid=request.owner_uid, created_at=self._now(),
-            owner_namespace=request.owner_namespace, owner_name=request.owner_name, zone=resolved.zone,
-            machine_type=resolved.machine_type, image=source.label)  # a URL without credentials
-        spec = DomainSpec(
-            name=name, domain_type=cfg.domain_type, vcpus=mtype.vcpus, memory_mib=mtype.memory_mib,
-            cpu=cfg.cpu_config, pool=pool.name, overlay_volume=naming.overlay_volume(name),
-            seed_volume=naming.seed_volume(name), seed_bus=cfg.seed_bus, bridge=cfg.bridge,
-            mac=naming.mac_address(name), meta=meta)
         try:
-            dom = await host.call("domain_define_xml", lambda lv: lv.domain_define_xml(domain_xml(spec)))
+            dom = await host.call("domain_define_xml", lambda lv: lv.domain_define_xml(xml))
         except LibvirtError as exc:
             if exc.code not in (ErrorCode.OPERATION_FAILED, ErrorCode.DOM_EXIST):
                 raise
@@ -524,10 +540,14 @@ class KvmProvider:
         finally:
             current_instance.reset(token)
 
-    async def _http_session(self) -> aiohttp.ClientSession:
-        if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(timeout=self._http_timeout, trust_env=False)
-        return self._http
+    async def _http_session(self, image: ImageSource) -> tuple[aiohttp.ClientSession, Policy]:
+        """The session (one per purpose: its resolver enforces that purpose's policy) and the policy."""
+        purpose = Purpose.URL_IMAGE if image.direct else Purpose.CONFIGURED_IMAGE
+        policy = self._image_policies[purpose]
+        session = self._http.get(purpose)
+        if session is None or session.closed:
+            session = self._http[purpose] = checked_session(policy, timeout=self._http_timeout)
+        return session, policy
 
 
 @dataclass

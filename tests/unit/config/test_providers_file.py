@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from egress_kvm.config import (
     load_providers_file,
     parse_providers,
 )
+from egress_kvm.operator.providers_file import read_providers
 
 SHA = "ab" * 32
 H0 = "providers[0].kvm.hosts[0]"
@@ -219,3 +221,33 @@ def test_errors_never_echo_vendor_data_sections_or_url_credentials(mutate: Any) 
     msg = error_of([doc])
     assert "providers[0].kvm" in msg
     assert "hunter2" not in msg
+
+
+@pytest.mark.parametrize("text", [
+    "providers:\n- name: a\n  kvm:\n    vendorData: \"VD-SECRET-1f2e\n  x: [\n",
+    "providers:\n  - kvm: {vendorData: VD-SECRET-1f2e}\n   bad indent: VD-SECRET-1f2e\n",
+    "egress:\n  allowedCIDRs: [VD-SECRET-1f2e\n",
+])
+def test_a_yaml_error_names_the_place_and_quotes_nothing(tmp_path: Path, text: str) -> None:
+    """PyYAML's message quotes the lines around the error: vendorData and paths must stay out of logs."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    for load in (load_providers_file, read_providers):
+        with pytest.raises(ConfigError) as info:
+            load(bad)  # type: ignore[operator]
+        message = str(info.value)
+        assert re.fullmatch(r".*bad\.yaml: not valid YAML \(line \d+, column \d+\)", message), message
+        assert "SECRET" not in str(info.value)
+
+
+@pytest.mark.parametrize(("egress", "fragment"), [
+    ({"allowedCIDRs": ["images.example"]}, "egress.allowedCIDRs: entry [0] is not a CIDR"),
+    ({"clusterCIDRs": ["10.0.0.0/33"]}, "egress.clusterCIDRs: entry [0] is not a CIDR"),
+    ({"authEndpoints": ["proxy.example:99999"]}, "egress.authEndpoints: entry [0] port '99999'"),
+    ({"externalEndpoints": ["bad host"]}, "egress.externalEndpoints: entry [0] must be a host name"),
+    ({"nope": []}, "egress.nope: unknown key"),
+])
+def test_egress_section_errors_name_the_entry(egress: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_providers({"egress": egress, "providers": []})
+    assert fragment in str(info.value)

@@ -13,6 +13,8 @@ from egress_kvm import log as egress_log
 from egress_kvm.controller.manager import Controller
 from egress_kvm.controller.queue import Backoff
 from egress_kvm.controller.reconciler import Timings
+from egress_kvm.policy.policies import EgressPolicies
+from tests.fakes import LOOPBACK_EGRESS
 
 from .fakekube import FakeKube
 from .fakeprovider import FakeProvider
@@ -27,6 +29,9 @@ async def eventually(predicate: Callable[[], object], *, limit: float = 10.0, wh
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what or predicate}")
         await asyncio.sleep(0.01)
+
+
+LOOPBACK_POLICIES = EgressPolicies.from_config(LOOPBACK_EGRESS)
 
 
 @pytest.fixture
@@ -78,6 +83,8 @@ async def make_controller(kube: FakeKube) -> AsyncIterator[Callable[..., Control
     def make(providers: dict, **kw) -> Controller:
         opts = {**FAST, "resync_period": 3600.0, "gc_interval": 3600.0, **kw}
         opts.setdefault("store", kube)  # or a LaggingStore: an informer cache behind the API server
+        # External endpoints in these tests listen on loopback: allowed explicitly, as a providers file would.
+        opts.setdefault("egress", LOOPBACK_POLICIES)
         c = Controller(kube=kube, providers=providers, **opts)
         kube.watch(c.on_event)
         started.append((c, asyncio.get_running_loop().create_task(c.run())))

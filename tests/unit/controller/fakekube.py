@@ -62,6 +62,7 @@ class FakeKube:
     def __init__(self, *, synced: bool = True) -> None:
         self.objects: dict[Key, Obj] = {}
         self.secrets: dict[Key, dict[str, bytes]] = {}
+        self.secret_labels: dict[Key, dict[str, str]] = {}
         self.events: list[dict[str, Any]] = []
         self.status_writes = 0
         self.conflicts = 0
@@ -109,8 +110,11 @@ class FakeKube:
         """Gone without our finalizer running (e.g. removed by hand while the operator was down)."""
         self._remove(key)
 
-    def put_secret(self, namespace: str, name: str, data: dict[str, bytes]) -> None:
+    def put_secret(self, namespace: str, name: str, data: dict[str, bytes], *,
+                   labels: dict[str, str] | None = None) -> None:
+        """A Secret; `labels=USABLE` is the opt-in a Proxy needs to use it (egress_kvm/policy/secrets.py)."""
         self.secrets[(namespace, name)] = dict(data)
+        self.secret_labels[(namespace, name)] = dict(labels or {})
 
     def events_for(self, name: str) -> list[tuple[str, str, str]]:
         return [(e["type"], e["reason"], e["message"]) for e in self.events if e["name"] == name]
@@ -171,6 +175,13 @@ class FakeKube:
     async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
         data = self.secrets.get((namespace, name))
         return dict(data) if data is not None else None
+
+    async def read_secret_labels(self, namespace: str, name: str
+                                 ) -> tuple[dict[str, str], dict[str, bytes]] | None:
+        data = self.secrets.get((namespace, name))
+        if data is None:
+            return None
+        return dict(self.secret_labels.get((namespace, name), {})), dict(data)
 
     async def record_event(self, obj: Obj, *, type_: str, reason: str, message: str) -> None:
         assert type_ in ("Normal", "Warning"), type_

@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 
 from egress_kvm.controller.health import Health, Prober, ProbeTarget, next_health
 from egress_kvm.controller.proxyspec import HealthCheck
+from egress_kvm.policy.secrets import USABLE
 
-from .conftest import eventually
+from .conftest import LOOPBACK_POLICIES, eventually
 from .fakekube import FakeKube
 from .proxyserver import MiniProxy, TargetServer
 
@@ -34,7 +35,7 @@ def test_thresholds_need_consecutive_results() -> None:
 
 
 async def test_http_probe_goes_through_the_proxy(proxy_server: MiniProxy, target: TargetServer) -> None:
-    p = Prober(kube=FakeKube(), on_change=lambda k: None)
+    p = Prober(kube=FakeKube(), on_change=lambda k: None, policies=LOOPBACK_POLICIES)
     try:
         ok, msg = await p.probe(ProbeTarget("127.0.0.1", proxy_server.port, HealthCheck(url=target.url)))
         assert ok and "HTTP 200" in msg
@@ -48,7 +49,7 @@ async def test_http_probe_goes_through_the_proxy(proxy_server: MiniProxy, target
 
 
 async def test_tcp_probe(proxy_server: MiniProxy) -> None:
-    p = Prober(kube=FakeKube(), on_change=lambda k: None)
+    p = Prober(kube=FakeKube(), on_change=lambda k: None, policies=LOOPBACK_POLICIES)
     try:
         assert (await p.probe(ProbeTarget("127.0.0.1", proxy_server.port, HealthCheck())))[0]
         await proxy_server.stop()
@@ -62,15 +63,16 @@ async def test_auth_from_the_secret(target: TargetServer) -> None:
     proxy = MiniProxy(username="u", password="pw")
     await proxy.start()
     kube = FakeKube()
-    p = Prober(kube=kube, on_change=lambda k: None, time_scale=0.0)  # no auth caching
+    p = Prober(kube=kube, on_change=lambda k: None, time_scale=0.0,  # no auth caching
+               policies=LOOPBACK_POLICIES)
     t = ProbeTarget("127.0.0.1", proxy.port, HealthCheck(url=target.url), "default", "auth")
     try:
         ok, msg = await p.probe(t)
         assert not ok and "auth Secret default/auth is missing" in msg and "spec.auth.secretRef" in msg
-        kube.put_secret("default", "auth", {"username": b"u", "password": b"bad"})
+        kube.put_secret("default", "auth", {"username": b"u", "password": b"bad"}, labels=USABLE)
         ok, msg = await p.probe(t)
         assert not ok and "HTTP 407" in msg
-        kube.put_secret("default", "auth", {"username": b"u", "password": b"pw"})
+        kube.put_secret("default", "auth", {"username": b"u", "password": b"pw"}, labels=USABLE)
         ok, msg = await p.probe(t)
         assert ok, msg
         assert target.hits == 1
@@ -81,7 +83,8 @@ async def test_auth_from_the_secret(target: TargetServer) -> None:
 
 async def test_prober_notifies_on_verdict_changes_and_stops_cleanly(proxy_server: MiniProxy) -> None:
     changes: list[object] = []
-    p = Prober(kube=FakeKube(), on_change=changes.append, time_scale=0.01, refresh=1e9)
+    p = Prober(kube=FakeKube(), on_change=changes.append, time_scale=0.01, refresh=1e9,
+               policies=LOOPBACK_POLICIES)
     check = HealthCheck(interval_seconds=1, success_threshold=2, failure_threshold=2)
     p.watch("k", ProbeTarget("127.0.0.1", proxy_server.port, check))
     await eventually(lambda: (p.health("k") or Health()).healthy is True)
@@ -102,7 +105,8 @@ async def test_prober_notifies_on_verdict_changes_and_stops_cleanly(proxy_server
 
 async def test_prober_refreshes_so_last_probe_time_stays_current(proxy_server: MiniProxy) -> None:
     changes: list[object] = []
-    p = Prober(kube=FakeKube(), on_change=changes.append, time_scale=0.01, refresh=3)  # 30 ms scaled
+    p = Prober(kube=FakeKube(), on_change=changes.append, time_scale=0.01, refresh=3,  # 30 ms scaled
+               policies=LOOPBACK_POLICIES)
     p.watch("k", ProbeTarget("127.0.0.1", proxy_server.port, HealthCheck(interval_seconds=1)))
     try:
         await eventually(lambda: len(changes) >= 4)  # one verdict change, then refreshes

@@ -14,6 +14,7 @@ import pytest
 from egress_kvm.controller.status import get_condition
 from egress_kvm.controller.verdict import ProbeKey
 from egress_kvm.kube.interfaces import FINALIZER
+from egress_kvm.policy.secrets import USABLE
 from egress_kvm.providers.base import PowerState, QuotaError, TransientError
 
 from .conftest import eventually
@@ -159,9 +160,9 @@ async def test_missing_cloud_init_secret_is_pending_then_proceeds(
     assert "waiting for Secret default/ci" in kube.status(KEY)["message"]
     assert cond(kube, "Ready")["reason"] == "Waiting"
     assert provider.names() == set()
-    kube.put_secret("default", "ci", {"other": b"x"})
+    kube.put_secret("default", "ci", {"other": b"x"}, labels=USABLE)
     await eventually(lambda: "waiting for key 'user-data'" in kube.status(KEY).get("message", ""))
-    kube.put_secret("default", "ci", {"user-data": b"#cloud-config\nSECRET-USERDATA\n"})
+    kube.put_secret("default", "ci", {"user-data": b"#cloud-config\nSECRET-USERDATA\n"}, labels=USABLE)
     await eventually(lambda: phase(kube) == "Ready")  # retried on its own, no event needed
     name = kube.status(KEY)["instance"]["name"]
     assert provider.user_data[name] == b"#cloud-config\nSECRET-USERDATA\n"

@@ -8,7 +8,7 @@ from egress_kvm import metrics
 from egress_kvm.controller.manager import Controller
 from egress_kvm.controller.verdict import ProbeKey
 
-from .conftest import FAST, eventually
+from .conftest import FAST, LOOPBACK_POLICIES, eventually
 from .fakekube import FakeKube
 from .fakeprovider import FakeProvider
 from .proxyserver import MiniProxy
@@ -18,7 +18,7 @@ from .test_lifecycle import KEY, phase, spec_for
 async def test_stop_mid_reconcile_abandons_safely_and_the_next_controller_converges(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy) -> None:
     provider.hold_create = asyncio.Event()
-    c = Controller(kube=kube, store=kube, providers={"kvm-home": provider}, **FAST)
+    c = Controller(kube=kube, store=kube, providers={"kvm-home": provider}, egress=LOOPBACK_POLICIES, **FAST)
     kube.watch(c.on_event)
     run = asyncio.create_task(c.run())
     kube.create_proxy("px1", spec_for(proxy_server))
@@ -31,7 +31,7 @@ async def test_stop_mid_reconcile_abandons_safely_and_the_next_controller_conver
     assert provider.names() == set()  # the abandoned create never completed
 
     provider.hold_create = None
-    c2 = Controller(kube=kube, store=kube, providers={"kvm-home": provider}, **FAST)
+    c2 = Controller(kube=kube, store=kube, providers={"kvm-home": provider}, egress=LOOPBACK_POLICIES, **FAST)
     kube.watch(c2.on_event)
     run2 = asyncio.create_task(c2.run())
     try:
@@ -45,7 +45,7 @@ async def test_stop_mid_reconcile_abandons_safely_and_the_next_controller_conver
 async def test_stop_lets_an_in_flight_reconcile_finish_within_the_timeout(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy) -> None:
     provider.hold_create = asyncio.Event()
-    c = Controller(kube=kube, store=kube, providers={"kvm-home": provider}, **FAST)
+    c = Controller(kube=kube, store=kube, providers={"kvm-home": provider}, egress=LOOPBACK_POLICIES, **FAST)
     kube.watch(c.on_event)
     run = asyncio.create_task(c.run())
     kube.create_proxy("px1", spec_for(proxy_server))

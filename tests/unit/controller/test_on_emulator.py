@@ -25,10 +25,11 @@ from egress_kvm.kube.api import KubeApiClient
 from egress_kvm.kube.informer import ProxyInformer
 from egress_kvm.kube.interfaces import FINALIZER, GROUP, KIND, PLURAL, VERSION
 from egress_kvm.kube.rest import KubeApiError, request_json
+from egress_kvm.policy.secrets import USABLE
 from egress_kvm.providers.kvm import addresses
 from testbed.emulator import Emulator
 
-from .conftest import FAST, eventually
+from .conftest import FAST, LOOPBACK_POLICIES, eventually
 from .proxyserver import MiniProxy
 
 CRD = Path(__file__).resolve().parents[3] / "deploy/crd/egressproxies.io_proxies.yaml"
@@ -87,7 +88,7 @@ async def cluster(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Cluste
         controller_ref: list[Controller] = []
         informer = ProxyInformer(op_client, namespace=None,
                                  on_event=lambda kind, obj: controller_ref[0].on_event(kind, obj))
-        controller = Controller(kube=KubeApiClient(op_client), store=informer,
+        controller = Controller(kube=KubeApiClient(op_client), store=informer, egress=LOOPBACK_POLICIES,
                                 providers={"kvm-test": provider}, resync_period=3600, gc_interval=3600,
                                 **FAST)
         controller_ref.append(controller)
@@ -122,7 +123,7 @@ async def test_proxy_to_ready_replaced_and_deleted_through_the_real_kube_layer(
     c, hv = cluster
     h = hv["host0"]
     await request_json(c.client, "POST", f"/api/v1/namespaces/{NS}/secrets", body={
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "ci", "namespace": NS},
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "ci", "namespace": NS, "labels": USABLE},
         "data": {"user-data": base64.b64encode(b"#cloud-config\n# v1\n").decode()}})
     await apply(c, "px1", spec_for(proxy_server, cloudInit={"secretRef": {"name": "ci", "key": "user-data"}}))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
+from egress_kvm.policy.secrets import USABLE
 from egress_kvm.providers.base import Instance, PowerState
 
 from .conftest import eventually
@@ -174,13 +175,13 @@ async def test_no_capacity_on_another_host_keeps_the_serving_one(
 
 async def test_secret_content_change_is_seen_on_resync_and_replaces(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
-    kube.put_secret("default", "ci", {"user-data": b"#cloud-config\n# v1\n"})
+    kube.put_secret("default", "ci", {"user-data": b"#cloud-config\n# v1\n"}, labels=USABLE)
     c = make_controller({"kvm-home": provider})
     ref = {"secretRef": {"name": "ci", "key": "user-data"}}
     kube.create_proxy("px1", spec_for(proxy_server, cloudInit=ref))
     await eventually(lambda: phase(kube) == "Ready")
     old = kube.status(KEY)["instance"]["name"]
-    kube.put_secret("default", "ci", {"user-data": b"#cloud-config\n# v2\n"})
+    kube.put_secret("default", "ci", {"user-data": b"#cloud-config\n# v2\n"}, labels=USABLE)
     await c._resync()  # what the periodic resync does
     await eventually(lambda: phase(kube) == "Ready" and kube.status(KEY)["instance"]["name"] != old
                      and "previousInstance" not in kube.status(KEY))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from egress_kvm.controller.desired import Desired
+from egress_kvm.policy.secrets import USABLE
 from egress_kvm.providers.base import CreateRequest, ResolvedPlacement
 
 from .conftest import eventually
@@ -26,8 +27,9 @@ async def test_user_data_and_proxy_password_never_leak(
     statuses: list[str] = []
     kube.watch(lambda kind, obj: statuses.append(json.dumps(obj.get("status") or {})))
     try:
-        kube.put_secret("default", "ci", {"user-data": FROM_SECRET})
-        kube.put_secret("default", "auth", {"username": b"crawler", "password": WRONG_PASSWORD.encode()})
+        kube.put_secret("default", "ci", {"user-data": FROM_SECRET}, labels=USABLE)
+        kube.put_secret("default", "auth", {"username": b"crawler", "password": WRONG_PASSWORD.encode()},
+                        labels=USABLE)
         make_controller({"kvm-home": provider})
         spec = spec_for(proxy, target, cloudInit={"userData": f"#cloud-config\n# {INLINE}\n"})
         spec["auth"] = {"secretRef": {"name": "auth"}}
@@ -35,7 +37,8 @@ async def test_user_data_and_proxy_password_never_leak(
         kube.create_proxy("px1", spec)
         # wrong password: 407 through the proxy, unhealthy, and the message says so without the password
         await eventually(lambda: "HTTP 407" in json.dumps(kube.status(KEY)))
-        kube.put_secret("default", "auth", {"username": b"crawler", "password": PASSWORD.encode()})
+        kube.put_secret("default", "auth", {"username": b"crawler", "password": PASSWORD.encode()},
+                        labels=USABLE)
         await eventually(lambda: phase(kube) == "Ready", limit=20)
         assert any(a and a.startswith("Basic ") for a in proxy.auth_seen)
         # user-data from a Secret, a replacement, a failure, a deletion: more text to leak into

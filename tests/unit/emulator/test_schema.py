@@ -55,7 +55,7 @@ def test_several_errors_are_listed_in_brackets(api: Api, proxies: ResourceType) 
         (
             {"external": {"address": "no-port"}},
             "spec.external.address",
-            r"spec.external.address in body should match '^([^\s:\[\]]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$'",
+            r"spec.external.address in body should match '^([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$'",
         ),
         ({"external": {}}, "spec.external.address", "Required value"),
         ({"cloudInit": {"secretRef": {"name": "s"}}}, "spec.cloudInit.secretRef.key", "Required value"),
@@ -64,7 +64,8 @@ def test_several_errors_are_listed_in_brackets(api: Api, proxies: ResourceType) 
             "spec.healthCheck.intervalSeconds",
             "should be greater than or equal to 1",
         ),
-        ({"healthCheck": {"url": "ftp://x"}}, "spec.healthCheck.url", "should match '^https?://'"),
+        ({"healthCheck": {"url": "ftp://x"}}, "spec.healthCheck.url",
+         r"should match '^https?://[^\x00-\x20\x7F]+$'"),
     ],
 )
 def test_nested_violations_name_their_field(
@@ -73,7 +74,8 @@ def test_nested_violations_name_their_field(
     body = proxy("x")
     body["spec"].update(spec)
     err = _invalid(api, proxies, body)
-    assert [c["field"] for c in err.details["causes"]] == [field]
+    # one field; a value can break more than one of its rules (an empty provider: length and pattern)
+    assert {c["field"] for c in err.details["causes"]} == {field}
     assert fragment in err.message
 
 

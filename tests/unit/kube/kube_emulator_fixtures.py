@@ -59,9 +59,10 @@ async def create_namespace(client: ApiClient, name: str) -> None:
 
 
 async def create_secret(client: ApiClient, name: str, data: dict[str, bytes],
-                        namespace: str = "default") -> None:
+                        namespace: str = "default", labels: dict[str, str] | None = None) -> None:
+    meta = {"name": name, "namespace": namespace, **({"labels": labels} if labels else {})}
     await request_json(client, "POST", f"/api/v1/namespaces/{namespace}/secrets", body={
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace},
+        "apiVersion": "v1", "kind": "Secret", "metadata": meta,
         "data": {k: base64.b64encode(v).decode() for k, v in data.items()}})
 
 

@@ -235,6 +235,18 @@ async def test_read_secret_decodes_data_and_missing_is_none() -> None:
         assert await kube.read_secret("default", "nope") is None
 
 
+async def test_read_secret_labels_returns_the_opt_in_label_with_the_data() -> None:
+    async with emulator_with_crd() as (_emu, client):
+        await create_secret(client, "ci", {"user-data": b"x"},
+                            labels={"egressproxies.io/usable-by-proxies": "true"})
+        await create_secret(client, "plain", {"k": b"v"})
+        kube = KubeApiClient(client)
+        assert await kube.read_secret_labels("default", "ci") == (
+            {"egressproxies.io/usable-by-proxies": "true"}, {"user-data": b"x"})
+        assert await kube.read_secret_labels("default", "plain") == ({}, {"k": b"v"})
+        assert await kube.read_secret_labels("default", "nope") is None
+
+
 async def test_events_are_recorded_for_the_object_and_repeats_bump_count() -> None:
     async with emulator_with_crd() as (_emu, client):
         kube = KubeApiClient(client)

@@ -77,6 +77,8 @@ def provider_for(srv: ImageServer, *, sha256: str | None = DIGEST, fmt: str = "q
     image: dict[str, object] = {"url": f"{srv.url}/debian-12.qcow2", "format": fmt}
     if sha256 is not None:
         image["sha256"] = sha256
+    # URL images are off by default: the test server's address is allowed explicitly.
+    kw.setdefault("urlImages", ["127.0.0.1"])
     return fake_kvm_provider(images={"debian-12": image}, precache=False, **kw)  # type: ignore[arg-type]
 
 

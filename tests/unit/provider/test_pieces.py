@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from lxml import etree
 
 from egress_kvm.config.models import CpuConfig, parse_host_port
+from egress_kvm.policy.policies import url_image_policy
 from egress_kvm.providers.base import PermanentError, Placement
 from egress_kvm.providers.kvm import addresses, metadata, naming, placement, qcow2, seed
 from egress_kvm.providers.kvm.domain_xml import DomainSpec, domain_xml, volume_xml
@@ -183,15 +184,23 @@ def test_placement_rules() -> None:
     one = kvm_config(hosts=["h0"]).kvm
     two = kvm_config(hosts=["h0", "h1"], images={"a": {"url": "http://x/a"}, "b": {"url": "http://x/b"}},
                      machine_types={"small": {"vcpus": 1, "memoryMiB": 512},
-                                    "big": {"vcpus": 4, "memoryMiB": 4096}}).kvm
+                                    "big": {"vcpus": 4, "memoryMiB": 4096}},
+                     urlImages=["example.test"]).kvm
     r = placement.resolve(Placement(), one, provider="p")
     assert (r.zone, r.machine_type, r.image) == ("h0", "small", "debian-12")
     r = placement.resolve(Placement(zone="h1", machine_type="big", image="b", region="ignored"), two,
                           provider="p")
     assert (r.zone, r.machine_type, r.image) == ("h1", "big", "b")
     url = "https://example.test/img.qcow2"
-    resolved = placement.resolve(Placement(zone="h0", machine_type="big", image=url), two, provider="p")
+    policy = url_image_policy(None, two.url_images)
+    resolved = placement.resolve(Placement(zone="h0", machine_type="big", image=url), two, provider="p",
+                                 url_policy=policy)
     assert resolved.image == url
+    with pytest.raises(PermanentError, match="URL images are off"):  # `one` has no urlImages
+        placement.resolve(Placement(image=url), one, provider="p")
+    with pytest.raises(PermanentError, match="not in the allowlist"):
+        placement.resolve(Placement(zone="h0", machine_type="big", image="https://other.test/i.qcow2"), two,
+                          provider="p", url_policy=policy)
     cases = [
         (Placement(machine_type="big", image="a"), "placement.zone is required"),
         (Placement(zone="h9", machine_type="big", image="a"), "unknown placement.zone 'h9'"),
@@ -203,7 +212,7 @@ def test_placement_rules() -> None:
     ]
     for p, msg in cases:
         with pytest.raises(PermanentError, match=msg.replace(".", r"\.")):
-            placement.resolve(p, two, provider="p")
+            placement.resolve(p, two, provider="p", url_policy=policy)
     src = placement.image_source(two, url)
     assert src.base_volume == naming.base_volume(url=url) and src.format == "qcow2" and src.sha256 is None
 
