@@ -29,6 +29,12 @@ def sim_lab_host(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def
     return request.getfixturevalue("_session_sim_lab").get(image=False)
 
 
+@pytest.fixture(scope="session")
+def sim_lab(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """The simulated lab with the test image served (for tests of the simulator's own knobs)."""
+    return request.getfixturevalue("_session_sim_lab").get(image=True)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     module = metafunc.module.__name__.rsplit(".", 1)[-1]
     if module in BOTH and {"lab", "lab_host"} & set(metafunc.fixturenames):
