@@ -143,9 +143,9 @@ class ImageCache:
             try:
                 fetched = await self._fetch(host, pool, image, reason=reason, progress=progress)
             except Exception:
-                IMAGE_IMPORTS.labels(host.name, image.label, "error").inc()
+                IMAGE_IMPORTS.labels(host.name, image.metric_label, "error").inc()
                 raise
-            IMAGE_IMPORTS.labels(host.name, image.label, "success").inc()
+            IMAGE_IMPORTS.labels(host.name, image.metric_label, "success").inc()
             return fetched
 
     async def _cached(self, host: Host, base: StorageVol, image: ImageSource) -> BaseImage:
@@ -237,7 +237,7 @@ class ImageCache:
                 f"image {image.label!r}: downloading {image.shown_url} failed: {why}") from None
         except TimeoutError:
             raise TransientError(f"image {image.label!r}: downloading {image.shown_url} timed out") from None
-        IMAGE_BYTES_FETCHED.labels(host.name, image.label).inc(moved)
+        IMAGE_BYTES_FETCHED.labels(host.name, image.metric_label).inc(moved)
         digest = hasher.hexdigest()
         if image.sha256 is not None and digest != image.sha256:
             await _discard(host, vol)
