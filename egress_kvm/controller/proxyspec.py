@@ -85,7 +85,8 @@ def _str(parent: dict[str, Any], key: str, path: str, *, required: bool = False,
 
 def _shown(value: Any) -> str:
     """A bad value as a message may show it: escaped (repr), URL secrets removed, and cut short."""
-    text = repr(redact_url(value) if isinstance(value, str) and ("://" in value or "@" in value) else value)
+    secret_bearing = isinstance(value, str) and any(mark in value for mark in ("://", "@", "?"))
+    text = repr(redact_url(value) if secret_bearing else value)
     return text if len(text) <= 100 else text[:97] + "..."
 
 
@@ -94,7 +95,7 @@ def _int(parent: dict[str, Any], key: str, path: str, *, default: int, lo: int, 
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f"{path}: must be an integer, not {value!r}")
+        raise SpecError(f"{path}: must be an integer, not {_shown(value)}")
     if not lo <= value <= hi:
         raise SpecError(f"{path}: {value} is not in {lo}..{hi}")
     return value
@@ -140,7 +141,7 @@ def parse_spec(spec: Any) -> ProxySpec:
         raise SpecError("spec: is required")
     mode = spec.get("mode") or MANAGED
     if mode not in (MANAGED, EXTERNAL):
-        raise SpecError(f"spec.mode: {mode!r} is not Managed or External")
+        raise SpecError(f"spec.mode: {_shown(mode)} is not Managed or External")
 
     p = _obj(spec, "placement", "spec.placement")
     placement = Placement(
@@ -174,7 +175,7 @@ def parse_spec(spec: Any) -> ProxySpec:
         try:
             ext_host, ext_port = parse_host_port(address)
         except ValueError as e:
-            raise SpecError(f"spec.external.address: {address!r} {e}") from None
+            raise SpecError(f"spec.external.address: {_shown(address)} {e}") from None
 
     return ProxySpec(mode=mode, provider=provider, placement=placement, port=port, external_host=ext_host,
                      external_port=ext_port, user_data=user_data, user_data_ref=ref, auth_secret=auth_secret,

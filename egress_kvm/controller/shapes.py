@@ -34,6 +34,18 @@ PATTERNS: dict[Shape, str] = {
     Shape.SECRET_KEY: r"^[-._a-zA-Z0-9]+$",
 }
 
+#: The longest value of each shape, the CRD's `maxLength` at most (a field may be tighter there). Values
+#: are echoed in status, Events and logs, and a tenant's megabyte there would make each of them fail.
+MAX_LENGTH: dict[Shape, int] = {
+    Shape.TEXT: 253,
+    Shape.NAME: 253,
+    Shape.IMAGE: 2048,
+    Shape.URL: 2048,
+    Shape.ADDRESS: 261,  # a 253-character name, ':' and a port; or [IPv6]:port
+    Shape.SECRET_NAME: 253,
+    Shape.SECRET_KEY: 253,
+}
+
 _RULES: dict[Shape, str] = {
     Shape.TEXT: "must not contain control characters",
     Shape.NAME: "must be 1-63 letters, digits, '.', '_' or '-', starting and ending alphanumeric",
@@ -49,6 +61,8 @@ _COMPILED = {shape: re.compile(p) for shape, p in PATTERNS.items()}
 
 def shape_problem(value: str, shape: Shape) -> str | None:
     """None when `value` has the shape, else what is wrong (for a message after the field path)."""
+    if len(value) > MAX_LENGTH[shape]:
+        return f"is longer than {MAX_LENGTH[shape]} characters"
     if _COMPILED[shape].search(value) and "\n" not in value:  # `$` also matches before a final newline
         return None
     return _RULES[shape]

@@ -111,7 +111,9 @@ class PolicyResolver(AbstractResolver):
 def checked_session(policy: Policy, *, timeout: aiohttp.ClientTimeout | None = None) -> aiohttp.ClientSession:
     """A session whose every connection goes to an address `policy` admits (no proxy from the env)."""
     connector = aiohttp.TCPConnector(resolver=PolicyResolver(policy), use_dns_cache=False)
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)
+    # No transparent decoding: the bytes counted against size caps and free space are the bytes sent.
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False,
+                                 auto_decompress=False)
 
 
 @contextlib.asynccontextmanager

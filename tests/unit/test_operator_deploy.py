@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
 import subprocess
 import sys
@@ -237,6 +238,24 @@ def test_the_egress_networkpolicy_component_renders_and_denies_metadata_and_clus
     wide = [r["to"][0]["ipBlock"] for r in policy["spec"]["egress"]
             if r["to"][0].get("ipBlock", {}).get("cidr") == "0.0.0.0/0"]
     assert wide and {"169.254.0.0/16", "10.0.0.0/8", "127.0.0.0/8"} <= set(wide[0]["except"])
+
+    def admits(address: str, port: int) -> bool:
+        ip = ipaddress.ip_address(address)
+        for rule in policy["spec"]["egress"]:
+            ports = {p["port"] for p in rule.get("ports", [])}
+            for peer in rule["to"]:
+                block = peer.get("ipBlock")
+                if block is None or port not in ports or ip not in ipaddress.ip_network(block["cidr"]):
+                    continue
+                if not any(ip in ipaddress.ip_network(c) for c in block.get("except", [])):
+                    return True
+        return False
+
+    # The example's LAN (its hosts' CIDR, where bridged VMs get their DHCP addresses): the operator probes
+    # each Managed VM there on spec.port, so the policy as shipped must not refuse that.
+    assert admits("192.168.1.50", 3128), "Managed VMs' health probes are refused"
+    assert admits("192.168.1.10", 22)
+    assert not admits("169.254.169.254", 80) and not admits("10.96.0.1", 443)
 
 
 def test_the_instance_name_key_is_an_optional_secret_mount(rendered: list[dict[str, Any]]) -> None:

@@ -143,9 +143,9 @@ class ImageCache:
             try:
                 fetched = await self._fetch(host, pool, image, reason=reason, progress=progress)
             except Exception:
-                IMAGE_IMPORTS.labels(host.name, image.label, "error").inc()
+                IMAGE_IMPORTS.labels(host.name, image.metric_label, "error").inc()
                 raise
-            IMAGE_IMPORTS.labels(host.name, image.label, "success").inc()
+            IMAGE_IMPORTS.labels(host.name, image.metric_label, "success").inc()
             return fetched
 
     async def _cached(self, host: Host, base: StorageVol, image: ImageSource) -> BaseImage:
@@ -164,13 +164,21 @@ class ImageCache:
             async with contextlib.AsyncExitStack() as stack:
                 try:
                     async with asyncio.timeout_at(deadline):  # a server trickling its headers included
-                        resp = await stack.enter_async_context(open_checked(http, image.url, policy))
+                        resp = await stack.enter_async_context(open_checked(
+                            http, image.url, policy, headers={"Accept-Encoding": "identity"}))
                 except TimeoutError:
                     raise TransientError(f"image {image.label!r}: {image.shown_url} sent no answer within "
                                          f"{limits.timeout:.0f} s") from None
                 if resp.status != 200:
                     raise TransientError(
                         f"image {image.label!r}: GET {image.shown_url} answered HTTP {resp.status}")
+                encoding = _content_encoding(resp.headers.get("Content-Encoding"))
+                if encoding is not None:
+                    # Content-Length counts encoded bytes: decoded, the body could outgrow the space
+                    # checked for it (and the reserve). We asked for identity; a server that ignores it
+                    # is refused rather than trusted.
+                    raise PermanentError(f"image {image.label!r} ({image.shown_url}) was sent with "
+                                         f"Content-Encoding {encoding}; only unencoded images are fetched")
                 length = resp.content_length
                 if length is not None and length > image.max_bytes:
                     raise PermanentError(f"image {image.label!r} ({image.shown_url}) is "
@@ -229,7 +237,7 @@ class ImageCache:
                 f"image {image.label!r}: downloading {image.shown_url} failed: {why}") from None
         except TimeoutError:
             raise TransientError(f"image {image.label!r}: downloading {image.shown_url} timed out") from None
-        IMAGE_BYTES_FETCHED.labels(host.name, image.label).inc(moved)
+        IMAGE_BYTES_FETCHED.labels(host.name, image.metric_label).inc(moved)
         digest = hasher.hexdigest()
         if image.sha256 is not None and digest != image.sha256:
             await _discard(host, vol)
@@ -252,6 +260,18 @@ class ImageCache:
         log.info("base image cached", size=moved, duration=round(duration, 3), sha256=digest,
                  rateMBps=round(moved / 1e6 / duration, 1) if duration > 0 else None)
         return BaseImage(volume=vol, path=path, format=image.format, downloaded=True)
+
+
+_ENCODINGS = frozenset({"gzip", "x-gzip", "deflate", "br", "compress", "zstd"})
+
+
+def _content_encoding(value: str | None) -> str | None:
+    """None for an unencoded body; else how to name the encoding in status (a fixed phrase: the header
+    is the server's text, shown only when it is one of the encodings we know)."""
+    if value is None or value.strip().lower() in ("", "identity"):
+        return None
+    name = value.strip().lower()
+    return repr(name) if name in _ENCODINGS else "(an encoding this operator does not name)"
 
 
 class _SourceError(Exception):

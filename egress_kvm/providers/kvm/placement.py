@@ -34,6 +34,12 @@ class ImageSource:
         return naming.marker_volume(self.base_volume)
 
     @property
+    def metric_label(self) -> str:
+        """The `image` label of metrics: the admin's key, or one shared value for every URL image (a
+        tenant picks URLs freely; one series per URL would grow without bound)."""
+        return "url" if self.direct else self.label
+
+    @property
     def shown_url(self) -> str:
         return redact_url(self.url)
 

@@ -46,3 +46,26 @@ def test_errors_name_the_field(spec: object, message: str) -> None:
 def test_inline_user_data_is_not_in_repr() -> None:
     s = parse_spec({"provider": "p", "cloudInit": {"userData": "TOPSECRET"}})
     assert "TOPSECRET" not in repr(s)
+
+
+@pytest.mark.parametrize("spec", [
+    {"mode": "X" * 100_000},
+    {"provider": "p", "port": "9" * 100_000},
+    {"provider": "p", "healthCheck": {"intervalSeconds": ["x" * 1000] * 100}},
+])
+def test_a_huge_bad_value_is_cut_short_in_the_message(spec: object) -> None:
+    """Messages go to status and Events: a tenant's megabyte of junk must not ride along (a status write
+    that size fails, and the Proxy would retry it forever)."""
+    with pytest.raises(SpecError) as err:
+        parse_spec(spec)
+    assert len(str(err.value)) < 300
+
+
+@pytest.mark.parametrize("image", [
+    "img.example/x.qcow2?X-Amz-Signature=SECRETSIG \x01",  # no scheme: still a signed query
+    "img.example/x.qcow2?token=SECRETSIG%20x\x7f",
+])
+def test_a_refused_image_value_never_shows_its_query(image: str) -> None:
+    with pytest.raises(SpecError, match=r"spec\.placement\.image") as err:
+        parse_spec({"provider": "p", "placement": {"image": image}})
+    assert "SECRETSIG" not in str(err.value)

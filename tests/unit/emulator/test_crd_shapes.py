@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from egress_kvm.controller.proxyspec import SpecError, parse_spec
-from egress_kvm.controller.shapes import PATTERNS, Shape
+from egress_kvm.controller.shapes import MAX_LENGTH, PATTERNS, Shape
 from testbed.emulator import Api, ApiError
 from testbed.emulator.resources import ResourceType
 
@@ -39,6 +39,26 @@ def _schema_of(path: tuple[str, ...]) -> dict[str, Any]:
 @pytest.mark.parametrize("path", list(FIELDS))
 def test_every_string_field_carries_its_shape_as_pattern(path: tuple[str, ...]) -> None:
     assert _schema_of(path).get("pattern") == PATTERNS[FIELDS[path]]
+
+
+@pytest.mark.parametrize("path", list(FIELDS))
+def test_every_string_field_is_bounded_at_admission_and_in_the_operator(path: tuple[str, ...]) -> None:
+    """Values are echoed in status, Events and logs: a field without a bound let a tenant put a megabyte
+    into each probe message (healthCheck.url) or refusal (external.address)."""
+    bound = _schema_of(path).get("maxLength")
+    assert bound is not None and bound <= MAX_LENGTH[FIELDS[path]]
+    with pytest.raises(SpecError, match=re.escape(f"spec.{'.'.join(path)}: ")):
+        parse_spec(_spec(path, _long(path)))
+
+
+def _long(path: tuple[str, ...]) -> str:
+    """A value of the field's shape, one character past the operator's bound."""
+    n = MAX_LENGTH[FIELDS[path]] + 1
+    if path == ("external", "address"):
+        return "a" * (n - 5) + ":3128"
+    if path == ("healthCheck", "url"):
+        return "http://h/" + "a" * (n - 9)
+    return "a" * n
 
 
 def _spec(path: tuple[str, ...], value: str) -> dict[str, Any]:

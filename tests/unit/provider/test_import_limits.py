@@ -217,3 +217,25 @@ async def test_create_answers_in_progress_at_once_while_the_import_runs(serve) -
         await provider.create(request(name="proxy-two"))
     finally:
         await provider.close()
+
+
+async def test_a_compressed_answer_cannot_slip_past_the_space_check(serve) -> None:  # type: ignore[no-untyped-def]
+    """Content-Length counts the bytes on the wire: a gzip-encoded answer declares a few KiB and, decoded
+    by the client, would write the whole image into a pool checked for those few KiB (past the reserve).
+    The operator asks for the image unencoded and refuses an answer that is encoded anyway."""
+    import gzip
+
+    packed = gzip.compress(IMAGE)
+    assert len(packed) < len(IMAGE) // 10  # the point: the declared length is a fraction of the image
+
+    async def gzipped(req: web.Request) -> web.StreamResponse:
+        return web.Response(body=packed, headers={"Content-Encoding": "gzip"})
+
+    url = await serve(gzipped)
+    provider, hv = provider_with(url, limits=ImportLimits(reserve=0))
+    try:
+        with pytest.raises(PermanentError, match=r"Content-Encoding 'gzip'"):
+            await create_waiting(provider, request())
+        assert hv["host0"].volume_names() == set()
+    finally:
+        await provider.close()

@@ -88,7 +88,7 @@ async def test_image_imports_count_downloads_by_result(image_url: str) -> None:
     ok_before, err_before = imports("success"), imports("error")
     try:
         with pytest.raises(Exception, match="HTTP 404"):
-            await create_waiting(broken, request("proxy-broken"))
+            await create_waiting(broken, request("proxy-broken"))  # imports run in the background
     finally:
         await broken.close()
     assert (imports("success"), imports("error")) == (ok_before, err_before + 1)
@@ -100,3 +100,25 @@ async def test_image_imports_count_downloads_by_result(image_url: str) -> None:
     finally:
         await provider.close()
     assert (imports("success"), imports("error")) == (ok_before + 1, err_before + 1)
+
+
+def image_labels() -> set[str]:
+    return {s.labels["image"] for metric in REGISTRY.collect() for s in metric.samples
+            if s.name in ("egress_kvm_image_imports_total", "egress_kvm_image_bytes_fetched_total")}
+
+
+async def test_a_url_image_is_one_metric_label_whatever_its_url(image_url: str) -> None:
+    """A tenant picks a URL image's path freely: labelled by URL, every Proxy with a new path would add
+    series that are never dropped (the operator's and Prometheus's memory grow without bound). URL images
+    share one label; the admin's images keep their keys."""
+    port = image_url.split(":")[2].split("/")[0]
+    provider, _ = fake_kvm_provider(images={}, precache=False, urlImages=[f"127.0.0.1/32:{port}"],
+                                    egress=None)
+    try:
+        for i in range(3):
+            url = f"http://127.0.0.1:{port}/debian-12.qcow2?tenant-path-{i}"
+            await create_waiting(provider, request(f"proxy-{i}", uid=f"uid-{i}", image=url))
+    finally:
+        await provider.close()
+    assert not any("tenant-path" in label or "127.0.0.1" in label for label in image_labels())
+    assert "url" in image_labels()
