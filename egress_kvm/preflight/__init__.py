@@ -26,6 +26,7 @@ import asyncssh
 import rpc
 from egress_kvm.config import ConfigError, ProvidersConfig, check_kvm_files
 from egress_kvm.config.models import HostConfig, KvmConfig, TrafficFilter
+from egress_kvm.policy.policies import configured_image_policy
 from egress_kvm.providers.kvm import naming
 from egress_kvm.providers.kvm.session import LIBVIRT_URI
 
@@ -294,6 +295,7 @@ async def run_preflight(config: ProvidersConfig, *, provider: str | None = None,
             known = ", ".join(p.name for p in config.providers) or "none"
             raise ConfigError(f"--provider {provider!r} is not in the providers config (known: {known})")
     results: list[CheckResult] = []
+    image_policy = configured_image_policy(config.egress)  # the operator's, for its downloads
 
     def record(r: CheckResult) -> None:
         results.append(r)
@@ -310,7 +312,8 @@ async def run_preflight(config: ProvidersConfig, *, provider: str | None = None,
                 else v.key_file_hint(entry.kvm.known_hosts_file or "", flag="--known-hosts")
             raise ConfigError(f"{exc}{hint}") from None
         sizes: dict[str, int | None] = {}
-        for label, (verdict, size) in (await probe_images(entry.kvm, time_limit=time_limit)).items():
+        for label, (verdict, size) in (await probe_images(entry.kvm, policy=image_policy,
+                                                             time_limit=time_limit)).items():
             sizes[label] = size
             record(CheckResult(entry.name, None, f"{IMAGE_CHECK} {label}", verdict.status, verdict.detail))
         needs = pool_needs(entry.kvm, sizes, vms=vms)

@@ -1,5 +1,9 @@
 """Does each configured image URL answer, and how big is it? HEAD first, a one-byte ranged GET when the
-server will not say the length on HEAD (some object stores and CDNs refuse HEAD or omit the length)."""
+server will not say the length on HEAD (some object stores and CDNs refuse HEAD or omit the length).
+
+Asked under the operator's own egress policy for configured images: a mirror on a private or loopback
+address that the operator would refuse to download from (until `egress.allowedCIDRs` names it) fails
+here too, instead of passing preflight and failing the first Proxy."""
 
 from __future__ import annotations
 
@@ -10,9 +14,11 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from egress_kvm.config.models import KvmConfig
+from egress_kvm.policy.connect import EgressDenied, NameNotResolved, checked_session, resolve_checked
+from egress_kvm.policy.egress import Policy, url_target
 from egress_kvm.redact import redact_url
 
-from .verdicts import HttpFailure, Verdict, content_range_total, image_verdict
+from .verdicts import HttpFailure, Verdict, content_range_total, image_denied_verdict, image_verdict
 
 
 def _failure(exc: BaseException) -> HttpFailure:
@@ -21,7 +27,8 @@ def _failure(exc: BaseException) -> HttpFailure:
     if isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError):
         return HttpFailure.TLS
     os_error = getattr(exc, "os_error", None)
-    if isinstance(exc, aiohttp.ClientConnectorDNSError) or isinstance(os_error, socket.gaierror):
+    if isinstance(exc, NameNotResolved | aiohttp.ClientConnectorDNSError) \
+            or isinstance(os_error, socket.gaierror):
         return HttpFailure.DNS
     if isinstance(os_error, ConnectionRefusedError):
         return HttpFailure.REFUSED
@@ -41,16 +48,23 @@ async def _size(session: aiohttp.ClientSession, url: str) -> tuple[int, int | No
         return resp.status, resp.content_length if resp.status < 400 else None  # body is never read
 
 
-async def probe_images(kvm: KvmConfig, *, time_limit: float) -> dict[str, tuple[Verdict, int | None]]:
-    """label -> (verdict, size in bytes when known). No proxy from the environment, as the operator."""
+async def probe_images(kvm: KvmConfig, *, policy: Policy, time_limit: float
+                       ) -> dict[str, tuple[Verdict, int | None]]:
+    """label -> (verdict, size in bytes when known). No proxy from the environment, as the operator; only
+    addresses `policy` (the configured-image policy of the providers file's `egress:`) admits."""
     out: dict[str, tuple[Verdict, int | None]] = {}
     timeout = aiohttp.ClientTimeout(total=time_limit)
-    async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:
+    async with checked_session(policy, timeout=timeout) as session:
         for label, image in kvm.images.items():
             shown = redact_url(image.url)
             try:
+                target = url_target(image.url)
+                await resolve_checked(policy, host=target.host, port=target.port)
                 status, size = await _size(session, image.url)
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            except (EgressDenied, ValueError) as exc:
+                out[label] = (image_denied_verdict(label=label, shown_url=shown, why=str(exc)), None)
+                continue
+            except (aiohttp.ClientError, TimeoutError, OSError, NameNotResolved) as exc:
                 verdict = image_verdict(label=label, shown_url=shown, status=None, size=None,
                                         failure=_failure(exc), host=urlsplit(image.url).hostname or "",
                                         reason=type(exc).__name__)

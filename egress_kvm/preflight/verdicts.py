@@ -371,6 +371,14 @@ def image_verdict(*, label: str, shown_url: str, status: int | None, size: int |
     return passed(f"image {label!r}: {shown_url} answers (HTTP {status}), {fmt_bytes(size)}")
 
 
+def image_denied_verdict(*, label: str, shown_url: str, why: str) -> Verdict:
+    """The operator's egress policy refuses the URL (`why` is the policy's fixed phrase): the download
+    would fail on the first Proxy, so preflight fails it now and names the knob."""
+    return failed(f"image {label!r}: the operator would refuse to download {shown_url}: {why}; a mirror "
+                  f"on such an address needs an egress.allowedCIDRs entry in the providers file (e.g. "
+                  f"`10.1.2.3/32:8080`, docs/security.md)")
+
+
 def content_range_total(header: str | None) -> int | None:
     """The total length from `Content-Range: bytes 0-0/12345` (None for `*` or a malformed header)."""
     if not header or "/" not in header:

@@ -13,7 +13,15 @@ import pytest
 import yaml
 
 from egress_kvm.config import parse_providers
-from egress_kvm.providers.base import CreateRequest, Placement, PowerState, QuotaError, TransientError
+from egress_kvm.providers.base import (
+    CreateRequest,
+    InProgress,
+    Instance,
+    Placement,
+    PowerState,
+    QuotaError,
+    TransientError,
+)
 from egress_kvm.providers.kvm import KvmProvider
 from egress_kvm.providers.registry import build_providers
 from testbed.sim.control import SimControl
@@ -35,6 +43,16 @@ def request(p: KvmProvider, name: str, info: Any) -> CreateRequest:
                          owner_name=name)
 
 
+async def create(p: KvmProvider, req: CreateRequest) -> Instance:
+    """Create as the controller drives it: while a base image imports it answers InProgress; wait, retry."""
+    while True:
+        try:
+            return await p.create(req)
+        except InProgress as e:
+            assert e.wake is not None
+            await e.wake
+
+
 async def ip_of(p: KvmProvider, name: str, *, within: float = 20.0) -> str:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -52,7 +70,7 @@ async def test_knobs_reach_the_provider_through_ssh(sim_lab: Any) -> None:
     p = provider(info)
     name, other = "proxy-sk-a", "proxy-sk-b"
     try:
-        inst = await p.create(request(p, name, info))
+        inst = await create(p, request(p, name, info))
         assert inst.power_state == PowerState.RUNNING
         ip = await ip_of(p, name)
         assert ipaddress.ip_address(ip) in ipaddress.ip_network(info.hosts[0].lan_cidr)
@@ -64,7 +82,7 @@ async def test_knobs_reach_the_provider_through_ssh(sim_lab: Any) -> None:
 
         sim.fill_pool()  # another tenant took the disk: the next create is a quota problem, not a crash
         with pytest.raises(QuotaError):
-            await p.create(request(p, other, info))
+            await create(p, request(p, other, info))
         sim.free_pool()
 
         sim.kill()  # the host dies: the provider says transient, never "gone"

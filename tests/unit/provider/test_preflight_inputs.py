@@ -18,6 +18,8 @@ from aiohttp import web
 
 from egress_kvm.cli import main as cli_main
 from egress_kvm.config import ConfigError, parse_providers
+from egress_kvm.config.models import EgressConfig
+from egress_kvm.policy.policies import configured_image_policy
 from egress_kvm.preflight import source
 from egress_kvm.preflight.images import probe_images
 from egress_kvm.preflight.verdicts import Status
@@ -123,7 +125,9 @@ async def test_image_urls_answer_with_their_size(http: str) -> None:
     entry = {**ENTRY, "kvm": {**ENTRY["kvm"], "images": {k: {"url": u} for k, u in images.items()}}}
     kvm = parse_providers([entry]).providers[0].kvm
     assert kvm is not None
-    got = await probe_images(kvm, time_limit=5)
+    # The test server is on loopback, which the operator fetches from only where the admin allows it.
+    allowed = configured_image_policy(EgressConfig.model_validate({"allowedCIDRs": ["127.0.0.1/32"]}))
+    got = await probe_images(kvm, policy=allowed, time_limit=5)
     status = {label: (verdict.status, size) for label, (verdict, size) in got.items()}
     assert status == {"plain": (Status.PASS, 4096), "nohead": (Status.PASS, 4096),
                       "chunked": (Status.WARN, None), "missing": (Status.FAIL, None),
@@ -131,6 +135,28 @@ async def test_image_urls_answer_with_their_size(http: str) -> None:
     assert "answered HTTP 404" in got["missing"][0].detail
     assert "nothing listens at http://127.0.0.1:1/x.qcow2" in got["refused"][0].detail
     assert "SECRET" not in got["secret"][0].detail
+
+
+async def test_an_image_the_operators_egress_policy_refuses_fails(http: str) -> None:
+    """A mirror the operator would not download from (here loopback; a homelab's private address is
+    the same case) fails preflight, naming the knob, instead of passing and failing the first Proxy."""
+    images = {"plain": f"{http}/plain.qcow2", "private": "http://192.168.1.10:8080/d.qcow2?sig=SECRET"}
+    entry = {**ENTRY, "kvm": {**ENTRY["kvm"], "images": {k: {"url": u} for k, u in images.items()}}}
+    config = parse_providers({"providers": [entry]})
+    kvm = config.providers[0].kvm
+    assert kvm is not None
+    got = await probe_images(kvm, policy=configured_image_policy(config.egress), time_limit=5)
+    assert {label: (verdict.status, size) for label, (verdict, size) in got.items()} == {
+        "plain": (Status.FAIL, None), "private": (Status.FAIL, None)}
+    plain, private = got["plain"][0].detail, got["private"][0].detail
+    assert f"would refuse to download {http}/plain.qcow2" in plain and "loopback" in plain
+    assert "egress.allowedCIDRs" in plain
+    assert "cluster range" in private and "SECRET" not in private
+    # Allowed by CIDR and port, as the operator's download would be.
+    port = http.rsplit(":", 1)[1]
+    allowed = parse_providers({"egress": {"allowedCIDRs": [f"127.0.0.1/32:{port}"]}, "providers": [entry]})
+    got = await probe_images(kvm, policy=configured_image_policy(allowed.egress), time_limit=5)
+    assert got["plain"][0].status is Status.PASS and got["plain"][1] == 4096
 
 
 # --- the command line -----------------------------------------------------------------------------------

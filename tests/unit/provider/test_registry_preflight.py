@@ -69,10 +69,12 @@ def test_preflight_exit_codes_for_bad_input(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_preflight_reports_an_unreachable_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Port 1 on loopback refuses: ssh fails with a reason, the later checks are skipped, exit 1."""
+    """Port 1 on loopback refuses: ssh fails with a reason, the later checks are skipped, exit 1. (The
+    egress policy admits the loopback image URL, as the operator's download would need it to.)"""
     key, kh = write_files(tmp_path)
     f = tmp_path / "p.yaml"
-    f.write_text(yaml.safe_dump([entry(key, kh)]))
+    egress = {"allowedCIDRs": ["127.0.0.1/32"]}
+    f.write_text(yaml.safe_dump({"egress": egress, "providers": [entry(key, kh)]}))
     assert run_cli(["preflight", "--providers-config", str(f)]) == 1
     out = capsys.readouterr()
     lines = out.out.splitlines()
