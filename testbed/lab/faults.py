@@ -5,6 +5,9 @@ Each knob is a context manager that leaves the host as it found it: a second ssh
 without `ip`), an SSH user outside the
 `libvirt` group, and the name of a link on the host that is not a bridge (its uplink, as `eno1` is on a
 homelab box). A missing pool needs no knob: name a pool the host does not have.
+
+Below those, faults for a host that is running VMs (the fault campaign): its SSH sessions dropped, its
+libvirtd SIGKILLed and restarted, its link taken down, its pool on a small tmpfs.
 """
 
 from __future__ import annotations
