@@ -7,7 +7,7 @@ faults injected where they hurt. Scenarios run in order on one stack and build o
 2. Libvirtd restarted mid-upload (host1's base image, into a pool on a 1.5 GiB tmpfs): the import resumes
    and the Proxy stops at QuotaExceeded (no room for its overlay) with nothing half-made left behind.
 3. The full pool then freed (the tmpfs grown: libvirt's cached figure is stale until a refresh): the
-   Proxy converges without anyone running `virsh pool-refresh`.
+   Proxy converges without anyone running `virsh pool-refresh`, after one quota backoff step (60 s).
 4. SSH dropped mid-Create (every session on host0 killed, three times while the Proxy is created).
 5. Drift: one VM destroyed and one undefined with its volumes deleted behind the operator's back: both
    are started/recreated.
@@ -193,6 +193,11 @@ def test_2_libvirtd_restarted_mid_upload_into_a_pool_too_small(step):
 def test_3_the_full_pool_freed_converges_without_a_manual_refresh(step):
     labmod.host_run(step.lab, "host1", ["mount", "-o", "remount,size=16g", "/var/lib/libvirt/images"])
     converge(step, "full pool then freed")
+    # One quota failure, one backoff step: the retry came after 60 s, not after a doubled 120 s (a stale
+    # import poll used to run a second failing reconcile inside the first backoff).
+    steps = [r["retryIn"] for r in step.log_msgs("reconcile will be retried", proxy="default/camp-b")
+             if r.get("backoff") == "quota"]
+    assert steps == [60.0], steps
 
 
 def test_4_ssh_dropped_mid_create(step):
