@@ -88,15 +88,15 @@ async def test_image_imports_count_downloads_by_result(image_url: str) -> None:
     ok_before, err_before = imports("success"), imports("error")
     try:
         with pytest.raises(Exception, match="HTTP 404"):
-            await broken.create(request("proxy-broken"))
+            await create_waiting(broken, request("proxy-broken"))
     finally:
         await broken.close()
     assert (imports("success"), imports("error")) == (ok_before, err_before + 1)
     provider, _ = fake_kvm_provider(images={"debian-12": {"url": image_url, "format": "qcow2"}},
                                     precache=False)
     try:
-        await provider.create(request("proxy-one"))
-        await provider.create(request("proxy-two", uid="uid-2"))  # cached: no import
+        await create_waiting(provider, request("proxy-one"))
+        await create_waiting(provider, request("proxy-two", uid="uid-2"))  # cached: no import
     finally:
         await provider.close()
     assert (imports("success"), imports("error")) == (ok_before + 1, err_before + 1)
