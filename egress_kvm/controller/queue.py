@@ -80,6 +80,12 @@ class WorkQueue:
         counts[key] = counts.get(key, 0) + 1
         delay = backoff.delay(counts[key])
         self._metrics.retried()
+        # The backoff is the schedule now: a delayed add left by an earlier result (a background import's
+        # progress poll) asked for the reconcile that just failed, and firing it would count a second
+        # failure at once (a quota retry after 10 s at 120 s, not after 60 s; seen by the fault campaign).
+        pending = self._timers.pop(key, None)
+        if pending is not None:
+            pending[1].cancel()
         self.add_after(key, delay)
         return delay
 

@@ -5,14 +5,19 @@ Each knob is a context manager that leaves the host as it found it: a second ssh
 without `ip`), an SSH user outside the
 `libvirt` group, and the name of a link on the host that is not a bridge (its uplink, as `eno1` is on a
 homelab box). A missing pool needs no knob: name a pool the host does not have.
+
+Below those, faults for a host that is running VMs (the fault campaign): its SSH sessions dropped, its
+libvirtd SIGKILLed and restarted, its link taken down, its pool on a small tmpfs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import grp
+import os
 import pwd
 import shutil
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,3 +102,84 @@ def user_outside_libvirt_group(info: LabInfo) -> Iterator[str]:
         yield name
     finally:
         run(["userdel", "-r", name], check=False)
+
+
+# --- faults on a running host, for the fault campaign (tests/e2e/test_fault_campaign.py) ---------------
+
+def ssh_session_pids(info: LabInfo, host_name: str) -> set[int]:
+    """The host's per-connection sshd processes (`sshd: virt...`): killing them drops every SSH link."""
+    host = _host_layout(info, host_name)
+    out = run(["ip", "netns", "pids", host.netns], check=False).stdout
+    pids = set()
+    for pid in out.split():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if cmdline.startswith(f"sshd: {SSH_USER}"):
+            pids.add(int(pid))
+    return pids
+
+
+def drop_ssh(info: LabInfo, host_name: str) -> int:
+    """Kill every SSH session on the host (the listener stays): how many were dropped."""
+    pids = ssh_session_pids(info, host_name)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
+
+
+def restart_libvirtd(info: LabInfo, host_name: str) -> None:
+    """SIGKILL the host's libvirtd and start it again in the same namespaces (QEMU processes live on, as
+    they do across a real daemon restart); returns once the new daemon answers."""
+    host = _host_layout(info, host_name)
+    old = read_pid(host.pidfile("libvirtd"))
+    anchor = read_pid(host.pidfile("sshd"))  # a daemon still in the host's mount + network namespace
+    if old is None or anchor is None:
+        raise AssertionError(f"{host_name}: no libvirtd/sshd pid to restart from")
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: not Path(f"/proc/{old}").exists() or _zombie(old), timeout=10,
+             what=f"{host_name}: old libvirtd gone")
+    host.pidfile("libvirtd").unlink(missing_ok=True)
+    run(["nsenter", "-t", str(anchor), "-m", "-n", "--", "libvirtd", "-d", "-p",
+         str(host.pidfile("libvirtd"))], timeout=60)
+    wait_for(lambda: host_mod._socket_ready(host) and run(host_mod.virsh_argv(host, "pool-info", "default"),
+                                                            check=False).returncode == 0,
+             timeout=60, what=f"{host_name}: libvirtd back")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+@contextlib.contextmanager
+def link_down(info: LabInfo, host_name: str) -> Iterator[None]:
+    """The host unreachable: its veth taken down on our side (packets are dropped, nothing is refused),
+    brought back up (with its route) on exit."""
+    host = _host_layout(info, host_name)
+    run(["ip", "link", "set", host.veth_root, "down"])
+    try:
+        yield
+    finally:
+        run(["ip", "link", "set", host.veth_root, "up"])
+        run(["ip", "route", "replace", host.lan_cidr, "via", host.ip, "dev", host.veth_root], check=False)
+
+
+@contextlib.contextmanager
+def small_pool_dir(info: LabInfo, host_name: str, *, mib: int) -> Iterator[str]:
+    """The host's pool directory on a `mib`-MiB tmpfs (in the host's mount namespace; the pool must be
+    empty, and the caller empties it before leaving): a pool that can be filled without filling the
+    machine's disk. Yields the pool path as seen on the host."""
+    host = _host_layout(info, host_name)
+    target = "/var/lib/libvirt/images"
+    run(host_mod.host_argv(host, ["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0711", "tmpfs", target]))
+    try:
+        run(host_mod.virsh_argv(host, "pool-refresh", "default"))
+        yield target
+    finally:
+        run(host_mod.host_argv(host, ["umount", "-l", target]), check=False)
+        run(host_mod.virsh_argv(host, "pool-refresh", "default"), check=False)

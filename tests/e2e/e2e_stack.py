@@ -304,3 +304,43 @@ class Stack:
         return [r for r in log_records(self.all_log_lines())
                 if r.get("msg") == msg and all(r.get(k) == v for k, v in fields.items())]
 
+
+
+INSTANCE_PREFIX = "proxy-"  # egress_kvm.controller.naming.PREFIX: every VM and volume a Proxy owns
+_VOLUME_SUFFIXES = (".qcow2", "-seed.iso")  # egress_kvm.providers.kvm.naming: overlay, seed
+
+
+def owned_instances(kubectl: Kubectl) -> set[str]:
+    """Instance names some Proxy in the cluster owns (status.instance, and previousInstance mid-replace)."""
+    items = json.loads(kubectl("get", "px", "-A", "-o", "json").stdout).get("items", [])
+    owned = set()
+    for item in items:
+        st = item.get("status") or {}
+        for field in ("instance", "previousInstance"):
+            name = (st.get(field) or {}).get("name")
+            if name:
+                owned.add(name)
+    return owned
+
+
+def leaks(lab: labmod.LabInfo, kubectl: Kubectl) -> dict[str, dict[str, list[str]]]:
+    """Per host: domains and volumes named as ours (`proxy-...`) that no Proxy owns, and any volume that
+    is neither that nor a base image or its marker (a half-written upload under another name)."""
+    owned = owned_instances(kubectl)
+    found: dict[str, dict[str, list[str]]] = {}
+    for h in lab.hosts:
+        doms = [d for d in domains(lab, h.name) if d.startswith(INSTANCE_PREFIX) and d not in owned]
+        vols = []
+        for v in volumes(lab, h.name):
+            if v.startswith("base-"):
+                continue
+            stem = next((v[: -len(s)] for s in _VOLUME_SUFFIXES if v.endswith(s)), None)
+            if stem is None or stem not in owned:
+                vols.append(v)
+        found[h.name] = {"domains": doms, "volumes": vols}
+    return found
+
+
+def leak_counts(found: dict[str, dict[str, list[str]]]) -> str:
+    return ", ".join(f"{host}: {len(f['domains'])} domains, {len(f['volumes'])} volumes"
+                     for host, f in found.items())

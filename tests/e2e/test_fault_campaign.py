@@ -1,0 +1,257 @@
+"""Fault campaign (issue 13 item 10): the real operator process, the API emulator and a 2-host lab, with
+faults injected where they hurt. Scenarios run in order on one stack and build on each other:
+
+0. The leak counter catches a leak: a planted `proxy-...` domain and seed volume that no Proxy owns are
+   counted (1 + 1 on host0), and 0 once removed. Every later "0 leaks" relies on this counter.
+1. Operator SIGKILLed mid-download (host0's first base-image fetch), then restarted: the Proxy converges.
+2. Libvirtd restarted mid-upload (host1's base image, into a pool on a 1.5 GiB tmpfs): the import resumes
+   and the Proxy stops at QuotaExceeded (no room for its overlay) with nothing half-made left behind.
+3. The full pool then freed (the tmpfs grown: libvirt's cached figure is stale until a refresh): the
+   Proxy converges without anyone running `virsh pool-refresh`, after one quota backoff step (60 s).
+4. SSH dropped mid-Create (every session on host0 killed, three times while the Proxy is created).
+5. Drift: one VM destroyed and one undefined with its volumes deleted behind the operator's back: both
+   are started/recreated.
+6. One host unreachable (host1's link down) while the other keeps serving (a delete on host0 completes),
+   and a Proxy deleted while its host is down: once the link is back it is gone, its VM and volumes too.
+7. Restart storm: five operator SIGKILLs (and restarts) over creates and deletes on both hosts.
+
+Invariant after each: every Proxy converged (its recorded instance is a running domain on its zone, not
+Failed; a deleted Proxy is gone), and per host 0 domains / 0 volumes that no Proxy owns. The counts are
+printed (`pytest -s`). Guests boot in the background; convergence here is "defined and started" (or
+gone), which is what faults can break: readiness of a booted guest is test_e2e.py's subject.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from e2e_stack import Stack, domains, leak_counts, leaks, volumes, wait_until
+
+from testbed import lab as labmod
+from testbed.lab import faults
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
+
+CONVERGE_TIMEOUT = 420  # a retry after a failed create waits out its backoff (up to a minute or two)
+POOL_MIB = 1536  # room for the base image (+ the 1 GiB reserve), none for a 10 GiB overlay
+
+
+@pytest.fixture(scope="module")
+def camp(lab, tmp_path_factory):
+    if len(lab.hosts) < 2:
+        pytest.skip("the fault campaign needs a 2-host lab (EGRESS_LAB_HOSTS=2)")
+    st = Stack(lab, tmp_path_factory.mktemp("campaign"))
+    st.start()
+    st.alive: set[str] = set()  # type: ignore[attr-defined]  # Proxies that should exist
+    st.gone: set[str] = set()  # type: ignore[attr-defined]  # Proxies deleted
+    st.pool_mounted = False  # type: ignore[attr-defined]
+    try:
+        yield st
+    finally:
+        for op in st.operators:
+            if op.running():
+                op.proc.kill()
+            op.stop()
+        st.operators.clear()
+        st.close()
+        if st.pool_mounted:
+            labmod.host_run(lab, "host1", ["umount", "-l", "/var/lib/libvirt/images"], check=False)
+            labmod.virsh(lab, "host1", "pool-refresh", "default")
+        print("\n=== fault campaign times ===")
+        for step, seconds in st.times.items():
+            print(f"  {step:<66} {seconds:7.1f}s")
+        print(f"  logs: {st.workdir}")
+
+
+@pytest.fixture
+def step(camp, request):
+    if camp.failed:
+        pytest.skip(f"an earlier scenario failed ({camp.failed})")
+    t0 = time.monotonic()
+    yield camp
+    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+        camp.failed = request.node.name
+    camp.times[request.node.name] = time.monotonic() - t0
+    print(f"\ncampaign {request.node.name}: {camp.times[request.node.name]:.1f}s")
+
+
+def apply(st: Stack, name: str, zone: str) -> None:
+    st.kubectl.apply(st.proxy(name, zone=zone))
+    st.alive.add(name)
+
+
+def delete(st: Stack, name: str) -> None:
+    st.kubectl("delete", "px", name, "--wait=false")
+    st.alive.discard(name)
+    st.gone.add(name)
+
+
+def sigkill_operator(st: Stack) -> None:
+    op = st.operator
+    op.proc.kill()
+    op.proc.wait(timeout=30)
+    op.stop()
+
+
+def not_converged(st: Stack) -> list[str]:
+    """What keeps the cluster from the invariant (empty when converged)."""
+    problems = []
+    running = {h.name: set(domains(st.lab, h.name)) for h in st.lab.hosts}
+    for name in sorted(st.alive):
+        s = st.status(name)
+        inst = s.get("instance") or {}
+        if s.get("phase") == "Failed":
+            problems.append(f"{name} Failed: {s.get('message')}")
+        elif not inst.get("name") or inst["name"] not in running.get(inst.get("zone", ""), set()):
+            problems.append(f"{name}: instance {inst or None} not a domain on its zone "
+                            f"(phase {s.get('phase')}, {s.get('message')})")
+        elif "running" not in labmod.virsh(st.lab, inst["zone"], "domstate", inst["name"]):
+            problems.append(f"{name}: {inst['name']} not running")
+    for name in sorted(st.gone):
+        if st.kubectl.get("px", name) is not None:
+            problems.append(f"{name} not deleted yet")
+    found = leaks(st.lab, st.kubectl)
+    for host, f in found.items():
+        if f["domains"] or f["volumes"]:
+            problems.append(f"{host} leaks {f}")
+    return problems
+
+
+def converge(st: Stack, scenario: str) -> None:
+    last: list[str] = []
+
+    def ok() -> bool:
+        nonlocal last
+        last = not_converged(st)
+        return not last
+    try:
+        wait_until(ok, timeout=CONVERGE_TIMEOUT, what=f"convergence after {scenario}", interval=3)
+    except AssertionError:
+        raise AssertionError(f"{scenario}: not converged after {CONVERGE_TIMEOUT}s: {last}") from None
+    print(f"\n[{scenario}] converged: {sorted(st.alive)} Proxies live; unowned: "
+          f"{leak_counts(leaks(st.lab, st.kubectl))}")
+
+
+def wait_log(st: Stack, msg: str, *, host: str, after: int = 0) -> None:
+    wait_until(lambda: len(st.log_msgs(msg, host=host)) > after, timeout=300,
+               what=f"operator log {msg!r} for {host}", interval=0.2)
+
+
+def test_0_the_leak_counter_finds_a_planted_orphan(step):
+    orphan = "proxy-campaignplanted0000"
+    xml = (f"<domain type='qemu'><name>{orphan}</name><memory unit='MiB'>32</memory><vcpu>1</vcpu>"
+           "<os><type arch='x86_64'>hvm</type></os></domain>")
+    labmod.host_run(step.lab, "host0", ["sh", "-c", f"printf '%s' \"$0\" > /tmp/{orphan}.xml", xml])
+    labmod.virsh(step.lab, "host0", "define", f"/tmp/{orphan}.xml")
+    labmod.virsh(step.lab, "host0", "vol-create-as", "default", f"{orphan}-seed.iso", "1M")
+    try:
+        found = leaks(step.lab, step.kubectl)
+        print(f"\n[planted orphan] unowned: {leak_counts(found)}")
+        assert found["host0"] == {"domains": [orphan], "volumes": [f"{orphan}-seed.iso"]}
+        assert found["host1"] == {"domains": [], "volumes": []}
+    finally:
+        labmod.virsh(step.lab, "host0", "undefine", orphan)
+        labmod.virsh(step.lab, "host0", "vol-delete", "--pool", "default", f"{orphan}-seed.iso")
+    assert not_converged(step) == []
+
+
+def test_1_operator_sigkilled_mid_download_then_restarted(step):
+    apply(step, "camp-a", "host0")
+    wait_log(step, "fetching base image into host pool", host="host0")
+    time.sleep(1)
+    sigkill_operator(step)
+    assert "base-debian-12.qcow2.sha256" not in volumes(step.lab, "host0")  # it was mid-import
+    step.start_operator()
+    converge(step, "operator SIGKILLed mid-download")
+    assert "base-debian-12.qcow2.sha256" in volumes(step.lab, "host0")
+
+
+def test_2_libvirtd_restarted_mid_upload_into_a_pool_too_small(step):
+    labmod.host_run(step.lab, "host1", ["mount", "-t", "tmpfs", "-o", f"size={POOL_MIB}m,mode=0711", "tmpfs",
+                                        "/var/lib/libvirt/images"])
+    step.pool_mounted = True
+    labmod.virsh(step.lab, "host1", "pool-refresh", "default")
+    apply(step, "camp-b", "host1")
+    wait_log(step, "fetching base image into host pool", host="host1")
+    time.sleep(1)
+    assert "base-debian-12.qcow2.sha256" not in volumes(step.lab, "host1")  # mid-import
+    faults.restart_libvirtd(step.lab, "host1")
+
+    def quota() -> str | None:
+        msg = step.status("camp-b").get("message") or ""
+        return msg if "available" in msg else None
+    msg = wait_until(quota, timeout=CONVERGE_TIMEOUT, what="camp-b QuotaExceeded", interval=2)
+    print(f"\n[libvirtd restarted mid-upload] camp-b: {msg}")
+    vols = set(volumes(step.lab, "host1"))
+    assert {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256"} <= vols, vols  # the import finished
+    found = leaks(step.lab, step.kubectl)
+    print(f"[libvirtd restarted mid-upload] unowned: {leak_counts(found)}")
+    assert found["host1"] == {"domains": [], "volumes": []}
+
+
+def test_3_the_full_pool_freed_converges_without_a_manual_refresh(step):
+    labmod.host_run(step.lab, "host1", ["mount", "-o", "remount,size=16g", "/var/lib/libvirt/images"])
+    converge(step, "full pool then freed")
+    # One quota failure, one backoff step: the retry came after 60 s, not after a doubled 120 s (a stale
+    # import poll used to run a second failing reconcile inside the first backoff).
+    steps = [r["retryIn"] for r in step.log_msgs("reconcile will be retried", proxy="default/camp-b")
+             if r.get("backoff") == "quota"]
+    assert steps == [60.0], steps
+
+
+def test_4_ssh_dropped_mid_create(step):
+    apply(step, "camp-c", "host0")
+    dropped = 0
+    for _ in range(3):
+        time.sleep(1.0)
+        dropped += faults.drop_ssh(step.lab, "host0")
+    assert dropped >= 1
+    converge(step, "SSH dropped mid-Create")
+    assert step.log_msgs("libvirt connection dropped", host="host0")  # the operator saw the drop
+
+
+def test_5_vm_destroyed_and_vm_undefined_behind_the_operators_back(step):
+    a = step.status("camp-a")["instance"]["name"]
+    c = step.status("camp-c")["instance"]["name"]
+    labmod.virsh(step.lab, "host0", "destroy", a)
+    labmod.virsh(step.lab, "host0", "destroy", c)
+    labmod.virsh(step.lab, "host0", "undefine", c, "--nvram")
+    for v in (f"{c}.qcow2", f"{c}-seed.iso"):
+        labmod.virsh(step.lab, "host0", "vol-delete", "--pool", "default", v)
+    converge(step, "VM destroyed + VM undefined")
+
+
+def test_6_host_unreachable_while_the_other_serves_and_a_delete_while_down(step):
+    c = step.status("camp-c")["instance"]["name"]
+    with faults.link_down(step.lab, "host1"):
+        delete(step, "camp-c")  # host0 keeps serving
+        wait_until(lambda: step.kubectl.get("px", "camp-c") is None and c not in domains(step.lab, "host0"),
+                   timeout=CONVERGE_TIMEOUT, what="camp-c deleted on host0 while host1 is down", interval=2)
+        delete(step, "camp-b")  # its host is down
+        time.sleep(15)
+        assert step.kubectl.get("px", "camp-b") is not None  # the VM is not gone, so neither is the Proxy
+    converge(step, "host1 unreachable, delete while down")
+
+
+def test_7_restart_storm_over_create_and_delete(step):
+    apply(step, "camp-d", "host0")
+    apply(step, "camp-e", "host1")
+    delete(step, "camp-a")
+    for i in range(5):
+        time.sleep(3)
+        if i == 2:
+            delete(step, "camp-d")
+        sigkill_operator(step)
+        step.start_operator()
+    converge(step, "restart storm")
+
+
+def test_8_everything_deleted_leaves_nothing(step):
+    for name in sorted(step.alive):
+        delete(step, name)
+    converge(step, "all deleted")
+    for h in step.lab.hosts:
+        assert not [d for d in domains(step.lab, h.name) if d.startswith("proxy-")]
+    unretrieved = [ln for ln in step.all_log_lines() if "never retrieved" in ln]
+    assert not unretrieved, unretrieved[:3]  # no fault left an error nobody handled (item 9)
