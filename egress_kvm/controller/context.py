@@ -22,7 +22,7 @@ from .memory import Memory
 from .plan import NORMAL, WARNING, Event, transition_events
 from .proxyspec import EXTERNAL, SpecError, parse_spec
 from .status import READY, RUNNING, Ref
-from .verdict import Health, ProbeKey, ProbeTarget, stored_verdict
+from .verdict import Health, ProbeKey, ProbeTarget, start_seed
 
 
 @dataclass
@@ -36,7 +36,6 @@ class Context:
     providers: Mapping[str, Provider] = field(default_factory=dict)
     providers_hash: str = ""
     events: list[Event] = field(default_factory=list)  # recorded with the next status write
-    serving: ProbeTarget | None = None  # the replaced instance while it still serves
     generation: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -54,19 +53,13 @@ class Context:
     def own(self) -> ProbeKey:
         return ProbeKey(self.key)
 
-    @property
-    def probe_key(self) -> ProbeKey:
-        """The instance being provisioned is probed under its own key while the replaced one serves."""
-        return ProbeKey(self.key, replacement=self.serving is not None)
-
     # --- probes --------------------------------------------------------------------------------------
 
     def watch(self, key: ProbeKey, target: ProbeTarget) -> None:
-        """Probe `target`; a probe that starts afresh for the Proxy's own key (this process has not been
-        probing it: a restart, a new leader) takes the verdict status recorded for the same endpoint."""
-        seed = None
-        if key == self.own and self.prober.target(key) is None:
-            seed = stored_verdict(self.status, target)
+        """Probe `target`, from the verdict `start_seed` says (the External and held paths; a Managed
+        pass says its watches in its plan)."""
+        probed = self.prober.target(key) is not None
+        seed = start_seed(self.status, target, own=key == self.own, probed=probed)
         self.prober.watch(key, target, seed=seed)
 
     def unwatch_all(self) -> None:
@@ -113,9 +106,10 @@ class Context:
         return held(self.status, message=message, reason=reason, generation=self.generation, health=health,
                     unreachable=unreachable)
 
-    async def say(self, verdict: Verdict) -> None:
-        serving = Serving(self.serving, self.prober.health(self.own)) if self.serving is not None else None
-        await self.write(compose(self.status, verdict, generation=self.generation, serving=serving))
+    async def say(self, verdict: Verdict, *, serving: ProbeTarget | None = None) -> None:
+        """Write `verdict` composed; `serving`: the replaced instance while it still serves (compose.py)."""
+        backing = Serving(serving, self.prober.health(self.own)) if serving is not None else None
+        await self.write(compose(self.status, verdict, generation=self.generation, serving=backing))
 
     async def write(self, status: Obj) -> None:
         cap_messages(status)
