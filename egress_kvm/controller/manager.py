@@ -55,7 +55,7 @@ class Controller:
         self.resync_period = resync_period
         self.gc_interval = gc_interval
         self.gc_grace_period = gc_grace_period
-        self.queue = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff)
+        self.queue: WorkQueue[Key] = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff)
         self.prober: Prober[ProbeKey] = Prober(
             kube=kube, on_change=self._enqueue_any, time_scale=probe_time_scale,
             on_refresh=self._enqueue_unless_backing_off, logger=self.log.with_name("health"),
@@ -138,7 +138,7 @@ class Controller:
             except QueueShutDown:
                 return
             try:
-                await self._process(key)  # type: ignore[arg-type]
+                await self._process(key)
             finally:
                 self.queue.done(key)
 
