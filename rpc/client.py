@@ -1,11 +1,13 @@
-"""The client: one method per REMOTE procedure, on top of the connection's one generic call path.
+"""The client: the connection plus one method per REMOTE procedure.
 
-Methods are named after the procedure in snake_case and take the procedure's arguments in protocol order
-under their protocol names (camelCase -> snake_case, `type` -> `type_`). `flags` defaults to 0 and
-`need_results` to 1; every method takes a keyword-only `timeout=` (seconds; default: the client's
-call_timeout). Returns: a one-field return struct gives that value, a larger one its `*Ret` dataclass,
-void gives None. Errors: LibvirtError / NotFoundError from the daemon, DeadlineExceeded, ConnectionLost,
-ProtocolError.
+The per-procedure methods are generated (rpc/methods.py, from remote_protocol.x): named after the
+procedure in snake_case, the procedure's arguments in protocol order under their protocol names
+(camelCase -> snake_case, `type` -> `type_`), `flags` defaulting to 0 and `need_results` to 1, and a
+keyword-only `timeout=` (seconds; default: the client's call_timeout). Returns: a one-field return
+struct gives that value, a larger one its `*Ret` dataclass, void gives None. Errors: LibvirtError /
+NotFoundError from the daemon, DeadlineExceeded, ConnectionLost, ProtocolError.
+
+Written here by hand: what is more than one call (handshake, close), the volume streams and events.
 """
 
 from __future__ import annotations
@@ -17,24 +19,13 @@ from .connection import Connection
 from .constants import FEATURE_PROGRAM_KEEPALIVE, AuthType
 from .errors import ConnectFailed, LibvirtError
 from .events import LifecycleSubscription
+from .handles import Domain, StorageVol
+from .methods import ProcedureMethods
 from .procedures import BY_NUMBER
 from .streams import Download, upload
-from .types import (
-    ConnectListAllDomainsRet,
-    ConnectListAllStoragePoolsRet,
-    Domain,
-    DomainGetStateRet,
-    DomainInterface,
-    NodeGetInfoRet,
-    StoragePool,
-    StoragePoolGetInfoRet,
-    StoragePoolListAllVolumesRet,
-    StorageVol,
-    StorageVolGetInfoRet,
-)
 
 
-class Client(Connection):
+class Client(Connection, ProcedureMethods):
     """A connected libvirt client. Get one from rpc.connect_unix / connect_ssh / connect_over."""
 
     async def __aenter__(self) -> Client:
@@ -134,213 +125,3 @@ class Client(Connection):
             timeout=timeout,
             max_queue=max_queue if max_queue is not None else self.event_queue_max,
         )
-
-    # -- one method per procedure (protocol order and names) --------------------------------------
-
-    async def connect_open(self, name: str | None, flags: int = 0, *, timeout: float | None = None) -> None:
-        return await self.call(1, (name, flags), timeout=timeout)
-
-    async def connect_close(self, *, timeout: float | None = None) -> None:
-        return await self.call(2, (), timeout=timeout)
-
-    async def connect_get_type(self, *, timeout: float | None = None) -> str:
-        return await self.call(3, (), timeout=timeout)
-
-    async def connect_get_version(self, *, timeout: float | None = None) -> int:
-        return await self.call(4, (), timeout=timeout)
-
-    async def node_get_info(self, *, timeout: float | None = None) -> NodeGetInfoRet:
-        return await self.call(6, (), timeout=timeout)
-
-    async def domain_create(self, dom: Domain, *, timeout: float | None = None) -> None:
-        return await self.call(9, (dom,), timeout=timeout)
-
-    async def domain_define_xml(self, xml: str, *, timeout: float | None = None) -> Domain:
-        return await self.call(11, (xml,), timeout=timeout)
-
-    async def domain_destroy(self, dom: Domain, *, timeout: float | None = None) -> None:
-        return await self.call(12, (dom,), timeout=timeout)
-
-    async def domain_get_xml_desc(self, dom: Domain, flags: int = 0, *, timeout: float | None = None) -> str:
-        return await self.call(14, (dom, flags), timeout=timeout)
-
-    async def domain_lookup_by_name(self, name: str, *, timeout: float | None = None) -> Domain:
-        return await self.call(23, (name,), timeout=timeout)
-
-    async def domain_lookup_by_uuid(self, uuid: bytes, *, timeout: float | None = None) -> Domain:
-        return await self.call(24, (uuid,), timeout=timeout)
-
-    async def domain_resume(self, dom: Domain, *, timeout: float | None = None) -> None:
-        """Run a paused domain's vCPUs again; OPERATION_INVALID (55) if it is not paused."""
-        return await self.call(28, (dom,), timeout=timeout)
-
-    async def domain_suspend(self, dom: Domain, *, timeout: float | None = None) -> None:
-        """Pause a running domain's vCPUs (state PAUSED, reason USER); the memory stays allocated."""
-        return await self.call(34, (dom,), timeout=timeout)
-
-    async def domain_undefine(self, dom: Domain, *, timeout: float | None = None) -> None:
-        return await self.call(35, (dom,), timeout=timeout)
-
-    async def connect_get_hostname(self, *, timeout: float | None = None) -> str:
-        return await self.call(59, (), timeout=timeout)
-
-    async def connect_supports_feature(self, feature: int, *, timeout: float | None = None) -> int:
-        return await self.call(60, (feature,), timeout=timeout)
-
-    async def auth_list(self, *, timeout: float | None = None) -> tuple[int, ...]:
-        return await self.call(66, (), timeout=timeout)
-
-    async def auth_polkit(self, *, timeout: float | None = None) -> int:
-        return await self.call(70, (), timeout=timeout)
-
-    async def storage_pool_refresh(
-        self, pool: StoragePool, flags: int = 0, *, timeout: float | None = None
-    ) -> None:
-        return await self.call(83, (pool, flags), timeout=timeout)
-
-    async def storage_pool_lookup_by_name(self, name: str, *, timeout: float | None = None) -> StoragePool:
-        return await self.call(84, (name,), timeout=timeout)
-
-    async def storage_pool_get_info(
-        self, pool: StoragePool, *, timeout: float | None = None
-    ) -> StoragePoolGetInfoRet:
-        return await self.call(87, (pool,), timeout=timeout)
-
-    async def storage_vol_create_xml(
-        self, pool: StoragePool, xml: str, flags: int = 0, *, timeout: float | None = None
-    ) -> StorageVol:
-        return await self.call(93, (pool, xml, flags), timeout=timeout)
-
-    async def storage_vol_delete(
-        self, vol: StorageVol, flags: int = 0, *, timeout: float | None = None
-    ) -> None:
-        return await self.call(94, (vol, flags), timeout=timeout)
-
-    async def storage_vol_lookup_by_name(
-        self, pool: StoragePool, name: str, *, timeout: float | None = None
-    ) -> StorageVol:
-        return await self.call(95, (pool, name), timeout=timeout)
-
-    async def storage_vol_get_info(
-        self, vol: StorageVol, *, timeout: float | None = None
-    ) -> StorageVolGetInfoRet:
-        return await self.call(98, (vol,), timeout=timeout)
-
-    async def storage_vol_get_xml_desc(
-        self, vol: StorageVol, flags: int = 0, *, timeout: float | None = None
-    ) -> str:
-        return await self.call(99, (vol, flags), timeout=timeout)
-
-    async def storage_vol_get_path(self, vol: StorageVol, *, timeout: float | None = None) -> str:
-        return await self.call(100, (vol,), timeout=timeout)
-
-    async def node_get_free_memory(self, *, timeout: float | None = None) -> int:
-        return await self.call(102, (), timeout=timeout)
-
-    async def connect_get_uri(self, *, timeout: float | None = None) -> str:
-        return await self.call(110, (), timeout=timeout)
-
-    async def storage_vol_create_xml_from(
-        self,
-        pool: StoragePool,
-        xml: str,
-        clonevol: StorageVol,
-        flags: int = 0,
-        *,
-        timeout: float | None = None,
-    ) -> StorageVol:
-        return await self.call(125, (pool, xml, clonevol, flags), timeout=timeout)
-
-    async def domain_is_active(self, dom: Domain, *, timeout: float | None = None) -> int:
-        return await self.call(150, (dom,), timeout=timeout)
-
-    async def connect_get_lib_version(self, *, timeout: float | None = None) -> int:
-        return await self.call(157, (), timeout=timeout)
-
-    async def domain_create_with_flags(
-        self, dom: Domain, flags: int = 0, *, timeout: float | None = None
-    ) -> Domain:
-        return await self.call(196, (dom, flags), timeout=timeout)
-
-    async def domain_get_state(
-        self, dom: Domain, flags: int = 0, *, timeout: float | None = None
-    ) -> DomainGetStateRet:
-        return await self.call(212, (dom, flags), timeout=timeout)
-
-    async def domain_undefine_flags(
-        self, dom: Domain, flags: int = 0, *, timeout: float | None = None
-    ) -> None:
-        return await self.call(231, (dom, flags), timeout=timeout)
-
-    async def domain_destroy_flags(
-        self, dom: Domain, flags: int = 0, *, timeout: float | None = None
-    ) -> None:
-        return await self.call(234, (dom, flags), timeout=timeout)
-
-    async def domain_shutdown_flags(
-        self, dom: Domain, flags: int = 0, *, timeout: float | None = None
-    ) -> None:
-        return await self.call(258, (dom, flags), timeout=timeout)
-
-    async def storage_vol_resize(
-        self, vol: StorageVol, capacity: int, flags: int = 0, *, timeout: float | None = None
-    ) -> None:
-        return await self.call(260, (vol, capacity, flags), timeout=timeout)
-
-    async def domain_set_metadata(
-        self,
-        dom: Domain,
-        type_: int,
-        metadata: str | None,
-        key: str | None,
-        uri: str | None,
-        flags: int = 0,
-        *,
-        timeout: float | None = None,
-    ) -> None:
-        return await self.call(264, (dom, type_, metadata, key, uri, flags), timeout=timeout)
-
-    async def domain_get_metadata(
-        self, dom: Domain, type_: int, uri: str | None, flags: int = 0, *, timeout: float | None = None
-    ) -> str:
-        return await self.call(265, (dom, type_, uri, flags), timeout=timeout)
-
-    async def connect_list_all_domains(
-        self, need_results: int = 1, flags: int = 0, *, timeout: float | None = None
-    ) -> ConnectListAllDomainsRet:
-        return await self.call(273, (need_results, flags), timeout=timeout)
-
-    async def connect_list_all_storage_pools(
-        self, need_results: int = 1, flags: int = 0, *, timeout: float | None = None
-    ) -> ConnectListAllStoragePoolsRet:
-        return await self.call(281, (need_results, flags), timeout=timeout)
-
-    async def storage_pool_list_all_volumes(
-        self, pool: StoragePool, need_results: int = 1, flags: int = 0, *, timeout: float | None = None
-    ) -> StoragePoolListAllVolumesRet:
-        return await self.call(282, (pool, need_results, flags), timeout=timeout)
-
-    async def connect_domain_event_callback_register_any(
-        self, event_id: int, dom: Domain | None = None, *, timeout: float | None = None
-    ) -> int:
-        return await self.call(316, (event_id, dom), timeout=timeout)
-
-    async def connect_domain_event_callback_deregister_any(
-        self, callback_id: int, *, timeout: float | None = None
-    ) -> None:
-        return await self.call(317, (callback_id,), timeout=timeout)
-
-    async def domain_define_xml_flags(
-        self, xml: str, flags: int = 0, *, timeout: float | None = None
-    ) -> Domain:
-        return await self.call(350, (xml, flags), timeout=timeout)
-
-    async def domain_interface_addresses(
-        self, dom: Domain, source: int, flags: int = 0, *, timeout: float | None = None
-    ) -> tuple[DomainInterface, ...]:
-        return await self.call(353, (dom, source, flags), timeout=timeout)
-
-    async def storage_vol_get_info_flags(
-        self, vol: StorageVol, flags: int = 0, *, timeout: float | None = None
-    ) -> StorageVolGetInfoRet:
-        return await self.call(378, (vol, flags), timeout=timeout)

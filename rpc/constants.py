@@ -1,21 +1,31 @@
 """Wire constants of libvirt's remote protocol, and the libvirt enums callers compare results with.
 
-Numbers are wire facts (virnetprotocol.x, remote_protocol.x, virkeepaliveprotocol.x, virerror.h); the
-enums are IntEnum so a value read off the wire prints with its name in logs and test failures.
+Program numbers and limits come from the vendored .x files through the generated protocol_constants
+(one place for each fact); the enums (virerror.h, libvirt-*.h) are IntEnum so a value read off the wire
+prints with its name in logs and test failures.
 """
 
 from __future__ import annotations
 
 import enum
 
-# -- programs ---------------------------------------------------------------------------------------
-REMOTE_PROGRAM = 0x20008086
-REMOTE_PROTOCOL_VERSION = 1
-KEEPALIVE_PROGRAM = 0x6B656570
-KEEPALIVE_PROTOCOL_VERSION = 1
+from . import protocol_constants as _x
 
-KEEPALIVE_PROC_PING = 1
-KEEPALIVE_PROC_PONG = 2
+# -- programs and limits (generated from the .x files) -------------------------------------------
+KEEPALIVE_PROC_PING = _x.KEEPALIVE_PROC_PING
+KEEPALIVE_PROC_PONG = _x.KEEPALIVE_PROC_PONG
+KEEPALIVE_PROGRAM = _x.KEEPALIVE_PROGRAM
+KEEPALIVE_PROTOCOL_VERSION = _x.KEEPALIVE_PROTOCOL_VERSION
+REMOTE_AUTH_TYPE_LIST_MAX = _x.REMOTE_AUTH_TYPE_LIST_MAX
+REMOTE_DOMAIN_INTERFACE_MAX = _x.REMOTE_DOMAIN_INTERFACE_MAX
+REMOTE_DOMAIN_IP_ADDR_MAX = _x.REMOTE_DOMAIN_IP_ADDR_MAX
+REMOTE_DOMAIN_LIST_MAX = _x.REMOTE_DOMAIN_LIST_MAX
+REMOTE_PROGRAM = _x.REMOTE_PROGRAM
+REMOTE_PROTOCOL_VERSION = _x.REMOTE_PROTOCOL_VERSION
+REMOTE_STORAGE_POOL_LIST_MAX = _x.REMOTE_STORAGE_POOL_LIST_MAX
+REMOTE_STORAGE_VOL_LIST_MAX = _x.REMOTE_STORAGE_VOL_LIST_MAX
+REMOTE_STRING_MAX = _x.REMOTE_STRING_MAX
+VIR_UUID_BUFLEN = _x.VIR_UUID_BUFLEN
 
 # -- framing ----------------------------------------------------------------------------------------
 LEN_SIZE = 4
@@ -23,9 +33,10 @@ HEADER_SIZE = 24
 #: Smallest legal packet: the length word plus the header, no payload.
 MIN_PACKET = LEN_SIZE + HEADER_SIZE
 #: VIR_NET_MESSAGE_MAX: the most a packet may hold after its length word (32 MiB; 16 MiB on old daemons).
-MESSAGE_MAX = 33554432
-#: The payload of one stream packet as libvirt's own client sizes it; the payload ceiling is MESSAGE_MAX.
-STREAM_CHUNK = 262120
+MESSAGE_MAX = _x.VIR_NET_MESSAGE_MAX
+#: The payload of one stream packet as libvirt's own client sizes it (VIR_NET_MESSAGE_LEGACY_PAYLOAD_MAX);
+#: the payload ceiling is MESSAGE_MAX.
+STREAM_CHUNK = _x.VIR_NET_MESSAGE_LEGACY_PAYLOAD_MAX
 
 
 class MessageType(enum.IntEnum):
@@ -44,16 +55,6 @@ class MessageStatus(enum.IntEnum):
     CONTINUE = 2
 
 
-# -- protocol limits (remote_protocol.x) ------------------------------------------------------------
-REMOTE_STRING_MAX = 4194304
-REMOTE_DOMAIN_LIST_MAX = 16384
-REMOTE_STORAGE_VOL_LIST_MAX = 16384
-REMOTE_STORAGE_POOL_LIST_MAX = 4096
-REMOTE_DOMAIN_INTERFACE_MAX = 2048
-REMOTE_DOMAIN_IP_ADDR_MAX = 2048
-REMOTE_AUTH_TYPE_LIST_MAX = 20
-VIR_UUID_BUFLEN = 16
-NODE_INFO_MODEL_LEN = 32
 
 
 class AuthType(enum.IntEnum):
