@@ -36,7 +36,7 @@ from .planner import (
 from .status import PROVISIONING
 
 
-async def run(ctx: Context, act: Act, *, spec_provider_name: str, provider: Provider,
+async def run(ctx: Context, act: Act, *, spec_provider_name: str, provider: Provider | None,
               desired: Desired | None, progress_interval: float) -> Looked | QuotaError:
     """Carry out `act`; returns what it observed (None for the acts that observe nothing)."""
     if isinstance(act, Look):
@@ -45,6 +45,7 @@ async def run(ctx: Context, act: Act, *, spec_provider_name: str, provider: Prov
         assert desired is not None and desired.name == act.target.name
         return await create(ctx, act, desired, progress_interval=progress_interval)
     if isinstance(act, Start):
+        assert provider is not None
         await provider.start(act.target.name, act.target.zone)
         ctx.log.info("instance started", instance=act.target.name, zone=act.target.zone,
                      startsInARow=ctx.memory[ctx.key].restarts + 1)
@@ -70,7 +71,7 @@ async def run(ctx: Context, act: Act, *, spec_provider_name: str, provider: Prov
     return None
 
 
-async def look(ctx: Context, act: Look, *, spec_provider_name: str, provider: Provider) -> Looked:
+async def look(ctx: Context, act: Look, *, spec_provider_name: str, provider: Provider | None) -> Looked:
     chosen = provider if act.spec_provider else provider_for_ref(ctx.providers, spec_provider_name, act.ref)
     if chosen is None:
         return NoProvider()

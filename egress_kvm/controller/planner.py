@@ -23,15 +23,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from egress_kvm.kube.interfaces import Key, Obj
+from egress_kvm.policy.external import external_refusal
+from egress_kvm.policy.policies import EgressPolicies
 from egress_kvm.providers.base import Instance, PowerState, QuotaError, TransientError
 
 from . import plan as rules
-from .compose import Serving, Verdict, compose, reason_for
+from .compose import Serving, Verdict, compose, external_verdict, reason_for
 from .memory import KeyState
-from .outcome import Result, Trouble, outcome_for
+from .outcome import Fail, Result, Trouble, outcome_for
 from .plan import NORMAL, WARNING, Action, Event, Plan
 from .proxyspec import ProxySpec
-from .status import PENDING, PROVISIONING, READY, Ref
+from .status import COND_HOST, PENDING, PROVISIONING, READY, Ref, remove_condition
 from .verdict import Health, ProbeKey, ProbeTarget, start_seed
 
 MAX_ROUNDS = 8  # look, replace, look, create, create again (quota fallback), settle: 6 in the worst case
@@ -204,7 +206,7 @@ class Unreachable:
 class Step:
     actions: tuple[Act, ...] = ()
     # What the pass ends in once the actions ran; None: re-plan with what they observed.
-    end: Result | Trouble | Unreachable | None = None
+    end: Result | Trouble | Fail | Unreachable | None = None
 
 
 # --- the planner ------------------------------------------------------------------------------------------
@@ -231,7 +233,7 @@ class _Book:
         backing = Serving(serving, self.probes.health(self.o.own)) if serving is not None else None
         return compose(self.o.status, verdict, generation=self.o.generation, serving=backing)
 
-    def step(self, end: Result | Trouble | Unreachable | None = None) -> Step:
+    def step(self, end: Result | Trouble | Fail | Unreachable | None = None) -> Step:
         return Step(tuple(self.actions), end)
 
 
@@ -397,6 +399,28 @@ def _settle(b: _Book, plan: Plan, *, target: Ref, previous: Ref | None, serving:
                                                                cap=t.ip_wait_max)))
     b.actions.append(Remember(ip_waits=0))
     return b.step(Result(requeue_after=t.poll if plan.poll else None))
+
+
+def plan_external(o: Observed, policies: EgressPolicies) -> Step:
+    """An External Proxy: what a Managed spec left behind goes, and only the probes decide (one round)."""
+    b = _Book(o, o.probes)
+    for field_ in ("instance", "previousInstance"):
+        ref = Ref.from_status(o.status.get(field_))
+        if ref is not None:  # switched from Managed: its instances go
+            b.actions.append(Delete(ref))
+    b.unwatch(ProbeKey(o.key, replacement=True))
+    host, port = o.spec.external_host, o.spec.external_port
+    assert host is not None and port is not None
+    refused = external_refusal(policies, host=host, port=port, auth=bool(o.spec.auth_secret))
+    if refused is not None:
+        return b.step(Fail(refused))
+    target = ProbeTarget(host, port, o.spec.health, o.namespace, o.spec.auth_secret, external=True)
+    b.watch(o.own, target)
+    status = compose(o.status, external_verdict(b.probes.health(o.own), host=host, target=target),
+                     generation=o.generation)
+    remove_condition(status, COND_HOST)  # no host of ours is involved
+    b.actions.append(WriteStatus(status))
+    return b.step(Result())
 
 
 def _trouble(error: Exception) -> Trouble:

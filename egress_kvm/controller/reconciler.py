@@ -11,21 +11,30 @@ from dataclasses import replace
 
 from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, ProxyGone, SpecChanged
 from egress_kvm.log import Logger, get_logger
-from egress_kvm.policy.external import external_refusal
 from egress_kvm.providers.base import Provider
 
 from . import actions
-from .compose import Verdict, compose, external_verdict, providers_tag
+from .compose import Verdict, compose, providers_tag
 from .context import Context
 from .deletion import finalize
 from .desired import Desired, Waiting, desired_instance, provider_for
 from .health import Prober
 from .memory import Memory
 from .outcome import Fail, Result, Retry, Trouble, outcome_for
-from .planner import MAX_ROUNDS, Observed, Probe, Probes, Timings, Unreachable, learn, plan_managed
-from .proxyspec import EXTERNAL, ProxySpec, SpecError, parse_spec
-from .status import COND_HOST, FAILED, Ref, get_condition, remove_condition
-from .verdict import ProbeKey, ProbeTarget
+from .planner import (
+    MAX_ROUNDS,
+    Observed,
+    Probe,
+    Probes,
+    Timings,
+    Unreachable,
+    learn,
+    plan_external,
+    plan_managed,
+)
+from .proxyspec import EXTERNAL, ProxySpec, parse_spec
+from .status import FAILED, Ref, get_condition
+from .verdict import ProbeKey
 
 
 class Reconciler:
@@ -87,14 +96,16 @@ class Reconciler:
                 raise
             return await (self._fail(ctx, outcome) if isinstance(outcome, Fail) else
                           self._trouble(ctx, outcome))
-        if isinstance(result, Trouble):  # a planned one (a create found no capacity): as if raised
+        if isinstance(result, Fail):  # planned (an External endpoint the policy refuses): as if raised
+            return await self._fail(ctx, result)
+        if isinstance(result, Trouble):  # planned (a create found no capacity): as if raised
             return await self._trouble(ctx, result)
         state = self.memory.get(key)
         if state is not None:
             state.trouble = None  # it got through: a trouble seen again later is news
         return result
 
-    async def _reconcile(self, ctx: Context) -> Result | Trouble:
+    async def _reconcile(self, ctx: Context) -> Result | Trouble | Fail:
         meta = ctx.proxy["metadata"]
         if meta.get("deletionTimestamp"):
             return await self._finalize(ctx)
@@ -116,7 +127,7 @@ class Reconciler:
 
     # --- Managed: observe, plan, act -----------------------------------------------------------------
 
-    async def _managed(self, ctx: Context, spec: ProxySpec) -> Result | Trouble:
+    async def _managed(self, ctx: Context, spec: ProxySpec) -> Result | Trouble | Fail:
         """Gather the inputs, then plan and act in rounds (planner.py) until the plan says how it ends."""
         provider = provider_for(spec, ctx.providers)
         desired: Desired | None = None
@@ -138,9 +149,9 @@ class Reconciler:
                           memory=replace(self.memory.peek(ctx.key)))
             step = plan_managed(obs, self.timings)
             for act in step.actions:
-                outcome = await actions.run(ctx, act, spec_provider_name=spec.provider, provider=provider,
-                                            desired=desired, progress_interval=self.timings.progress_interval)
-                obs = learn(obs, act, outcome)
+                obs = learn(obs, act, await actions.run(
+                    ctx, act, spec_provider_name=spec.provider, provider=provider, desired=desired,
+                    progress_interval=self.timings.progress_interval))
             if step.end is not None:
                 return await self._end(ctx, step.end)
         raise RuntimeError(f"no plan settled in {MAX_ROUNDS} rounds")  # a planner bug: retried as an error
@@ -153,34 +164,24 @@ class Reconciler:
                 by_key[probe_key] = Probe(target, self.prober.health(probe_key))
         return Probes(by_key)
 
-    async def _end(self, ctx: Context, end: Result | Trouble | Unreachable) -> Result | Trouble:
+    async def _end(self, ctx: Context, end: Result | Trouble | Fail | Unreachable) -> Result | Trouble | Fail:
         if isinstance(end, Unreachable):
             # The host did not answer: say so, keep everything as it is; never recreate on this.
             await ctx.write(ctx.held(message=end.message, reason="HostUnreachable", unreachable=end.error))
             return Result(retry=Retry.TRANSIENT)
-        return end  # a Trouble: as if the act had raised it (_outcome)
+        return end  # a Trouble or a Fail: as if an act had raised it (_outcome)
 
     # --- External ------------------------------------------------------------------------------------
 
-    async def _external(self, ctx: Context, spec: ProxySpec) -> Result:
-        for ref in (Ref.from_status(ctx.status.get("instance")),
-                    Ref.from_status(ctx.status.get("previousInstance"))):
-            if ref is not None:  # switched from Managed: its instances go
-                await ctx.delete(spec.provider, ref)
-        self.prober.unwatch(ProbeKey(ctx.key, replacement=True))
-        assert spec.external_host is not None and spec.external_port is not None
-        refused = external_refusal(self.prober.policies, host=spec.external_host, port=spec.external_port,
-                                   auth=bool(spec.auth_secret))
-        if refused is not None:
-            raise SpecError(refused)
-        target = ProbeTarget(spec.external_host, spec.external_port, spec.health, ctx.namespace,
-                             spec.auth_secret, external=True)
-        ctx.watch(ctx.own, target)
-        status = compose(ctx.status, external_verdict(self.prober.health(ctx.own), host=spec.external_host,
-                                                      target=target), generation=ctx.generation)
-        remove_condition(status, COND_HOST)  # no host of ours is involved
-        await ctx.write(status)
-        return Result()
+    async def _external(self, ctx: Context, spec: ProxySpec) -> Result | Trouble | Fail:
+        obs = Observed(key=ctx.key, spec=spec, status=ctx.status, generation=ctx.generation, desired=None,
+                       namespace=ctx.namespace, probes=self._probes(ctx.key))
+        step = plan_external(obs, self.prober.policies)
+        for act in step.actions:
+            await actions.run(ctx, act, spec_provider_name=spec.provider, provider=None, desired=None,
+                              progress_interval=self.timings.progress_interval)
+        assert step.end is not None
+        return await self._end(ctx, step.end)
 
     # --- deletion ------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from egress_kvm.controller.memory import KeyState
-from egress_kvm.controller.outcome import Result, Retry, Trouble
+from egress_kvm.controller.outcome import Fail, Result, Retry, Trouble
 from egress_kvm.controller.planner import (
     Act,
     Create,
@@ -32,11 +32,13 @@ from egress_kvm.controller.planner import (
     Watch,
     WriteStatus,
     learn,
+    plan_external,
     plan_managed,
 )
 from egress_kvm.controller.proxyspec import HealthCheck, ProxySpec
 from egress_kvm.controller.status import Ref
 from egress_kvm.controller.verdict import Health, ProbeKey, ProbeTarget
+from egress_kvm.policy.policies import EgressPolicies
 from egress_kvm.providers.base import (
     HostUnreachable,
     Instance,
@@ -45,6 +47,7 @@ from egress_kvm.providers.base import (
     QuotaError,
     TransientError,
 )
+from tests.fakes import LOOPBACK_EGRESS
 
 KEY = ("ns", "px")
 OWN, REPL = ProbeKey(KEY), ProbeKey(KEY, replacement=True)
@@ -277,3 +280,23 @@ def test_a_replacement_settles_in_bounded_rounds() -> None:
     assert step.end == Result()
     assert ("Create", "proxy-new", "proxy-old") in done and ("Delete", "proxy-old") not in done
     assert done[-2:] == [("Status", "Ready", "10.0.0.1", "proxy-new", "proxy-old"), ("Remember", None, 0)]
+
+
+EXTERNAL = replace(SPEC, mode="External", external_host="127.0.0.1", external_port=3128)
+
+
+@pytest.mark.parametrize(("policies", "actions", "failed"), [
+    # the default policy refuses loopback: a verdict on the spec, after what Managed left behind went
+    (EgressPolicies.from_config(), [("Delete", "proxy-old"), U_REPL], True),
+    (EgressPolicies.from_config(LOOPBACK_EGRESS),
+     [("Delete", "proxy-old"), U_REPL, ("Watch", "ns/px", "127.0.0.1"),
+      ("Status", "Running", "127.0.0.1", None, None)], False),
+])
+def test_plan_external(policies: EgressPolicies, actions: list[tuple[Any, ...]], failed: bool) -> None:
+    o = replace(observed(instance=OLD, desired=None), spec=EXTERNAL)
+    step = plan_external(o, policies)
+    assert table(step) == actions
+    if failed:
+        assert isinstance(step.end, Fail) and step.end.message.startswith("spec.external.address")
+    else:
+        assert step.end == Result()
