@@ -77,10 +77,14 @@ class Controller:
     def on_event(self, kind: str, obj: Obj) -> None:
         key = key_of(obj)
         if kind == "DELETED":
+            metrics.forget_proxy(*key)
             self.reconciler.forget(key)
             self.queue.drop(key)
             self._seen.pop(key, None)
             return
+        # The per-Proxy gauge mirrors status as stored (our writes come back as MODIFIED), so it is right
+        # from the first list after a restart too, also for a Failed Proxy that is not reconciled again.
+        metrics.set_proxy_conditions(*key, (obj.get("status") or {}).get("conditions"))
         # Like controller-runtime's GenerationChangedPredicate (plus deletion and finalizers): a MODIFIED
         # that only changed status is almost always our own write, and reconciling it again would cost a
         # provider round trip for nothing. Anything else a status change could matter for is covered by
@@ -110,6 +114,7 @@ class Controller:
         if self._stopping:
             return  # stopped before it ever ran
         self._stopped = asyncio.Event()
+        metrics.init_controller(NAME, workers=self.workers)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._worker(), name=f"reconcile worker {i}")
                        for i in range(self.workers)]
@@ -137,9 +142,12 @@ class Controller:
                 key = await self.queue.get()
             except QueueShutDown:
                 return
+            active = metrics.ACTIVE_WORKERS.labels(NAME)
+            active.inc()
             try:
                 await self._process(key)
             finally:
+                active.dec()
                 self.queue.done(key)
 
     async def _process(self, key: Key) -> None:

@@ -3,6 +3,7 @@
 | error                              | deleting? | outcome                                      | retry     |
 |------------------------------------|-----------|----------------------------------------------|-----------|
 | SpecError / PermanentError         | no        | Failed (until the spec or providers change)  | none      |
+|                                    |           | with a reason naming what cannot work        |           |
 | SpecError / PermanentError         | yes       | DeleteBlocked Warning, phase kept            | quota     |
 | QuotaError                         | either    | QuotaExceeded Warning, phase kept            | quota     |
 | HostUnreachable (a TransientError) | either    | HostReachable=False, phase kept              | transient |
@@ -42,6 +43,30 @@ class Fail:
     """The Proxy cannot work as written: phase Failed, not retried until its inputs change."""
 
     message: str
+    reason: str  # the Ready condition's: what `kubectl get px` shows as REASON
+
+
+# A Failed Proxy's Ready reason names what cannot work, so the REASON column of a plain `kubectl get px`
+# says why (the message, in -o wide, says how). The first matching field prefix of the message wins.
+FAILED_REASONS = (
+    ("spec.provider", "UnknownProvider"),
+    ("spec.placement", "InvalidPlacement"),
+    ("spec.cloudInit", "InvalidCloudInit"),
+    ("spec.external", "InvalidExternalAddress"),
+    ("spec.healthCheck", "InvalidHealthCheck"),
+    ("spec", "InvalidSpec"),
+)
+
+
+def failed_reason(message: str, *, spec_error: bool) -> str:
+    """`InvalidPlacement`, `UnknownProvider`, ... for an error in the spec (its message starts with the
+    field); `ProviderRejected` for a provider's permanent error about an acceptable spec."""
+    if spec_error:
+        for prefix, reason in FAILED_REASONS:
+            if message == prefix or message.startswith((f"{prefix}:", f"{prefix}.")):
+                return reason
+        return "InvalidSpec"
+    return "ProviderRejected"
 
 
 @dataclass(frozen=True)
@@ -59,7 +84,7 @@ def outcome_for(error: Exception, *, deleting: bool) -> Fail | Trouble | None:
     """The table above; None for an error that is not the provider's or the spec's (re-raised)."""
     if isinstance(error, SpecError | PermanentError):
         if not deleting:
-            return Fail(str(error))
+            return Fail(str(error), failed_reason(str(error), spec_error=isinstance(error, SpecError)))
         # Removing the finalizer would leak the VM, so keep trying, slowly, and say so where
         # `kubectl describe` shows it: only a person can clear this (see the message).
         message = (f"deletion blocked: {error}; retrying. If the instance was cleaned up by hand, "

@@ -49,6 +49,7 @@ class WorkQueue(Generic[K]):
         self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._shutting_down = False
+        self._metrics = metrics.QueueMetrics(name)
 
     # --- adding ---------------------------------------------------------------------------------------
 
@@ -56,6 +57,7 @@ class WorkQueue(Generic[K]):
         if self._shutting_down or key in self._dirty:
             return
         self._dirty.add(key)
+        self._metrics.added(key)
         if key in self._processing:
             return  # `done` queues it again
         self._queue.append(key)
@@ -82,7 +84,7 @@ class WorkQueue(Generic[K]):
         counts, backoff = (self._quota_failures, self._quota) if quota else (self._failures, self._transient)
         counts[key] = counts.get(key, 0) + 1
         delay = backoff.delay(counts[key])
-        metrics.QUEUE_RETRIES.labels(self.name).inc()
+        self._metrics.retried()
         self.add_after(key, delay)
         return delay
 
@@ -112,6 +114,7 @@ class WorkQueue(Generic[K]):
                 key = self._queue.popleft()
                 self._dirty.discard(key)
                 self._processing.add(key)
+                self._metrics.taken(key)
                 self._changed()
                 return key
             waiter = asyncio.get_running_loop().create_future()
@@ -127,6 +130,7 @@ class WorkQueue(Generic[K]):
 
     def done(self, key: K) -> None:
         self._processing.discard(key)
+        self._metrics.done(key)
         if key in self._dirty and not self._shutting_down:
             self._queue.append(key)
             self._changed()
@@ -168,4 +172,4 @@ class WorkQueue(Generic[K]):
                 return
 
     def _changed(self) -> None:
-        metrics.QUEUE_DEPTH.labels(self.name).set(len(self._queue))
+        self._metrics.depth(len(self._queue))

@@ -196,7 +196,7 @@ class Reconciler:
         ctx.unwatch_all()
         self.memory[ctx.key].failed = (ctx.generation, ctx.providers_hash)
         ctx.log.info("proxy failed", message=fail.message)
-        status = compose(ctx.status, Verdict(FAILED, fail.message, "Failed",
+        status = compose(ctx.status, Verdict(FAILED, fail.message, fail.reason,
                                              instance=Ref.from_status(ctx.status.get("instance")),
                                              previous=Ref.from_status(ctx.status.get("previousInstance"))),
                          generation=ctx.generation)

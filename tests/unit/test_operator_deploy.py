@@ -95,10 +95,19 @@ def test_rbac_is_least_privilege(rendered: list[dict[str, Any]]) -> None:
     assert binding["subjects"][0]["namespace"] == NS
 
 
-def test_sample_providers_config_is_a_valid_file_not_an_object() -> None:
-    doc = yaml.safe_load((ROOT / "deploy/samples/providers-config.yaml").read_text())
-    assert "kind" not in doc and "apiVersion" not in doc
-    config = parse_providers(doc, source="sample")
+def _sample_providers() -> dict:
+    """The providers file inside the sample ConfigMap (the object the manager mounts)."""
+    cm = yaml.safe_load((ROOT / "deploy/samples/providers_config.yaml").read_text())
+    assert (cm["kind"], cm["metadata"]["name"], cm["metadata"]["namespace"]) == (
+        "ConfigMap", "egress-kvm-providers-config", NS)
+    return yaml.safe_load(cm["data"]["providers.yaml"])
+
+
+def test_sample_providers_config_is_the_managers_configmap() -> None:
+    manager = yaml.safe_load((ROOT / "deploy/manager/providers_config.yaml").read_text())
+    sample = yaml.safe_load((ROOT / "deploy/samples/providers_config.yaml").read_text())
+    assert sample["metadata"] == manager["metadata"] and list(sample["data"]) == list(manager["data"])
+    config = parse_providers(_sample_providers(), source="sample")
     kvm = config.providers[0].kvm
     assert kvm is not None
     assert kvm.ssh_key_file.startswith("/etc/proxy-operator/kvm/")
@@ -107,7 +116,7 @@ def test_sample_providers_config_is_a_valid_file_not_an_object() -> None:
 
 def test_sample_proxy_names_the_sample_provider() -> None:
     proxy = yaml.safe_load((ROOT / "deploy/samples/proxy_kvm.yaml").read_text())
-    providers = yaml.safe_load((ROOT / "deploy/samples/providers-config.yaml").read_text())["providers"]
+    providers = _sample_providers()["providers"]
     assert proxy["kind"] == "Proxy" and proxy["apiVersion"] == "egressproxies.io/v1alpha1"
     entry = next(p for p in providers if p["name"] == proxy["spec"]["provider"])
     assert proxy["spec"]["placement"]["zone"] in [h["name"] for h in entry["kvm"]["hosts"]]
@@ -137,11 +146,16 @@ async def test_kubectl_apply_k_deploy_and_the_sample_proxy_against_the_emulator(
         cm = yaml.safe_load(await asyncio.to_thread(
             run, "-n", NS, "get", "configmap", "egress-kvm-providers-config", "-o", "yaml"))
         assert yaml.safe_load(cm["data"]["providers.yaml"]) == {"providers": []}
-        # The sample passes the CRD's schema as served.
-        out = await asyncio.to_thread(run, "apply", "-f", str(ROOT / "deploy/samples/proxy_kvm.yaml"))
+        # Every sample is a Kubernetes object that passes the server's checks (the Proxy the CRD's schema as
+        # served): the whole folder applies, as kubebuilder's config/samples does.
+        out = await asyncio.to_thread(run, "apply", "-f", str(ROOT / "deploy/samples/"))
         assert "proxy.egressproxies.io/proxy-kvm-sample created" in out
+        assert "configmap/egress-kvm-providers-config configured" in out
+        cm = yaml.safe_load(await asyncio.to_thread(
+            run, "-n", NS, "get", "configmap", "egress-kvm-providers-config", "-o", "yaml"))
+        assert yaml.safe_load(cm["data"]["providers.yaml"]) == _sample_providers()
         table = await asyncio.to_thread(run, "get", "px")
-        assert table.split()[:7] == ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "AGE"]
+        assert table.split()[:8] == ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "REASON", "AGE"]
 
 
 def test_the_egress_networkpolicy_component_renders_and_denies_metadata_and_cluster_ranges(

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from egress_kvm.metrics import IMAGE_BYTES_FETCHED
+from egress_kvm.metrics import IMAGE_BYTES_FETCHED, IMAGE_IMPORTS
 from egress_kvm.policy.connect import EgressDenied, NameNotResolved, TooManyRedirects, open_checked
 from egress_kvm.policy.egress import Policy
 from egress_kvm.policy.phrases import failure_phrase
@@ -106,7 +106,13 @@ class ImageCache:
                 await delete_volume(host, marker)
             if base is not None:
                 await delete_volume(host, base)
-            return await self._fetch(host, pool, image, reason=reason, progress=progress)
+            try:
+                fetched = await self._fetch(host, pool, image, reason=reason, progress=progress)
+            except Exception:
+                IMAGE_IMPORTS.labels(host.name, image.label, "error").inc()
+                raise
+            IMAGE_IMPORTS.labels(host.name, image.label, "success").inc()
+            return fetched
 
     async def _cached(self, host: Host, base: StorageVol, image: ImageSource) -> BaseImage:
         path = await host.call("storage_vol_get_path", lambda lv: lv.storage_vol_get_path(base))

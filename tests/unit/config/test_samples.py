@@ -6,13 +6,14 @@ from pathlib import Path
 
 import yaml
 
-from egress_kvm.config import load_providers_file, parse_providers
+from egress_kvm.config import parse_providers
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_sample_providers_config_validates() -> None:
-    config = load_providers_file(ROOT / "deploy/samples/providers-config.yaml")
+    cm = yaml.safe_load((ROOT / "deploy/samples/providers_config.yaml").read_text())
+    config = parse_providers(yaml.safe_load(cm["data"]["providers.yaml"]))
     kvm = config.providers[0].kvm
     assert kvm is not None and [h.name for h in kvm.hosts] == ["nas1", "nas2"]
 

@@ -73,3 +73,30 @@ async def test_image_bytes_fetched_grow_by_the_image_on_download_and_not_on_a_ca
         assert fetched() == before + len(IMAGE)
     finally:
         await provider.close()
+
+
+def imports(result: str, host: str = "host0", image: str = "debian-12") -> float:
+    return REGISTRY.get_sample_value("egress_kvm_image_imports_total",
+                                     {"host": host, "image": image, "result": result}) or 0.0
+
+
+async def test_image_imports_count_downloads_by_result(image_url: str) -> None:
+    """What the EgressKvmImageImportFailing alert watches: a failing download counts as an error, a
+    successful one as a success, a cache hit as neither."""
+    broken, _ = fake_kvm_provider(images={"debian-12": {"url": image_url + ".missing", "format": "qcow2"}},
+                                  precache=False)
+    ok_before, err_before = imports("success"), imports("error")
+    try:
+        with pytest.raises(Exception, match="HTTP 404"):
+            await broken.create(request("proxy-broken"))
+    finally:
+        await broken.close()
+    assert (imports("success"), imports("error")) == (ok_before, err_before + 1)
+    provider, _ = fake_kvm_provider(images={"debian-12": {"url": image_url, "format": "qcow2"}},
+                                    precache=False)
+    try:
+        await provider.create(request("proxy-one"))
+        await provider.create(request("proxy-two", uid="uid-2"))  # cached: no import
+    finally:
+        await provider.close()
+    assert (imports("success"), imports("error")) == (ok_before + 1, err_before + 1)
