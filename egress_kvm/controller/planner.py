@@ -32,7 +32,7 @@ from .compose import Serving, Verdict, compose, external_verdict, reason_for
 from .memory import KeyState
 from .outcome import Fail, Result, Trouble, outcome_for
 from .plan import NORMAL, WARNING, Action, Event, Plan
-from .proxyspec import ProxySpec
+from .proxyspec import ProxySpec, SpecError
 from .status import COND_HOST, PENDING, PROVISIONING, READY, Ref, remove_condition
 from .verdict import Health, ProbeKey, ProbeTarget, start_seed
 
@@ -413,7 +413,9 @@ def plan_external(o: Observed, policies: EgressPolicies) -> Step:
     assert host is not None and port is not None
     refused = external_refusal(policies, host=host, port=port, auth=bool(o.spec.auth_secret))
     if refused is not None:
-        return b.step(Fail(refused))
+        failed = outcome_for(SpecError(refused), deleting=False)  # a verdict on the spec (outcome.py)
+        assert isinstance(failed, Fail)
+        return b.step(failed)
     target = ProbeTarget(host, port, o.spec.health, o.namespace, o.spec.auth_secret, external=True)
     b.watch(o.own, target)
     status = compose(o.status, external_verdict(b.probes.health(o.own), host=host, target=target),

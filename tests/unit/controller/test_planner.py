@@ -298,5 +298,6 @@ def test_plan_external(policies: EgressPolicies, actions: list[tuple[Any, ...]],
     assert table(step) == actions
     if failed:
         assert isinstance(step.end, Fail) and step.end.message.startswith("spec.external.address")
+        assert step.end.reason == "InvalidExternalAddress"
     else:
         assert step.end == Result()
