@@ -14,11 +14,44 @@ as a report section, so it also shows on failure and with `-rP`.
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
+
+
+class _NeverRetrieved(logging.Handler):
+    """Collects asyncio's "Task exception was never retrieved" (and "Future ...") log lines."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "exception was never retrieved" in message:
+            cause = f": {record.exc_info[1]!r}" if record.exc_info else ""
+            self.lines.append(message.splitlines()[0] + cause)
+
+
+@pytest.fixture(autouse=True)
+def no_unretrieved_task_exceptions() -> Iterator[None]:
+    """Every test fails on a task whose exception nobody retrieved (issue 13 item 9): such an error went
+    unhandled, and asyncio reports it only when the task is collected, far from its cause, at ERROR."""
+    handler = _NeverRetrieved()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(handler)
+    try:
+        yield
+        gc.collect()  # the report comes from the task's finaliser
+    finally:
+        logger.removeHandler(handler)
+    if handler.lines:
+        pytest.fail("task exceptions never retrieved:\n" + "\n".join(handler.lines), pytrace=False)
+
 
 _TRACE = pytest.StashKey[str]()
 TRACE_SECTION = "libvirt call trace"

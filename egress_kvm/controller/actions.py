@@ -8,6 +8,7 @@ import time
 from egress_kvm.providers.base import (
     CreateRequest,
     HostUnreachable,
+    InProgress,
     Instance,
     Provider,
     QuotaError,
@@ -25,6 +26,7 @@ from .planner import (
     Look,
     Looked,
     NoProvider,
+    Outcome,
     Record,
     Remember,
     Start,
@@ -37,7 +39,7 @@ from .status import PROVISIONING
 
 
 async def run(ctx: Context, act: Act, *, spec_provider_name: str, provider: Provider | None,
-              desired: Desired | None, progress_interval: float) -> Looked | QuotaError:
+              desired: Desired | None, progress_interval: float) -> Outcome:
     """Carry out `act`; returns what it observed (None for the acts that observe nothing)."""
     if isinstance(act, Look):
         return await look(ctx, act, spec_provider_name=spec_provider_name, provider=provider)
@@ -76,14 +78,15 @@ async def look(ctx: Context, act: Look, *, spec_provider_name: str, provider: Pr
     if chosen is None:
         return NoProvider()
     try:
-        return await chosen.get(act.ref.name, act.ref.zone)
+        return await chosen.get(act.ref.name, act.ref.zone, owner_uid=ctx.uid)
     except TransientError as e:
         return Unanswered(e, unreachable=isinstance(e, HostUnreachable))
 
 
 async def create(ctx: Context, act: Create, desired: Desired, *,
-                 progress_interval: float) -> Instance | QuotaError:
-    """Create the target; no capacity is an outcome the planner decides about (quota_fallback)."""
+                 progress_interval: float) -> Instance | QuotaError | InProgress:
+    """Create the target; no capacity (quota_fallback) and a background image import are outcomes the
+    planner decides about."""
     target = act.target
     request = CreateRequest(name=desired.name, owner_uid=ctx.proxy["metadata"].get("uid", ""),
                             placement=desired.resolved, user_data=desired.user_data,
@@ -103,7 +106,7 @@ async def create(ctx: Context, act: Create, desired: Desired, *,
 
     try:
         instance = await desired.provider.create(request, progress=progress)
-    except QuotaError as e:
+    except (QuotaError, InProgress) as e:
         return e
     ctx.log.info("instance created", instance=target.name, zone=target.zone)
     ctx.events.extend(act.events)

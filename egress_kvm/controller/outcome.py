@@ -4,10 +4,14 @@
 |------------------------------------|-----------|----------------------------------------------|-----------|
 | SpecError / PermanentError         | no        | Failed (until the spec or providers change)  | none      |
 |                                    |           | with a reason naming what cannot work        |           |
+| NotOwned (a PermanentError)        | no        | Failed (NotOwner), with a Warning            | none      |
 | SpecError / PermanentError         | yes       | DeleteBlocked Warning, phase kept            | quota     |
 | QuotaError                         | either    | QuotaExceeded Warning, phase kept            | quota     |
 | HostUnreachable (a TransientError) | either    | HostReachable=False, phase kept              | transient |
 | other TransientError               | either    | "retrying", phase kept                       | transient |
+
+InProgress (a background image import) is not an error and not in this table: the reconciler answers it
+with Provisioning and the import's progress, and the key is re-queued when the import ends (`wake_on`).
 
 A host that answered with an error is reachable: only HostUnreachable touches the HostReachable
 condition, and nothing here ever recreates an instance.
@@ -15,11 +19,12 @@ condition, and nothing here ever recreates an instance.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from dataclasses import dataclass
 
 from egress_kvm.kube.interfaces import FINALIZER
-from egress_kvm.providers.base import HostUnreachable, PermanentError, QuotaError, TransientError
+from egress_kvm.providers.base import HostUnreachable, NotOwned, PermanentError, QuotaError, TransientError
 
 from .plan import WARNING, Event
 from .proxyspec import SpecError
@@ -36,6 +41,7 @@ class Retry(enum.Enum):
 class Result:
     requeue_after: float | None = None
     retry: Retry | None = None
+    wake_on: asyncio.Future[None] | None = None  # re-queue when this completes (a background import)
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class Fail:
 
     message: str
     reason: str  # the Ready condition's: what `kubectl get px` shows as REASON
+    event: Event | None = None
 
 
 # A Failed Proxy's Ready reason names what cannot work, so the REASON column of a plain `kubectl get px`
@@ -84,6 +91,8 @@ def outcome_for(error: Exception, *, deleting: bool) -> Fail | Trouble | None:
     """The table above; None for an error that is not the provider's or the spec's (re-raised)."""
     if isinstance(error, SpecError | PermanentError):
         if not deleting:
+            if isinstance(error, NotOwned):
+                return Fail(str(error), "NotOwner", Event(WARNING, "NotOwner", str(error)))
             return Fail(str(error), failed_reason(str(error), spec_error=isinstance(error, SpecError)))
         # Removing the finalizer would leak the VM, so keep trying, slowly, and say so where
         # `kubectl describe` shows it: only a person can clear this (see the message).

@@ -19,13 +19,14 @@ reads the verdicts as they will be after those actions (`Probes`, mirroring `Pro
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from egress_kvm.kube.interfaces import Key, Obj
 from egress_kvm.policy.external import external_refusal
 from egress_kvm.policy.policies import EgressPolicies
-from egress_kvm.providers.base import Instance, PowerState, QuotaError, TransientError
+from egress_kvm.providers.base import InProgress, Instance, PowerState, QuotaError, TransientError
 
 from . import plan as rules
 from .compose import Serving, Verdict, compose, external_verdict, reason_for
@@ -44,6 +45,7 @@ class Timings:
     poll: float = 5.0  # look again at an instance that is starting or has no IP yet
     pending_retry: float = 30.0  # look again for something outside (a missing Secret)
     progress_interval: float = 2.0  # at most one status write per this many seconds for create progress
+    import_poll: float = 10.0  # while a background import runs: refresh its progress in status
     restart_backoff_max: float = 300.0  # a VM that keeps stopping is started again at most this often
     # A VM running without an IP is looked at every `poll` this many times, then on a growing delay up
     # to ip_wait_max: a guest whose network never comes up must not cost a provider call every poll.
@@ -119,6 +121,7 @@ class Observed:
     memory: KeyState = field(default_factory=KeyState)
     created: bool = False  # this pass created the target
     quota: QuotaError | None = field(default=None, compare=False)  # the last create found no capacity
+    importing: InProgress | None = field(default=None, compare=False)  # the last create waits on an import
     namespace: str = ""
 
     @property
@@ -203,10 +206,23 @@ class Unreachable:
 
 
 @dataclass(frozen=True)
+class Importing:
+    """The create waits on a background image import (InProgress): Provisioning with its progress, looked
+    at again when `wake` completes. Not an error: no backoff, no Event."""
+
+    message: str
+    wake: asyncio.Future[None] | None = field(default=None, compare=False)
+
+
+Planned = Trouble | Fail | Importing  # ends a pass as if an act had raised it (the reconciler's _planned)
+End = Result | Planned | Unreachable
+
+
+@dataclass(frozen=True)
 class Step:
     actions: tuple[Act, ...] = ()
     # What the pass ends in once the actions ran; None: re-plan with what they observed.
-    end: Result | Trouble | Fail | Unreachable | None = None
+    end: End | None = None
 
 
 # --- the planner ------------------------------------------------------------------------------------------
@@ -233,7 +249,7 @@ class _Book:
         backing = Serving(serving, self.probes.health(self.o.own)) if serving is not None else None
         return compose(self.o.status, verdict, generation=self.o.generation, serving=backing)
 
-    def step(self, end: Result | Trouble | Fail | Unreachable | None = None) -> Step:
+    def step(self, end: End | None = None) -> Step:
         return Step(tuple(self.actions), end)
 
 
@@ -354,6 +370,8 @@ def _create(b: _Book, plan: Plan, *, target: Ref, previous: Ref | None, serving:
                           previous=previous)
         b.actions.append(WriteStatus(b.say(verdict, serving)))
         return b.step(Result(requeue_after=t.pending_retry))
+    if o.importing is not None:
+        return b.step(Importing(str(o.importing), o.importing.wake))
     if o.quota is not None:
         if previous is None or not rules.quota_fallback(previous=previous, target=target):
             return b.step(_trouble(o.quota))
@@ -368,10 +386,11 @@ def _create(b: _Book, plan: Plan, *, target: Ref, previous: Ref | None, serving:
         return b.step()
     b.unwatch(probe_key)
     # Record the name first: from here on, deletion and GC know this instance may exist. A retry after
-    # no capacity finds it recorded already: status keeps saying why it waits.
+    # no capacity, or one waiting on an image import, finds it recorded already: status keeps saying why
+    # it waits.
     trouble = o.memory.trouble
-    if not (trouble is not None and trouble[0] == "QuotaExceeded" and
-            Ref.from_status(o.status.get("instance")) == target):
+    waits = (trouble is not None and trouble[0] == "QuotaExceeded") or o.memory.importing
+    if not (waits and Ref.from_status(o.status.get("instance")) == target):
         b.actions.append(WriteStatus(b.say(Verdict(PROVISIONING, plan.message, "Provisioning",
                                                    instance=target, previous=previous), serving)))
     b.actions.append(Create(target, previous, serving, plan.events))
@@ -431,15 +450,21 @@ def _trouble(error: Exception) -> Trouble:
     return outcome
 
 
-def learn(o: Observed, act: Act, outcome: Looked | Instance | QuotaError | None) -> Observed:
-    """`o` with what running `act` observed (a look's instance, a create's instance or QuotaError)."""
+Outcome = Looked | QuotaError | InProgress
+
+
+def learn(o: Observed, act: Act, outcome: Outcome) -> Observed:
+    """`o` with what running `act` observed (a look's instance; a create's instance, QuotaError or
+    InProgress)."""
     if isinstance(act, Look):
-        assert not isinstance(outcome, QuotaError)
+        assert not isinstance(outcome, QuotaError | InProgress)
         return replace(o, seen={**o.seen, act.ref: outcome})
     if isinstance(act, Create):
         if isinstance(outcome, QuotaError):
-            return replace(o, quota=outcome)
+            return replace(o, quota=outcome, importing=None)
+        if isinstance(outcome, InProgress):
+            return replace(o, importing=outcome, quota=None)
         assert isinstance(outcome, Instance)
-        return replace(o, seen={**o.seen, act.target: outcome}, created=True, quota=None)
+        return replace(o, seen={**o.seen, act.target: outcome}, created=True, quota=None, importing=None)
     return o
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, ProxyGone, SpecChanged
 from egress_kvm.log import Logger, get_logger
-from egress_kvm.providers.base import Provider
+from egress_kvm.providers.base import InProgress, Provider
 
 from . import actions
 from .compose import Verdict, compose, providers_tag
@@ -23,7 +23,10 @@ from .memory import Memory
 from .outcome import Fail, Result, Retry, Trouble, outcome_for
 from .planner import (
     MAX_ROUNDS,
+    End,
+    Importing,
     Observed,
+    Planned,
     Probe,
     Probes,
     Timings,
@@ -90,22 +93,23 @@ class Reconciler:
                 raise  # deleted and recreated under the same name: a new object, reconciled afresh
             self.forget(key)
             return Result()
+        except InProgress as e:  # not from a create (that one is planned): answered the same way
+            return await self._in_progress(ctx, Importing(str(e), e.wake))
         except Exception as e:
             outcome = outcome_for(e, deleting=bool(ctx.proxy["metadata"].get("deletionTimestamp")))
             if outcome is None:
                 raise
             return await (self._fail(ctx, outcome) if isinstance(outcome, Fail) else
                           self._trouble(ctx, outcome))
-        if isinstance(result, Fail):  # planned (an External endpoint the policy refuses): as if raised
-            return await self._fail(ctx, result)
-        if isinstance(result, Trouble):  # planned (a create found no capacity): as if raised
-            return await self._trouble(ctx, result)
+        if not isinstance(result, Result):  # planned: as if an act had raised it
+            return await self._planned(ctx, result)
         state = self.memory.get(key)
         if state is not None:
             state.trouble = None  # it got through: a trouble seen again later is news
+            state.importing = False
         return result
 
-    async def _reconcile(self, ctx: Context) -> Result | Trouble | Fail:
+    async def _reconcile(self, ctx: Context) -> Result | Planned:
         meta = ctx.proxy["metadata"]
         if meta.get("deletionTimestamp"):
             return await self._finalize(ctx)
@@ -127,7 +131,7 @@ class Reconciler:
 
     # --- Managed: observe, plan, act -----------------------------------------------------------------
 
-    async def _managed(self, ctx: Context, spec: ProxySpec) -> Result | Trouble | Fail:
+    async def _managed(self, ctx: Context, spec: ProxySpec) -> Result | Planned:
         """Gather the inputs, then plan and act in rounds (planner.py) until the plan says how it ends."""
         provider = provider_for(spec, ctx.providers)
         desired: Desired | None = None
@@ -164,7 +168,7 @@ class Reconciler:
                 by_key[probe_key] = Probe(target, self.prober.health(probe_key))
         return Probes(by_key)
 
-    async def _end(self, ctx: Context, end: Result | Trouble | Fail | Unreachable) -> Result | Trouble | Fail:
+    async def _end(self, ctx: Context, end: End) -> Result | Planned:
         if isinstance(end, Unreachable):
             # The host did not answer: say so, keep everything as it is; never recreate on this.
             await ctx.write(ctx.held(message=end.message, reason="HostUnreachable", unreachable=end.error))
@@ -173,7 +177,7 @@ class Reconciler:
 
     # --- External ------------------------------------------------------------------------------------
 
-    async def _external(self, ctx: Context, spec: ProxySpec) -> Result | Trouble | Fail:
+    async def _external(self, ctx: Context, spec: ProxySpec) -> Result | Planned:
         obs = Observed(key=ctx.key, spec=spec, status=ctx.status, generation=ctx.generation, desired=None,
                        namespace=ctx.namespace, probes=self._probes(ctx.key))
         step = plan_external(obs, self.prober.policies)
@@ -192,8 +196,30 @@ class Reconciler:
         return Result()
     # --- outcomes that are not a plan ----------------------------------------------------------------
 
+    async def _planned(self, ctx: Context, end: Planned) -> Result:
+        if isinstance(end, Fail):  # an External endpoint the policy refuses
+            return await self._fail(ctx, end)
+        if isinstance(end, Trouble):  # a create found no capacity
+            return await self._trouble(ctx, end)
+        return await self._in_progress(ctx, end)  # a create waits on a background image import
+
+    async def _in_progress(self, ctx: Context, importing: Importing) -> Result:
+        """The provider works on it in the background (an image import): say how far it got, look again
+        when it is done (and every `import_poll` meanwhile, for progress); no backoff, no Event."""
+        state = self.memory[ctx.key]
+        state.trouble = None
+        state.importing = True
+        try:
+            await ctx.write(ctx.held(message=importing.message, reason="Provisioning"))
+        except ProxyGone:
+            self.forget(ctx.key)
+            return Result()
+        return Result(requeue_after=self.timings.import_poll, wake_on=importing.wake)
+
     async def _fail(self, ctx: Context, fail: Fail) -> Result:
         ctx.unwatch_all()
+        if fail.event is not None:
+            ctx.events.append(fail.event)
         self.memory[ctx.key].failed = (ctx.generation, ctx.providers_hash)
         ctx.log.info("proxy failed", message=fail.message)
         status = compose(ctx.status, Verdict(FAILED, fail.message, fail.reason,

@@ -550,6 +550,14 @@ class FakeLibvirtClient:
                     vol.format = "qcow2"
         await self._call("storage_pool_refresh", (pool, flags), fn)
 
+    async def storage_pool_list_all_volumes(self, pool: t.StoragePool, need_results: int = 1,
+                                            flags: int = 0) -> t.StoragePoolListAllVolumesRet:
+        def fn() -> t.StoragePoolListAllVolumesRet:
+            self.hyp.check_pool(pool)
+            vols = tuple(self.hyp.vol_handle(v) for v in self.hyp.volumes.values())
+            return t.StoragePoolListAllVolumesRet(vols=vols, ret=len(vols))
+        return await self._call("storage_pool_list_all_volumes", (pool, need_results, flags), fn)
+
     async def storage_vol_lookup_by_name(self, pool: t.StoragePool, name: str) -> t.StorageVol:
         def fn() -> t.StorageVol:
             self.hyp.check_pool(pool)

@@ -282,7 +282,7 @@ async def test_a_host_that_answers_with_an_error_is_not_reported_unreachable(
     await eventually(lambda: phase(kube) == "Ready")
     real_get = provider.get
 
-    async def busy(name: str, zone: str):  # type: ignore[no-untyped-def]
+    async def busy(name: str, zone: str, *, owner_uid: str | None = None):  # type: ignore[no-untyped-def]
         provider.calls.append(("get", name))
         raise TransientError(f"host {zone!r}: lookup {name!r} failed: cannot acquire state change lock")
 

@@ -16,6 +16,7 @@ from egress_kvm.controller.planner import (
     Create,
     Delete,
     HandOver,
+    Importing,
     Look,
     Looked,
     Observed,
@@ -41,6 +42,7 @@ from egress_kvm.controller.verdict import Health, ProbeKey, ProbeTarget
 from egress_kvm.policy.policies import EgressPolicies
 from egress_kvm.providers.base import (
     HostUnreachable,
+    InProgress,
     Instance,
     Placement,
     PowerState,
@@ -149,6 +151,12 @@ ROWS: list[tuple[str, Observed, list[tuple[Any, ...]], object]] = [
      observed(instance=NEW, previous=OLD, seen={NEW: None, OLD: vm(OLD)}, quota=QuotaError("no memory")),
      [("Watch", "ns/px", "10.0.0.1"), ("Delete", "proxy-old"), ("Record", "ReplacingWithoutOverlap"),
       ("Status", "Provisioning", None, "proxy-new", None), ("Create", "proxy-new", None)], None),
+    ("the create waits on a background image import: Provisioning with its progress, no backoff",
+     observed(instance=NEW, seen={NEW: None}, importing=InProgress("waiting for image debian: 10%")),
+     [U_REPL], Importing("waiting for image debian: 10%")),
+    ("a retry while the image imports does not rewrite 'creating'",
+     observed(instance=NEW, seen={NEW: None}, memory=KeyState(importing=True)),
+     [U_REPL, U_OWN, ("Create", "proxy-new", None)], None),
     ("no capacity on another host: keep the serving one, back off slowly",
      observed(instance=NEW2, previous=OLD, desired=NEW2, seen={NEW2: None, OLD: vm(OLD)},
               quota=QuotaError("no memory")),
@@ -252,6 +260,7 @@ def test_learn_feeds_a_look_and_a_create_back() -> None:
     assert o.seen == {NEW: None}
     create = Create(NEW, None, None, ())
     assert learn(o, create, QuotaError("full")).quota is not None
+    assert learn(o, create, InProgress("importing")).importing is not None
     made = learn(o, create, vm(NEW))
     assert (made.created, made.quota, made.seen[NEW]) == (True, None, vm(NEW))
 
