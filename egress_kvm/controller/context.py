@@ -20,9 +20,8 @@ from .desired import provider_for_ref
 from .health import Prober
 from .memory import Memory
 from .plan import NORMAL, WARNING, Event, transition_events
-from .proxyspec import EXTERNAL, SpecError, parse_spec
-from .status import READY, RUNNING, Ref
-from .verdict import Health, ProbeKey, ProbeTarget, start_seed
+from .status import Ref
+from .verdict import ProbeKey, ProbeTarget
 
 
 @dataclass
@@ -60,33 +59,9 @@ class Context:
 
     # --- probes --------------------------------------------------------------------------------------
 
-    def watch(self, key: ProbeKey, target: ProbeTarget) -> None:
-        """Probe `target`, from the verdict `start_seed` says (the External and held paths; a Managed
-        pass says its watches in its plan)."""
-        probed = self.prober.target(key) is not None
-        seed = start_seed(self.status, target, own=key == self.own, probed=probed)
-        self.prober.watch(key, target, seed=seed)
-
     def unwatch_all(self) -> None:
         self.prober.unwatch(ProbeKey(self.key))
         self.prober.unwatch(ProbeKey(self.key, replacement=True))
-
-    def _probe_stored(self) -> Health | None:
-        """Nothing observed (the host did not answer) and this process is not probing yet (a restart):
-        probe the endpoint status names, which the VM serves without its host's help, seeded with the
-        recorded verdict. Without it a stale Ready would stand with no probe behind it."""
-        ip = self.status.get("ip")
-        try:
-            spec = parse_spec(self.proxy.get("spec"))
-        except SpecError:
-            return None
-        if not ip or spec.mode == EXTERNAL:
-            return None
-        target = ProbeTarget(str(ip), spec.port, spec.health, self.namespace, spec.auth_secret)
-        if self.status.get("endpoint") != target.endpoint:
-            return None
-        self.watch(self.own, target)
-        return self.prober.health(self.own)
 
     # --- acting --------------------------------------------------------------------------------------
 
@@ -111,8 +86,6 @@ class Context:
     def held(self, *, message: str, reason: str, unreachable: str | None = None) -> Obj:
         """The status as it is with a new message (nothing observed): see compose.held."""
         health = self.prober.health(self.own)
-        if health is None and self.status.get("phase") in (RUNNING, READY):
-            health = self._probe_stored()
         return held(self.status, message=message, reason=reason, generation=self.generation, health=health,
                     unreachable=unreachable)
 

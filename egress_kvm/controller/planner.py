@@ -33,8 +33,8 @@ from .compose import Serving, Verdict, compose, external_verdict, reason_for
 from .memory import KeyState
 from .outcome import Fail, Result, Trouble, outcome_for
 from .plan import NORMAL, WARNING, Action, Event, Plan
-from .proxyspec import ProxySpec, SpecError
-from .status import COND_HOST, PENDING, PROVISIONING, READY, Ref, remove_condition
+from .proxyspec import EXTERNAL, ProxySpec, SpecError, parse_spec
+from .status import COND_HOST, PENDING, PROVISIONING, READY, RUNNING, Ref, remove_condition
 from .verdict import Health, ProbeKey, ProbeTarget, start_seed
 
 MAX_ROUNDS = 8  # look, replace, look, create, create again (quota fallback), settle: 6 in the worst case
@@ -442,6 +442,26 @@ def plan_external(o: Observed, policies: EgressPolicies) -> Step:
     remove_condition(status, COND_HOST)  # no host of ours is involved
     b.actions.append(WriteStatus(status))
     return b.step(Result())
+
+
+def stored_probe(status: Obj, spec: object, *, key: Key, namespace: str, probes: Probes) -> Watch | None:
+    """A pass that observed nothing (a retried error, the host did not answer, an import runs) while this
+    process is not probing yet (a restart): probe the endpoint status names, which the VM serves without
+    its host's help, from the recorded verdict. Without it a stale Ready would stand with no probe."""
+    own = ProbeKey(key)
+    if probes.health(own) is not None or status.get("phase") not in (RUNNING, READY):
+        return None
+    try:
+        parsed = parse_spec(spec)
+    except SpecError:
+        return None
+    ip = status.get("ip")
+    if not ip or parsed.mode == EXTERNAL:
+        return None
+    target = ProbeTarget(str(ip), parsed.port, parsed.health, namespace, parsed.auth_secret)
+    if status.get("endpoint") != target.endpoint:
+        return None
+    return Watch(own, target, start_seed(status, target, own=True, probed=probes.target(own) is not None))
 
 
 def _trouble(error: Exception) -> Trouble:

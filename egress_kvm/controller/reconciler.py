@@ -34,6 +34,7 @@ from .planner import (
     learn,
     plan_external,
     plan_managed,
+    stored_probe,
 )
 from .proxyspec import EXTERNAL, ProxySpec, parse_spec
 from .status import FAILED, Ref, get_condition
@@ -171,7 +172,7 @@ class Reconciler:
     async def _end(self, ctx: Context, end: End) -> Result | Planned:
         if isinstance(end, Unreachable):
             # The host did not answer: say so, keep everything as it is; never recreate on this.
-            await ctx.write(ctx.held(message=end.message, reason="HostUnreachable", unreachable=end.error))
+            await self._hold(ctx, message=end.message, reason="HostUnreachable", unreachable=end.error)
             return Result(retry=Retry.TRANSIENT)
         return end  # a Trouble or a Fail: as if an act had raised it (_outcome)
 
@@ -210,11 +211,21 @@ class Reconciler:
         state.trouble = None
         state.importing = True
         try:
-            await ctx.write(ctx.held(message=importing.message, reason="Provisioning"))
+            await self._hold(ctx, message=importing.message, reason="Provisioning")
         except ProxyGone:
             self.forget(ctx.key)
             return Result()
         return Result(requeue_after=self.timings.import_poll, wake_on=importing.wake)
+
+    async def _hold(self, ctx: Context, *, message: str, reason: str, unreachable: str | None = None) -> None:
+        """Nothing observed: the status as it is with `message` (compose.held), the stored endpoint
+        probed first if this process is not probing it yet (planner.stored_probe)."""
+        watch = stored_probe(ctx.status, ctx.proxy.get("spec"), key=ctx.key, namespace=ctx.namespace,
+                             probes=self._probes(ctx.key))
+        if watch is not None:
+            await actions.run(ctx, watch, spec_provider_name="", provider=None, desired=None,
+                              progress_interval=self.timings.progress_interval)
+        await ctx.write(ctx.held(message=message, reason=reason, unreachable=unreachable))
 
     async def _fail(self, ctx: Context, fail: Fail) -> Result:
         ctx.unwatch_all()
@@ -238,8 +249,8 @@ class Reconciler:
             ctx.events.append(trouble.event)
         state.trouble = (trouble.reason, trouble.message)
         try:
-            await ctx.write(ctx.held(message=trouble.message, reason=trouble.reason,
-                                              unreachable=trouble.message if trouble.unreachable else None))
+            await self._hold(ctx, message=trouble.message, reason=trouble.reason,
+                             unreachable=trouble.message if trouble.unreachable else None)
         except ProxyGone:
             self.forget(ctx.key)
             return Result()

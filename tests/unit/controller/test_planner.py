@@ -35,6 +35,7 @@ from egress_kvm.controller.planner import (
     learn,
     plan_external,
     plan_managed,
+    stored_probe,
 )
 from egress_kvm.controller.proxyspec import HealthCheck, ProxySpec
 from egress_kvm.controller.status import Ref
@@ -310,3 +311,25 @@ def test_plan_external(policies: EgressPolicies, actions: list[tuple[Any, ...]],
         assert step.end.reason == "InvalidExternalAddress"
     else:
         assert step.end == Result()
+
+
+READY_STATUS = {"phase": "Ready", "healthy": True, "ip": "10.0.0.1", "endpoint": "http://10.0.0.1:3128"}
+SPEC_OBJ = {"provider": "kvm", "port": 3128, "placement": {"zone": "nas1", "machineType": "small",
+                                                           "image": "debian"}}
+
+
+@pytest.mark.parametrize(("status", "probes", "watched"), [
+    (READY_STATUS, {}, True),  # a restart while the host is down: the recorded Ready is probed, seeded
+    (READY_STATUS, {OWN: probe("10.0.0.1")}, False),  # already probing
+    ({**READY_STATUS, "phase": "Provisioning"}, {}, False),  # nothing served yet
+    ({**READY_STATUS, "endpoint": "http://10.0.0.2:3128"}, {}, False),  # status names another endpoint
+])
+def test_a_pass_that_observed_nothing_probes_the_stored_endpoint(status: dict[str, Any],
+                                                                  probes: dict[ProbeKey, Probe],
+                                                                  watched: bool) -> None:
+    got = stored_probe(status, SPEC_OBJ, key=KEY, namespace="ns", probes=Probes(probes))
+    if watched:
+        assert got is not None and got.key == OWN and got.target.endpoint == "http://10.0.0.1:3128"
+        assert got.seed is not None and got.seed.healthy
+    else:
+        assert got is None
