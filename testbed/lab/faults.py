@@ -77,7 +77,8 @@ def user_outside_libvirt_group(info: LabInfo) -> Iterator[str]:
     """An SSH user the lab's key logs in as, who is NOT in `libvirt` (so libvirt's socket is shut to it).
     Accounts are machine-wide, so the name carries the lab index; the account is removed afterwards."""
     name = f"virtnolv{info.index}"
-    lab = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=info.state_dir)
+    lab = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=info.state_dir,
+                         simulated=info.simulated)
     with contextlib.suppress(KeyError):
         pwd.getpwnam(name)
         run(["userdel", "-r", name], check=False)  # an earlier run's
