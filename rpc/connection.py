@@ -436,7 +436,8 @@ class Connection:
             self._subs[callback_id] = sub
 
         try:
-            return await self.call(PROC_REGISTER_ANY, (0, dom), timeout=timeout, on_reply=install)
+            callback_id: int = await self.call(PROC_REGISTER_ANY, (0, dom), timeout=timeout, on_reply=install)
+            return callback_id
         except BaseException:
             # Abandoned after the reply was read: the protocol already queued the deregistration.
             for callback_id in installed:

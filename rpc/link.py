@@ -324,7 +324,7 @@ class Link(BaseLink):
 
     async def read(self, n: int) -> bytes:
         """One read, outside a receiver (tests drive the pair by hand with it)."""
-        data = await self._reader.read(n)
+        data: bytes = await self._reader.read(n)
         self._got_data()
         return data
 

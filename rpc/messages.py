@@ -98,7 +98,7 @@ Incoming = (
 def decode_remote_error(payload: bytes) -> RemoteError:
     r = Reader(payload, what="remote_error")
     try:
-        err = REMOTE_ERROR.unpack(r)
+        err: RemoteError = REMOTE_ERROR.unpack(r)
     except EOFError:
         raise ProtocolError("remote_error: truncated") from None
     r.finish()

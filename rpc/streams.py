@@ -2,7 +2,7 @@
 
 The protocol (protocol.ClientProtocol) keeps each stream's state; the functions here run on the
 caller's side, through the small StreamHost interface the connection offers. The rules they follow
-(libvirt-rpc.md, "Streams"): an upload is not acknowledged chunk by chunk, and a server failure
+(docs/rpc.md, "Streams"): an upload is not acknowledged chunk by chunk, and a server failure
 arrives unasked as STREAM/ERROR, after which the server drops everything we send, the finish included;
 so every wait here also watches for that error, and every wait has a deadline.
 """

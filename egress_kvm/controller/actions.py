@@ -1,22 +1,93 @@
-"""The provider-facing acts of a Managed reconcile: create (with the quota fallback), start, and the
-hand-over once a replacement is Ready. Each carries out what a rule in plan.py decided."""
+"""Running the actions planner.py returns, one at a time, each as written: nothing here decides. An action
+whose outcome the planner needs (a look, a create) returns it, for the next round's observation."""
 
 from __future__ import annotations
 
 import time
 
-from egress_kvm.providers.base import CreateRequest, Instance, Provider, QuotaError
+from egress_kvm.providers.base import (
+    CreateRequest,
+    HostUnreachable,
+    InProgress,
+    Instance,
+    Provider,
+    QuotaError,
+    TransientError,
+)
 
 from .compose import Verdict
 from .context import Context
-from .desired import Desired
-from .plan import NORMAL, WARNING, Event, Plan, quota_fallback, restart_announced
-from .status import PROVISIONING, Ref
+from .desired import Desired, provider_for_ref
+from .planner import (
+    Act,
+    Create,
+    Delete,
+    HandOver,
+    Look,
+    Looked,
+    NoProvider,
+    Outcome,
+    Record,
+    Remember,
+    Start,
+    Unanswered,
+    Unwatch,
+    Watch,
+    WriteStatus,
+)
+from .status import PROVISIONING
 
 
-async def create(ctx: Context, desired: Desired, *, target: Ref, previous: Ref | None,
-                 progress_interval: float) -> tuple[Instance, Ref | None]:
-    """Create `target`; returns the instance and what is left of `previous` (None if it had to go)."""
+async def run(ctx: Context, act: Act, *, spec_provider_name: str, provider: Provider | None,
+              desired: Desired | None, progress_interval: float) -> Outcome:
+    """Carry out `act`; returns what it observed (None for the acts that observe nothing)."""
+    if isinstance(act, Look):
+        return await look(ctx, act, spec_provider_name=spec_provider_name, provider=provider)
+    if isinstance(act, Create):
+        assert desired is not None and desired.name == act.target.name
+        return await create(ctx, act, desired, progress_interval=progress_interval)
+    if isinstance(act, Start):
+        assert provider is not None
+        await provider.start(act.target.name, act.target.zone)
+        ctx.log.info("instance started", instance=act.target.name, zone=act.target.zone,
+                     startsInARow=ctx.memory[ctx.key].restarts + 1)
+    elif isinstance(act, Delete):
+        await ctx.delete(spec_provider_name, act.ref)
+    elif isinstance(act, Watch):
+        ctx.prober.watch(act.key, act.target, seed=act.seed)
+    elif isinstance(act, Unwatch):
+        ctx.prober.unwatch(act.key)
+    elif isinstance(act, HandOver):
+        target, verdict = ctx.prober.target(act.source), ctx.prober.health(act.source)
+        ctx.prober.unwatch(act.source)
+        if target is not None:
+            ctx.prober.watch(act.dest, target, seed=verdict)
+    elif isinstance(act, Record):
+        ctx.events.append(act.event)
+    elif isinstance(act, WriteStatus):
+        await ctx.write(act.status)
+    elif isinstance(act, Remember):
+        state = ctx.memory[ctx.key]
+        state.restarts = state.restarts if act.restarts is None else act.restarts
+        state.ip_waits = state.ip_waits if act.ip_waits is None else act.ip_waits
+    return None
+
+
+async def look(ctx: Context, act: Look, *, spec_provider_name: str, provider: Provider | None) -> Looked:
+    chosen = provider if act.spec_provider else provider_for_ref(ctx.providers, spec_provider_name, act.ref)
+    if chosen is None:
+        return NoProvider()
+    try:
+        return await chosen.get(act.ref.name, act.ref.zone, owner_uid=ctx.uid)
+    except TransientError as e:
+        return Unanswered(e, unreachable=isinstance(e, HostUnreachable))
+
+
+async def create(ctx: Context, act: Create, desired: Desired, *,
+                 progress_interval: float) -> Instance | QuotaError | InProgress:
+    """Create the target; no capacity (quota_fallback) and a background image import are outcomes the
+    planner decides about."""
+    target = act.target
     request = CreateRequest(name=desired.name, owner_uid=ctx.proxy["metadata"].get("uid", ""),
                             placement=desired.resolved, user_data=desired.user_data,
                             owner_namespace=ctx.namespace, owner_name=ctx.key[1])
@@ -29,51 +100,15 @@ async def create(ctx: Context, desired: Desired, *, target: Ref, previous: Ref |
         last = time.monotonic()
         try:
             await ctx.say(Verdict(PROVISIONING, f"creating instance {target.name}: {message}", "Provisioning",
-                                  instance=target, previous=previous))
+                                  instance=target, previous=act.previous), serving=act.serving)
         except Exception as e:  # progress is cosmetic: never let it fail the create
             ctx.log.v(1).info("progress status not written", error=str(e))
 
     try:
-        return await desired.provider.create(request, progress=progress), previous
-    except QuotaError as e:
-        if previous is None or not quota_fallback(previous=previous, target=target):
-            raise
-        # No room for both on this host: give up create-before-delete for this one replacement.
-        await ctx.delete(target.provider, previous)
-        gone, previous = previous, None  # progress() reads `previous`: it must not bring it back
-        ctx.serving = None
-        ctx.events.append(Event(WARNING, "ReplacingWithoutOverlap",
-                                f"no capacity for {target.name} next to {gone.name} ({e}); deleted "
-                                f"{gone.name} first"))
-        await ctx.say(Verdict(PROVISIONING, f"deleted {gone.name} to make room; creating {target.name}",
-                              "Provisioning", instance=target))
-        return await desired.provider.create(request, progress=progress), None
+        instance = await desired.provider.create(request, progress=progress)
+    except (QuotaError, InProgress) as e:
+        return e
+    ctx.log.info("instance created", instance=target.name, zone=target.zone)
+    ctx.events.extend(act.events)
+    return instance
 
-
-async def start(ctx: Context, provider: Provider, plan: Plan, *, target: Ref) -> int:
-    """Start a stopped instance; returns how many times in a row it has been started."""
-    ctx.prober.unwatch(ctx.probe_key)
-    await provider.start(target.name, target.zone)
-    state = ctx.memory[ctx.key]
-    state.restarts += 1
-    ctx.log.info("instance started", instance=target.name, zone=target.zone, message=plan.message,
-                 startsInARow=state.restarts)
-    if restart_announced(state.restarts):
-        suffix = f" (started {state.restarts} times since it was last Ready)" if state.restarts > 1 else ""
-        ctx.events.extend(Event(e.type_, e.reason, e.message + suffix) for e in plan.events)
-    return state.restarts
-
-
-async def hand_over(ctx: Context, *, provider_name: str, target: Ref, previous: Ref) -> None:
-    """The replacement is Ready: the replaced instance goes, and the replacement's probes, verdict and
-    all, take over the Proxy's key. `provider_name`: the spec's (see Context.delete)."""
-    probe_key = ctx.probe_key
-    await ctx.delete(provider_name, previous)
-    ctx.events.append(Event(NORMAL, "Replaced", f"instance {target.name} is Ready; deleted the "
-                                                f"instance it replaced, {previous.name}"))
-    if probe_key != ctx.own:
-        new_target, verdict = ctx.prober.target(probe_key), ctx.prober.health(probe_key)
-        ctx.prober.unwatch(probe_key)
-        if new_target is not None:
-            ctx.prober.watch(ctx.own, new_target, seed=verdict)
-    ctx.serving = None

@@ -20,9 +20,8 @@ from .desired import provider_for_ref
 from .health import Prober
 from .memory import Memory
 from .plan import NORMAL, WARNING, Event, transition_events
-from .proxyspec import EXTERNAL, SpecError, parse_spec
-from .status import READY, RUNNING, Ref
-from .verdict import Health, ProbeKey, ProbeTarget, stored_verdict
+from .status import Ref
+from .verdict import ProbeKey, ProbeTarget
 
 
 @dataclass
@@ -36,7 +35,6 @@ class Context:
     providers: Mapping[str, Provider] = field(default_factory=dict)
     providers_hash: str = ""
     events: list[Event] = field(default_factory=list)  # recorded with the next status write
-    serving: ProbeTarget | None = None  # the replaced instance while it still serves
     generation: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -59,41 +57,11 @@ class Context:
     def own(self) -> ProbeKey:
         return ProbeKey(self.key)
 
-    @property
-    def probe_key(self) -> ProbeKey:
-        """The instance being provisioned is probed under its own key while the replaced one serves."""
-        return ProbeKey(self.key, replacement=self.serving is not None)
-
     # --- probes --------------------------------------------------------------------------------------
-
-    def watch(self, key: ProbeKey, target: ProbeTarget) -> None:
-        """Probe `target`; a probe that starts afresh for the Proxy's own key (this process has not been
-        probing it: a restart, a new leader) takes the verdict status recorded for the same endpoint."""
-        seed = None
-        if key == self.own and self.prober.target(key) is None:
-            seed = stored_verdict(self.status, target)
-        self.prober.watch(key, target, seed=seed)
 
     def unwatch_all(self) -> None:
         self.prober.unwatch(ProbeKey(self.key))
         self.prober.unwatch(ProbeKey(self.key, replacement=True))
-
-    def _probe_stored(self) -> Health | None:
-        """Nothing observed (the host did not answer) and this process is not probing yet (a restart):
-        probe the endpoint status names, which the VM serves without its host's help, seeded with the
-        recorded verdict. Without it a stale Ready would stand with no probe behind it."""
-        ip = self.status.get("ip")
-        try:
-            spec = parse_spec(self.proxy.get("spec"))
-        except SpecError:
-            return None
-        if not ip or spec.mode == EXTERNAL:
-            return None
-        target = ProbeTarget(str(ip), spec.port, spec.health, self.namespace, spec.auth_secret)
-        if self.status.get("endpoint") != target.endpoint:
-            return None
-        self.watch(self.own, target)
-        return self.prober.health(self.own)
 
     # --- acting --------------------------------------------------------------------------------------
 
@@ -118,14 +86,13 @@ class Context:
     def held(self, *, message: str, reason: str, unreachable: str | None = None) -> Obj:
         """The status as it is with a new message (nothing observed): see compose.held."""
         health = self.prober.health(self.own)
-        if health is None and self.status.get("phase") in (RUNNING, READY):
-            health = self._probe_stored()
         return held(self.status, message=message, reason=reason, generation=self.generation, health=health,
                     unreachable=unreachable)
 
-    async def say(self, verdict: Verdict) -> None:
-        serving = Serving(self.serving, self.prober.health(self.own)) if self.serving is not None else None
-        await self.write(compose(self.status, verdict, generation=self.generation, serving=serving))
+    async def say(self, verdict: Verdict, *, serving: ProbeTarget | None = None) -> None:
+        """Write `verdict` composed; `serving`: the replaced instance while it still serves (compose.py)."""
+        backing = Serving(serving, self.prober.health(self.own)) if serving is not None else None
+        await self.write(compose(self.status, verdict, generation=self.generation, serving=backing))
 
     async def write(self, status: Obj) -> None:
         cap_messages(status)

@@ -29,7 +29,7 @@ from egress_kvm.backoff import Backoff
 from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj, ProxyStore, key_of
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.policy.policies import EgressPolicies
-from egress_kvm.providers.base import Provider
+from egress_kvm.providers.base import EvictsImages, Provider, ReportsHostBack
 
 from .gc import Collected, collect_orphans
 from .health import Prober
@@ -64,7 +64,7 @@ class Controller:
         self.resync_period = resync_period
         self.gc_interval = gc_interval
         self.gc_grace_period = gc_grace_period
-        self.queue = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff)
+        self.queue: WorkQueue[Key] = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff)
         self.prober: Prober[ProbeKey] = Prober(
             kube=kube, on_change=self._enqueue_any, time_scale=probe_time_scale,
             on_refresh=self._enqueue_unless_backing_off, logger=self.log.with_name("health"),
@@ -168,7 +168,7 @@ class Controller:
             active = metrics.ACTIVE_WORKERS.labels(NAME)
             active.inc()
             try:
-                await self._process(key)  # type: ignore[arg-type]
+                await self._process(key)
             finally:
                 active.dec()
                 self.queue.done(key)
@@ -230,10 +230,9 @@ class Controller:
             grace_period=self.gc_grace_period, namespace=self.namespace, logger=self.log.with_name("gc"),
             failing=self._gc_failing)
         for name, provider in self.reconciler.providers.items():
-            evict = getattr(provider, "evict_unused_images", None)
-            if evict is not None:
+            if isinstance(provider, EvictsImages):
                 try:
-                    evicted = await evict(grace=self.gc_grace_period)
+                    evicted = await provider.evict_unused_images(grace=self.gc_grace_period)
                 except Exception as e:  # one provider's failure must not end the pass
                     self.log.error(e, "image eviction failed", provider=name)
                     continue
@@ -258,10 +257,9 @@ class Controller:
 
     def _listen_for_hosts(self, providers: Mapping[str, Provider]) -> None:
         for provider in providers.values():
-            subscribe = getattr(provider, "on_host_back", None)
-            if subscribe is not None and id(provider) not in self._listened:
+            if isinstance(provider, ReportsHostBack) and id(provider) not in self._listened:
                 self._listened.add(id(provider))
-                subscribe(self._host_back)
+                provider.on_host_back(self._host_back)
 
     def _host_back(self, provider: str, zone: str) -> None:
         """A host answers again: its Proxies are reconciled now (status, pending deletes), their backoff

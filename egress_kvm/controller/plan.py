@@ -1,11 +1,11 @@
 """A Managed Proxy's decisions as pure functions: the instance's phase table, the replacement rules and
-the retry schedules of guests that never settle. The reconciler observes, calls these, and acts.
+the retry schedules of guests that never settle. planner.py strings them into a pass's actions.
 
 ## The instance
 
 `plan_instance` maps what was observed (the instance as the provider reports it, the probe verdict) to
 the phase, the message and the one action to take. It does no I/O, so the table below is the whole
-story and the tests can walk every row; the reconciler gathers the inputs and carries the plan out.
+story and the tests can walk every row; planner.py turns the plan into actions.
 
 | observed instance                     | action            | phase                         |
 |---------------------------------------|-------------------|-------------------------------|

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Hashable
+from typing import Generic, TypeVar
 
 from egress_kvm import metrics
 from egress_kvm.backoff import Backoff
@@ -29,26 +30,30 @@ class QueueShutDown(Exception):
 TRANSIENT_BACKOFF = Backoff(base=1.0, cap=300.0)
 QUOTA_BACKOFF = Backoff(base=60.0, cap=900.0)
 
+K = TypeVar("K", bound=Hashable)
 
-class WorkQueue:
+
+class WorkQueue(Generic[K]):
+    """Keyed by `K` (the controller's: a Proxy's `Key`)."""
+
     def __init__(self, *, name: str = "proxy", transient: Backoff = TRANSIENT_BACKOFF,
                  quota: Backoff = QUOTA_BACKOFF) -> None:
         self.name = name
         self._transient = transient
         self._quota = quota
-        self._queue: deque[Hashable] = deque()
-        self._dirty: set[Hashable] = set()  # wanted: queued, or to be queued once processing ends
-        self._processing: set[Hashable] = set()
-        self._failures: dict[Hashable, int] = {}
-        self._quota_failures: dict[Hashable, int] = {}
-        self._timers: dict[Hashable, tuple[float, asyncio.TimerHandle]] = {}
+        self._queue: deque[K] = deque()
+        self._dirty: set[K] = set()  # wanted: queued, or to be queued once processing ends
+        self._processing: set[K] = set()
+        self._failures: dict[K, int] = {}
+        self._quota_failures: dict[K, int] = {}
+        self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._shutting_down = False
         self._metrics = metrics.QueueMetrics(name)
 
     # --- adding ---------------------------------------------------------------------------------------
 
-    def add(self, key: Hashable) -> None:
+    def add(self, key: K) -> None:
         if self._shutting_down or key in self._dirty:
             return
         self._dirty.add(key)
@@ -59,7 +64,7 @@ class WorkQueue:
         self._changed()
         self._wake_one()
 
-    def add_after(self, key: Hashable, delay: float) -> None:
+    def add_after(self, key: K, delay: float) -> None:
         if self._shutting_down:
             return
         if delay <= 0:
@@ -74,7 +79,7 @@ class WorkQueue:
             pending[1].cancel()
         self._timers[key] = (due, loop.call_at(due, self._fire, key))
 
-    def add_rate_limited(self, key: Hashable, *, quota: bool = False) -> float:
+    def add_rate_limited(self, key: K, *, quota: bool = False) -> float:
         """Re-add after this key's backoff; returns the delay chosen."""
         counts, backoff = (self._quota_failures, self._quota) if quota else (self._failures, self._transient)
         counts[key] = counts.get(key, 0) + 1
@@ -89,15 +94,15 @@ class WorkQueue:
         self.add_after(key, delay)
         return delay
 
-    def forget(self, key: Hashable) -> None:
+    def forget(self, key: K) -> None:
         """Reset the key's backoff (after a successful reconcile)."""
         self._failures.pop(key, None)
         self._quota_failures.pop(key, None)
 
-    def failures(self, key: Hashable) -> int:
+    def failures(self, key: K) -> int:
         return self._failures.get(key, 0) + self._quota_failures.get(key, 0)
 
-    def drop(self, key: Hashable) -> None:
+    def drop(self, key: K) -> None:
         """Forget everything about a key (its object is gone): backoff, pending delayed add."""
         self.forget(key)
         pending = self._timers.pop(key, None)
@@ -106,7 +111,7 @@ class WorkQueue:
 
     # --- taking -----------------------------------------------------------------------------------------
 
-    async def get(self) -> Hashable:
+    async def get(self) -> K:
         """The next key, marked as processing until `done(key)`."""
         while True:
             if self._shutting_down:
@@ -129,7 +134,7 @@ class WorkQueue:
                     self._waiters.remove(waiter)
                 raise
 
-    def done(self, key: Hashable) -> None:
+    def done(self, key: K) -> None:
         self._processing.discard(key)
         self._metrics.done(key)
         if key in self._dirty and not self._shutting_down:
@@ -142,10 +147,10 @@ class WorkQueue:
     def __len__(self) -> int:
         return len(self._queue)
 
-    def processing(self) -> frozenset[Hashable]:
+    def processing(self) -> frozenset[K]:
         return frozenset(self._processing)
 
-    def pending_delayed(self) -> frozenset[Hashable]:
+    def pending_delayed(self) -> frozenset[K]:
         return frozenset(self._timers)
 
     def shutdown(self) -> None:
@@ -161,7 +166,7 @@ class WorkQueue:
 
     # --- internals --------------------------------------------------------------------------------------
 
-    def _fire(self, key: Hashable) -> None:
+    def _fire(self, key: K) -> None:
         self._timers.pop(key, None)
         self.add(key)
 

@@ -1,52 +1,44 @@
-"""The reconciler: one Proxy key in; observe (the Proxy fresh from the API server, its instances from the
-provider, the probe verdicts, `memory`), decide with the pure rules (`plan`, `outcome`), act, and write
-the status `compose` builds. How it fits the operator is docs/architecture.md; the rules are in plan.py.
+"""The reconciler: one Proxy key in; observe (the Proxy fresh from the API server, its instances, the
+probe verdicts, `memory`), plan (planner.py, pure), act (actions.py), and write what the plan composed.
+How it fits the operator is docs/architecture.md.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import replace
 
 from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, ProxyGone, SpecChanged
 from egress_kvm.log import Logger, get_logger
-from egress_kvm.policy.external import external_refusal
-from egress_kvm.providers.base import (
-    HostUnreachable,
-    InProgress,
-    Instance,
-    PowerState,
-    Provider,
-    TransientError,
-)
+from egress_kvm.providers.base import InProgress, Provider
 
 from . import actions
-from . import plan as rules
-from .compose import Verdict, compose, external_verdict, providers_tag, reason_for
+from .compose import Verdict, compose, providers_tag
 from .context import Context
 from .deletion import finalize
-from .desired import Desired, Waiting, desired_instance, provider_for, provider_for_ref
+from .desired import Desired, Waiting, desired_instance, provider_for
 from .health import Prober
 from .memory import Memory
 from .outcome import Fail, Result, Retry, Trouble, outcome_for
-from .plan import NORMAL, Action, Event, Plan
-from .proxyspec import EXTERNAL, ProxySpec, SpecError, parse_spec
-from .status import COND_HOST, FAILED, PENDING, PROVISIONING, READY, Ref, get_condition, remove_condition
-from .verdict import ProbeKey, ProbeTarget
-
-
-@dataclass(frozen=True)
-class Timings:
-    poll: float = 5.0  # look again at an instance that is starting or has no IP yet
-    pending_retry: float = 30.0  # look again for something outside (a missing Secret)
-    progress_interval: float = 2.0  # at most one status write per this many seconds for create progress
-    import_poll: float = 10.0  # while a background import runs: refresh its progress in status
-    restart_backoff_max: float = 300.0  # a VM that keeps stopping is started again at most this often
-    # A VM running without an IP is looked at every `poll` this many times, then on a growing delay up
-    # to ip_wait_max: a guest whose network never comes up must not cost a provider call every poll.
-    ip_wait_polls: int = 60
-    ip_wait_max: float = 60.0
+from .planner import (
+    MAX_ROUNDS,
+    End,
+    Importing,
+    Observed,
+    Planned,
+    Probe,
+    Probes,
+    Timings,
+    Unreachable,
+    learn,
+    plan_external,
+    plan_managed,
+    stored_probe,
+)
+from .proxyspec import EXTERNAL, ProxySpec, parse_spec
+from .status import FAILED, Ref, get_condition
+from .verdict import ProbeKey
 
 
 class Reconciler:
@@ -102,21 +94,23 @@ class Reconciler:
                 raise  # deleted and recreated under the same name: a new object, reconciled afresh
             self.forget(key)
             return Result()
-        except InProgress as e:
-            return await self._in_progress(ctx, e)
+        except InProgress as e:  # not from a create (that one is planned): answered the same way
+            return await self._in_progress(ctx, Importing(str(e), e.wake))
         except Exception as e:
             outcome = outcome_for(e, deleting=bool(ctx.proxy["metadata"].get("deletionTimestamp")))
             if outcome is None:
                 raise
             return await (self._fail(ctx, outcome) if isinstance(outcome, Fail) else
                           self._trouble(ctx, outcome))
+        if not isinstance(result, Result):  # planned: as if an act had raised it
+            return await self._planned(ctx, result)
         state = self.memory.get(key)
         if state is not None:
             state.trouble = None  # it got through: a trouble seen again later is news
             state.importing = False
         return result
 
-    async def _reconcile(self, ctx: Context) -> Result:
+    async def _reconcile(self, ctx: Context) -> Result | Planned:
         meta = ctx.proxy["metadata"]
         if meta.get("deletionTimestamp"):
             return await self._finalize(ctx)
@@ -138,163 +132,61 @@ class Reconciler:
 
     # --- Managed: observe, plan, act -----------------------------------------------------------------
 
-    async def _managed(self, ctx: Context, spec: ProxySpec) -> Result:
-        current = Ref.from_status(ctx.status.get("instance"))
-        previous = Ref.from_status(ctx.status.get("previousInstance"))
+    async def _managed(self, ctx: Context, spec: ProxySpec) -> Result | Planned:
+        """Gather the inputs, then plan and act in rounds (planner.py) until the plan says how it ends."""
+        provider = provider_for(spec, ctx.providers)
         desired: Desired | None = None
+        waiting: str | None = None
         try:
             desired = await desired_instance(proxy=ctx.proxy, spec=spec, providers=ctx.providers,
                                              kube=self.kube)
         except Waiting as e:
-            if current is None:
-                return await self._pending(ctx, str(e), instance=None, previous=previous)
-            # The instance exists and its user-data is baked in: keep looking after it meanwhile.
-            ctx.log.info("cannot compute the desired instance; keeping the current one", reason=str(e))
-        provider = desired.provider if desired else provider_for(spec, ctx.providers)
-        target = Ref(desired.name, desired.resolved.zone, provider=spec.provider) if desired else current
-        assert target is not None
-        if current is not None and current != target:
-            previous = await self._replace(ctx, spec, current=current, previous=previous, target=target)
-            current = target
-        else:
-            await self._observe_serving(ctx, spec, previous)
-        try:
-            instance = await provider.get(target.name, target.zone, owner_uid=ctx.uid)
-        except HostUnreachable as e:
-            return await self._unreachable(ctx, e, target=target)
-        # While the old instance serves, status.ip is its address, not the new one's.
-        had_ip = current == target and bool(ctx.status.get("ip")) and ctx.serving is None
-        plan = self._plan(ctx, spec, target=target, instance=instance, had_ip=had_ip, previous=previous)
-        delay: float | None = None
-        if plan.action is Action.CREATE:
-            if desired is None:
-                return await self._pending(ctx, f"instance {target.name} is gone and cannot be recreated "
-                                           "until the cloud-init Secret is back (spec.cloudInit.secretRef)",
-                                           instance=target, previous=previous)
-            instance, previous, plan = await self._create(ctx, spec, desired, plan, previous=previous)
-        elif plan.action is Action.START:
-            starts = await actions.start(ctx, provider, plan, target=target)
-            delay = rules.restart_delay(starts, poll=self.timings.poll, cap=self.timings.restart_backoff_max)
-        if not plan.probe:
-            self.prober.unwatch(ctx.probe_key)
-        if plan.delete_previous and previous is not None:
-            await actions.hand_over(ctx, provider_name=spec.provider, target=target, previous=previous)
-            previous = None
-        return await self._settle(ctx, spec, plan, target=target, previous=previous, instance=instance,
-                                  delay=delay)
+            waiting = str(e)
+            if ctx.status.get("instance"):
+                # The instance exists and its user-data is baked in: keep looking after it meanwhile.
+                ctx.log.info("cannot compute the desired instance; keeping the current one", reason=waiting)
+        obs = Observed(key=ctx.key, spec=spec, status=ctx.status, generation=ctx.generation,
+                       namespace=ctx.namespace, waiting=waiting,
+                       desired=Ref(desired.name, desired.resolved.zone, provider=spec.provider)
+                       if desired else None)
+        for _ in range(MAX_ROUNDS):
+            obs = replace(obs, status=ctx.status, probes=self._probes(ctx.key),
+                          memory=replace(self.memory.peek(ctx.key)))
+            step = plan_managed(obs, self.timings)
+            for act in step.actions:
+                obs = learn(obs, act, await actions.run(
+                    ctx, act, spec_provider_name=spec.provider, provider=provider, desired=desired,
+                    progress_interval=self.timings.progress_interval))
+            if step.end is not None:
+                return await self._end(ctx, step.end)
+        raise RuntimeError(f"no plan settled in {MAX_ROUNDS} rounds")  # a planner bug: retried as an error
 
-    def _plan(self, ctx: Context, spec: ProxySpec, *, target: Ref, instance: Instance | None, had_ip: bool,
-              previous: Ref | None) -> Plan:
-        if instance is not None and instance.power_state is PowerState.RUNNING and instance.ip:
-            ctx.watch(ctx.probe_key, ProbeTarget(instance.ip, spec.port, spec.health, ctx.namespace,
-                                                        spec.auth_secret))
-        return rules.plan_instance(target=target, instance=instance, had_ip=had_ip,
-                             health=self.prober.health(ctx.probe_key),
-                             success_threshold=spec.health.success_threshold,
-                             has_previous=previous is not None)
+    def _probes(self, key: Key) -> Probes:
+        by_key = {}
+        for probe_key in (ProbeKey(key), ProbeKey(key, replacement=True)):
+            target = self.prober.target(probe_key)
+            if target is not None:
+                by_key[probe_key] = Probe(target, self.prober.health(probe_key))
+        return Probes(by_key)
 
-    async def _replace(self, ctx: Context, spec: ProxySpec, *, current: Ref, previous: Ref | None,
-                       target: Ref) -> Ref | None:
-        """The inputs changed: retire what plan_retire says, then say so; returns the new previous."""
-        serves = previous is None and await self._serves(ctx, spec, current) is not False
-        retire = rules.plan_retire(current=current, previous=previous, target=target, current_serves=serves)
-        for ref in retire.delete:
-            await ctx.delete(spec.provider, ref)
-        ctx.events.append(Event(NORMAL, "Replacing", f"provisioning inputs changed: replacing instance "
-                                                     f"{current.name} with {target.name}"))
-        self.prober.unwatch(ProbeKey(ctx.key, replacement=True))  # a new replacement starts over
-        await self._observe_serving(ctx, spec, retire.previous)
-        if ctx.serving is None:
-            self.prober.unwatch(ctx.own)
-        await ctx.say(Verdict(PROVISIONING, f"replacing instance {current.name} with {target.name}",
-                                     "Provisioning", instance=target, previous=retire.previous))
-        return retire.previous
-
-    async def _observe_serving(self, ctx: Context, spec: ProxySpec, previous: Ref | None) -> None:
-        """The replaced instance keeps serving (probed under the Proxy's key) while it runs with an IP."""
-        inst = await self._serves(ctx, spec, previous) if previous is not None else None
-        ctx.serving = None
-        if isinstance(inst, Instance) and inst.ip:
-            ctx.serving = ProbeTarget(inst.ip, spec.port, spec.health, ctx.namespace, spec.auth_secret)
-            ctx.watch(ctx.own, ctx.serving)
-        else:
-            self.prober.unwatch(ProbeKey(ctx.key, replacement=True))
-
-    async def _serves(self, ctx: Context, spec: ProxySpec, ref: Ref) -> Instance | bool:
-        """`ref` as the provider sees it if it runs with an IP; False if it does not (or its provider is
-        gone); True if the provider could not tell."""
-        provider = provider_for_ref(ctx.providers, spec.provider, ref)
-        if provider is None:
-            return False
-        try:
-            inst = await provider.get(ref.name, ref.zone, owner_uid=ctx.uid)
-        except TransientError:
-            return True
-        return inst if inst is not None and inst.power_state is PowerState.RUNNING and inst.ip else False
-
-    async def _create(self, ctx: Context, spec: ProxySpec, desired: Desired, plan: Plan, *,
-                      previous: Ref | None) -> tuple[Instance, Ref | None, Plan]:
-        target = Ref(desired.name, desired.resolved.zone, provider=spec.provider)
-        self.prober.unwatch(ctx.probe_key)
-        # Record the name first: from here on, deletion and GC know this instance may exist. A retry
-        # after no capacity finds it recorded already: status keeps saying why it waits.
-        state = self.memory.peek(ctx.key)
-        waiting = (state.trouble is not None and state.trouble[0] == "QuotaExceeded") or state.importing
-        if not (waiting and Ref.from_status(ctx.status.get("instance")) == target):
-            await ctx.say(Verdict(PROVISIONING, plan.message, "Provisioning", instance=target,
-                                         previous=previous))
-        instance, previous = await actions.create(ctx, desired, target=target, previous=previous,
-                                                 progress_interval=self.timings.progress_interval)
-        ctx.log.info("instance created", instance=target.name, zone=target.zone)
-        ctx.events.extend(plan.events)
-        plan = self._plan(ctx, spec, target=target, instance=instance, had_ip=False, previous=previous)
-        if plan.action is not Action.NONE:
-            plan = Plan(phase=PROVISIONING, message=plan.message, ip=plan.ip, poll=True)
-        return instance, previous, plan
-
-    async def _settle(self, ctx: Context, spec: ProxySpec, plan: Plan, *, target: Ref, previous: Ref | None,
-                      instance: Instance | None, delay: float | None) -> Result:
-        """Write the plan's status; when to look again."""
-        health = self.prober.health(ctx.own) if plan.probe else None
-        endpoint = ProbeTarget(plan.ip, spec.port, spec.health).endpoint if plan.ip else None
-        await ctx.say(Verdict(plan.phase, plan.message, reason_for(plan.phase, health), ip=plan.ip,
-                                     endpoint=endpoint, instance=target, previous=previous, health=health,
-                                     probing=plan.probe, host_ok=(True, f"zone {target.zone} answered")))
-        state = self.memory[ctx.key]
-        if plan.phase == READY:
-            state.restarts = 0
-        if delay is not None:
-            return Result(requeue_after=delay)
-        if plan.poll and instance is not None and instance.power_state is PowerState.RUNNING \
-                and not instance.ip:
-            state.ip_waits += 1
-            t = self.timings
-            return Result(requeue_after=rules.ip_wait_delay(state.ip_waits, poll=t.poll,
-                                                            polls=t.ip_wait_polls, cap=t.ip_wait_max))
-        state.ip_waits = 0
-        return Result(requeue_after=self.timings.poll if plan.poll else None)
+    async def _end(self, ctx: Context, end: End) -> Result | Planned:
+        if isinstance(end, Unreachable):
+            # The host did not answer: say so, keep everything as it is; never recreate on this.
+            await self._hold(ctx, message=end.message, reason="HostUnreachable", unreachable=end.error)
+            return Result(retry=Retry.TRANSIENT)
+        return end  # a Trouble or a Fail: as if an act had raised it (_outcome)
 
     # --- External ------------------------------------------------------------------------------------
 
-    async def _external(self, ctx: Context, spec: ProxySpec) -> Result:
-        for ref in (Ref.from_status(ctx.status.get("instance")),
-                    Ref.from_status(ctx.status.get("previousInstance"))):
-            if ref is not None:  # switched from Managed: its instances go
-                await ctx.delete(spec.provider, ref)
-        self.prober.unwatch(ProbeKey(ctx.key, replacement=True))
-        assert spec.external_host is not None and spec.external_port is not None
-        refused = external_refusal(self.prober.policies, host=spec.external_host, port=spec.external_port,
-                                   auth=bool(spec.auth_secret))
-        if refused is not None:
-            raise SpecError(refused)
-        target = ProbeTarget(spec.external_host, spec.external_port, spec.health, ctx.namespace,
-                             spec.auth_secret, external=True)
-        ctx.watch(ctx.own, target)
-        status = compose(ctx.status, external_verdict(self.prober.health(ctx.own), host=spec.external_host,
-                                                      target=target), generation=ctx.generation)
-        remove_condition(status, COND_HOST)  # no host of ours is involved
-        await ctx.write(status)
-        return Result()
+    async def _external(self, ctx: Context, spec: ProxySpec) -> Result | Planned:
+        obs = Observed(key=ctx.key, spec=spec, status=ctx.status, generation=ctx.generation, desired=None,
+                       namespace=ctx.namespace, probes=self._probes(ctx.key))
+        step = plan_external(obs, self.prober.policies)
+        for act in step.actions:
+            await actions.run(ctx, act, spec_provider_name=spec.provider, provider=None, desired=None,
+                              progress_interval=self.timings.progress_interval)
+        assert step.end is not None
+        return await self._end(ctx, step.end)
 
     # --- deletion ------------------------------------------------------------------------------------
 
@@ -305,24 +197,35 @@ class Reconciler:
         return Result()
     # --- outcomes that are not a plan ----------------------------------------------------------------
 
-    async def _pending(self, ctx: Context, message: str, *, instance: Ref | None,
-                       previous: Ref | None) -> Result:
-        self.prober.unwatch(ctx.probe_key)
-        await ctx.say(Verdict(PENDING, message, "Waiting", instance=instance, previous=previous))
-        return Result(requeue_after=self.timings.pending_retry)
+    async def _planned(self, ctx: Context, end: Planned) -> Result:
+        if isinstance(end, Fail):  # an External endpoint the policy refuses
+            return await self._fail(ctx, end)
+        if isinstance(end, Trouble):  # a create found no capacity
+            return await self._trouble(ctx, end)
+        return await self._in_progress(ctx, end)  # a create waits on a background image import
 
-    async def _in_progress(self, ctx: Context, e: InProgress) -> Result:
+    async def _in_progress(self, ctx: Context, importing: Importing) -> Result:
         """The provider works on it in the background (an image import): say how far it got, look again
         when it is done (and every `import_poll` meanwhile, for progress); no backoff, no Event."""
         state = self.memory[ctx.key]
         state.trouble = None
         state.importing = True
         try:
-            await ctx.write(ctx.held(message=str(e), reason="Provisioning"))
+            await self._hold(ctx, message=importing.message, reason="Provisioning")
         except ProxyGone:
             self.forget(ctx.key)
             return Result()
-        return Result(requeue_after=self.timings.import_poll, wake_on=e.wake)
+        return Result(requeue_after=self.timings.import_poll, wake_on=importing.wake)
+
+    async def _hold(self, ctx: Context, *, message: str, reason: str, unreachable: str | None = None) -> None:
+        """Nothing observed: the status as it is with `message` (compose.held), the stored endpoint
+        probed first if this process is not probing it yet (planner.stored_probe)."""
+        watch = stored_probe(ctx.status, ctx.proxy.get("spec"), key=ctx.key, namespace=ctx.namespace,
+                             probes=self._probes(ctx.key))
+        if watch is not None:
+            await actions.run(ctx, watch, spec_provider_name="", provider=None, desired=None,
+                              progress_interval=self.timings.progress_interval)
+        await ctx.write(ctx.held(message=message, reason=reason, unreachable=unreachable))
 
     async def _fail(self, ctx: Context, fail: Fail) -> Result:
         ctx.unwatch_all()
@@ -346,18 +249,12 @@ class Reconciler:
             ctx.events.append(trouble.event)
         state.trouble = (trouble.reason, trouble.message)
         try:
-            await ctx.write(ctx.held(message=trouble.message, reason=trouble.reason,
-                                              unreachable=trouble.message if trouble.unreachable else None))
+            await self._hold(ctx, message=trouble.message, reason=trouble.reason,
+                             unreachable=trouble.message if trouble.unreachable else None)
         except ProxyGone:
             self.forget(ctx.key)
             return Result()
         return Result(retry=trouble.retry)
-
-    async def _unreachable(self, ctx: Context, err: TransientError, *, target: Ref) -> Result:
-        """The host did not answer: say so, keep everything as it is; never recreate on this."""
-        await ctx.write(ctx.held(message=f"zone {target.zone} unreachable: {err}",
-                                          reason="HostUnreachable", unreachable=str(err)))
-        return Result(retry=Retry.TRANSIENT)
 
 
 __all__ = ["Reconciler", "Result", "Retry", "Timings", "get_condition"]

@@ -62,6 +62,12 @@ def next_health(h: Health, *, ok: bool, message: str, at: datetime, check: Healt
     return Health(healthy=healthy, message=message, last_probe=at, successes=successes, failures=failures)
 
 
+def start_seed(status: Obj, target: ProbeTarget, *, own: bool, probed: bool) -> Health | None:
+    """The verdict a new probe of `target` starts from: a probe that starts afresh for the Proxy's own key
+    (this process has not been probing it: a restart, a new leader) takes the one status recorded for
+    the same endpoint; any other starts unknown."""
+    return stored_verdict(status, target) if own and not probed else None
+
 
 def stored_verdict(status: Obj, target: ProbeTarget) -> Health | None:
     """The healthy verdict status records for `target`'s endpoint, as probe state (None if there is none:

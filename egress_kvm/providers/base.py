@@ -141,3 +141,19 @@ class Provider(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class EvictsImages(Protocol):
+    """A provider that caches base images: orphan GC asks it to drop the ones no instance has used for
+    `grace` seconds; returns the volumes it removed."""
+
+    async def evict_unused_images(self, *, grace: float) -> list[str]: ...
+
+
+@runtime_checkable
+class ReportsHostBack(Protocol):
+    """A provider that tells when a host answers again after failed dials: `listener(provider, zone)`."""
+
+    def on_host_back(self, listener: Callable[[str, str], None]) -> None: ...
+

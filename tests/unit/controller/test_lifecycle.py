@@ -55,6 +55,7 @@ async def test_proxy_goes_provisioning_running_ready_with_ip_and_probe_through_p
     make_controller({"kvm-home": provider})
     kube.create_proxy("px1", spec_for(proxy_server, target))
     await eventually(lambda: phase(kube) == "Ready", what="Ready")
+    await eventually(lambda: "Ready" in phases, what="the Ready write's watch event")  # delivered call_soon
     # No verdict yet, no Healthy condition: HEALTHY stays blank while Provisioning/Running (spec's sample).
     early = [st for st in statuses if st.get("phase") in ("Provisioning", "Running")]
     assert early and all(get_condition(st, "Healthy") is None for st in early), early

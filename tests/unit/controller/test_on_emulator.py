@@ -176,7 +176,11 @@ async def test_failed_on_the_server_names_the_field_and_is_fixed_by_a_spec_chang
     await apply(c, "px1", spec)
     st = await c.until_status("px1", lambda s: s.get("phase") == "Failed")
     assert "'xlarge'" in st["message"]
-    assert any(r == "Failed" and "'xlarge'" in m for _, r, m in await c.events("px1"))
+    async with asyncio.timeout(15):  # the Event is recorded just after the status write
+        while True:
+            if any(r == "Failed" and "'xlarge'" in m for _, r, m in await c.events("px1")):
+                break
+            await asyncio.sleep(0.02)
     await request_json(c.client, "PATCH", path("px1"),
                        body={"spec": {"placement": {"machineType": "small"}}},
                        content_type="application/merge-patch+json")

@@ -188,9 +188,10 @@ def test_probe_keys_of_a_proxy_and_its_replacement_differ() -> None:
 
 
 def test_the_pure_modules_import_no_io() -> None:
-    """plan, compose, outcome, verdict, memory decide; they must not pull in an HTTP client."""
+    """planner, plan, compose, outcome, verdict, memory decide; they must not pull in an HTTP client."""
     import subprocess
-    code = ("import sys; import egress_kvm.controller.plan, egress_kvm.controller.compose, "
+    code = ("import sys; import egress_kvm.controller.planner, egress_kvm.controller.plan, "
+            "egress_kvm.controller.compose, "
             "egress_kvm.controller.outcome, egress_kvm.controller.verdict, egress_kvm.controller.memory; "
             "bad = [m for m in ('aiohttp', 'asyncssh', 'kubernetes_asyncio') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
