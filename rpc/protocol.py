@@ -742,6 +742,7 @@ class ClientProtocol:
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             stream._fail(lost())
+            self._summarise(stream.serial)  # its trace summary, or the data it moved is never traced
             events.append(StreamChanged(stream))
         subs, self._subs = self._subs, {}
         for callback_id in subs:
