@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 from egress_kvm import eventloop
 
-OPERATOR_COMMANDS = {"run": "egress_kvm.commands.run", "preflight": "egress_kvm.commands.preflight"}
+OPERATOR_COMMANDS = {"run": "egress_kvm.commands.run", "preflight": "egress_kvm.commands.preflight",
+                     "version": "egress_kvm.commands.version"}
 TESTBED_COMMANDS = {"lab": "testbed.commands.lab", "emulator": "testbed.commands.emulator"}
 COMMANDS = (*OPERATOR_COMMANDS, *TESTBED_COMMANDS)
 
@@ -43,6 +44,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "--version":  # as `egress-kvm version`
+        args_list[0] = "version"
     if not args_list or (args_list[0].startswith("-") and args_list[0] not in ("-h", "--help")):
         args_list.insert(0, "run")
     chosen = args_list[0]

@@ -405,6 +405,7 @@ class Connection:
             return
         drain = self._loop.create_task(self._link.drain())
         waiter = self.stream_waiter(stream)
+        drain_error: BaseException | None = None
         try:
             done, _ = await asyncio.wait(
                 {drain, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
@@ -414,13 +415,17 @@ class Connection:
                 drain.cancel()
                 with contextlib.suppress(BaseException):
                     await drain
+            elif not drain.cancelled():
+                # Always retrieved, whatever is raised below: a drain that failed together with the
+                # stream (a dropped connection fails both) must not log "exception was never retrieved".
+                drain_error = drain.exception()
         if stream.error is not None:
             raise stream.error
-        if drain in done:
-            exc = drain.exception()
-            if exc is not None:
-                raise ConnectionLost(f"connection to {self._link.description} lost: {exc}") from exc
-        elif not done:
+        if drain_error is not None:
+            raise ConnectionLost(
+                f"connection to {self._link.description} lost: {drain_error}"
+            ) from drain_error
+        if not done:
             raise DeadlineExceeded(
                 f"{stream.proc.method}: {self._link.description} accepted no data for {timeout:g} s"
             )

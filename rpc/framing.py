@@ -17,6 +17,7 @@ from .constants import (
     LEN_SIZE,
     MESSAGE_MAX,
     MIN_PACKET,
+    QEMU_PROGRAM,
     REMOTE_PROGRAM,
     MessageStatus,
     MessageType,
@@ -26,7 +27,7 @@ from .errors import ProtocolError
 _LEN = struct.Struct(">I")
 _HEADER = struct.Struct(">IIiiII")  # prog, vers, proc, type, serial, status
 _LEN_HEADER = struct.Struct(">IIIiiII")
-_KNOWN_PROGRAMS = frozenset({REMOTE_PROGRAM, KEEPALIVE_PROGRAM})
+_KNOWN_PROGRAMS = frozenset({REMOTE_PROGRAM, KEEPALIVE_PROGRAM, QEMU_PROGRAM})
 _TYPES = frozenset(int(t) for t in MessageType)
 _STATUSES = frozenset(int(s) for s in MessageStatus)
 

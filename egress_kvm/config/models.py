@@ -93,6 +93,8 @@ class ImageConfig(_Strict):
     url: str
     sha256: str | None = None
     format: Literal["qcow2", "raw"] = "qcow2"
+    # Overrides imageImport.maxSizeGb for this image: a download longer than this is stopped.
+    max_size_gb: Annotated[int, Field(ge=1, le=65536)] | None = Field(None, alias="maxSizeGb")
 
     @field_validator("url")
     @classmethod
@@ -107,6 +109,15 @@ class ImageConfig(_Strict):
         if not _SHA256.fullmatch(v):
             raise ValueError("is not 64 hex characters")
         return v.lower()
+
+
+class ImageImportConfig(_Strict):
+    """Bounds on every base-image download, so no URL can hold the operator or fill a pool."""
+
+    timeout_seconds: Annotated[int, Field(alias="timeoutSeconds", ge=10, le=7 * 86400)] = 3600
+    min_bytes_per_second: Annotated[int, Field(alias="minBytesPerSecond", ge=0)] = 64 * 1024
+    rate_window_seconds: Annotated[int, Field(alias="rateWindowSeconds", ge=1, le=3600)] = 60
+    max_size_gb: Annotated[int, Field(alias="maxSizeGb", ge=1, le=65536)] = 20
 
 
 class MachineType(_Strict):
@@ -266,6 +277,9 @@ class KvmConfig(_Strict):
     disk_size_gb: Annotated[int, Field(alias="diskSizeGb", ge=1, le=65536)] = DEFAULT_DISK_SIZE_GB
     vendor_data: str = Field(DEFAULT_VENDOR_DATA, alias="vendorData")
     images: dict[str, ImageConfig] = Field(default_factory=dict)
+    image_import: ImageImportConfig = Field(default_factory=ImageImportConfig, alias="imageImport")
+    # Space every capacity decision leaves free in each pool (GiB): the host keeps room to work.
+    pool_reserve_gb: Annotated[float, Field(alias="poolReserveGb", ge=0, le=65536)] = 1.0
     # Where placement.image may point as a URL (host/CIDR[:port] entries); empty: URL images are off.
     url_images: list[str] = Field(default_factory=list, alias="urlImages")
     machine_types: dict[str, MachineType] = Field(alias="machineTypes")

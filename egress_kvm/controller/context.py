@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from egress_kvm.kube.interfaces import Key, KubeApi, Obj
 from egress_kvm.log import Logger
-from egress_kvm.providers.base import Provider
+from egress_kvm.providers.base import NotOwned, Provider
 
 from .compose import Serving, Verdict, cap_messages, compose, held
 from .desired import provider_for_ref
@@ -45,6 +45,11 @@ class Context:
     @property
     def status(self) -> Obj:
         return self.proxy.get("status") or {}
+
+    @property
+    def uid(self) -> str:
+        """The Proxy's uid: every provider call names it, so the host refuses another owner's instance."""
+        return str(self.proxy["metadata"].get("uid") or "")
 
     @property
     def namespace(self) -> str:
@@ -99,7 +104,12 @@ class Context:
             self.events.append(Event(WARNING, "ProviderMissing",
                                      f"no provider serves zone {ref.zone}: instance {ref.name} not deleted"))
             return
-        await provider.delete(ref.name, ref.zone)
+        try:
+            await provider.delete(ref.name, ref.zone, owner_uid=self.uid)
+        except NotOwned as e:  # status named another Proxy's instance: leave it alone
+            self.events.append(Event(WARNING, "NotOwner", str(e)))
+            self.log.info("instance not deleted: not this Proxy's", instance=ref.name, error=str(e))
+            return
         self.log.info("instance deleted", instance=ref.name, zone=ref.zone)
         self.events.append(Event(NORMAL, "Deleted", f"deleted instance {ref.name} on {ref.zone}"))
 

@@ -2,10 +2,14 @@
 
 A provider entry that is gone from the providers file cannot delete what it made: that is said in a
 Warning Event and the finalizer goes anyway (keeping it would block the Proxy forever). A provider that
-refuses (PermanentError) keeps the finalizer: outcome.py retries it slowly (DeleteBlocked).
+refuses (PermanentError) keeps the finalizer: outcome.py retries it slowly (DeleteBlocked). An instance
+the host's metadata says is another Proxy's (NotOwned) is skipped with a NotOwner Warning: nothing of
+this Proxy's is there to leak.
 """
 
 from __future__ import annotations
+
+from egress_kvm.providers.base import NotOwned
 
 from .compose import Verdict
 from .context import Context
@@ -35,7 +39,12 @@ async def finalize(ctx: Context) -> None:
             ctx.log.info("provider gone; not deleting instance", instance=ref.name, zone=ref.zone,
                          provider=missing)
             continue
-        await provider.delete(ref.name, ref.zone)
+        try:
+            await provider.delete(ref.name, ref.zone, owner_uid=ctx.uid)
+        except NotOwned as e:  # not this Proxy's (status was wrong or forged): nothing of its own there
+            await ctx.kube.record_event(ctx.proxy, type_=WARNING, reason="NotOwner", message=str(e))
+            ctx.log.info("instance not deleted: not this Proxy's", instance=ref.name, error=str(e))
+            continue
         ctx.log.info("instance deleted", instance=ref.name, zone=ref.zone)
         await ctx.kube.record_event(ctx.proxy, type_=NORMAL, reason="Deleted",
                                     message=f"deleted instance {ref.name} on {ref.zone}")

@@ -43,8 +43,12 @@ class Collected:
 
 async def collect_orphans(*, providers: Mapping[str, Provider], store: ProxyStore, kube: KubeApi,
                           grace_period: float, namespace: str | None = None, now: datetime | None = None,
-                          logger: Logger | None = None) -> list[Collected]:
+                          logger: Logger | None = None,
+                          failing: set[tuple[str, str]] | None = None) -> list[Collected]:
+    """`failing`: the (provider, zone) pairs whose listing failed on the last pass, kept by the caller
+    across passes, so a host that is down logs one ERROR line per outage, not one per interval."""
     log = logger or get_logger("controller.gc")
+    failing = failing if failing is not None else set()
     if not store.has_synced():
         log.v(1).info("orphan GC skipped: Proxies not listed yet")
         return []
@@ -61,8 +65,16 @@ async def collect_orphans(*, providers: Mapping[str, Provider], store: ProxyStor
             try:
                 instances = await provider.list_managed(zone)
             except ProviderError as e:
-                log.error(e, "orphan GC skipped a zone: listing failed", provider=pname, zone=zone)
+                if (pname, zone) in failing:
+                    log.v(1).info("orphan GC skipped a zone: listing still fails", provider=pname, zone=zone,
+                                  error=str(e))
+                else:
+                    failing.add((pname, zone))
+                    log.error(e, "orphan GC skipped a zone: listing failed", provider=pname, zone=zone)
                 continue
+            if (pname, zone) in failing:
+                failing.discard((pname, zone))
+                log.info("orphan GC lists the zone again", provider=pname, zone=zone)
             for inst in instances:
                 reason = await _orphan_reason(inst, owners=owners, kube=kube, providers=providers,
                                               grace=timedelta(seconds=grace_period), now=now,
@@ -70,7 +82,7 @@ async def collect_orphans(*, providers: Mapping[str, Provider], store: ProxyStor
                 if reason is None:
                     continue
                 try:
-                    await provider.delete(inst.name, inst.zone)
+                    await provider.delete(inst.name, inst.zone, owner_uid=inst.owner_uid or None)
                 except ProviderError as e:
                     log.error(e, "orphan GC could not delete an instance", provider=pname, zone=inst.zone,
                               instance=inst.name)

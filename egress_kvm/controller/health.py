@@ -37,6 +37,7 @@ from egress_kvm.policy.policies import EgressPolicies
 from egress_kvm.policy.secrets import SecretNotUsable, read_usable_secret
 from egress_kvm.redact import redact_url
 
+from .probe_rate import ProbeRate
 from .verdict import Health, ProbeTarget, next_health
 
 AUTH_CACHE_SECONDS = 30.0
@@ -54,9 +55,11 @@ class Prober(Generic[K]):
 
     def __init__(self, *, kube: KubeApi, on_change: Callable[[K], None], time_scale: float = 1.0,
                  refresh: float = 60.0, on_refresh: Callable[[K], None] | None = None,
-                 logger: Logger | None = None, policies: EgressPolicies | None = None) -> None:
+                 logger: Logger | None = None, policies: EgressPolicies | None = None,
+                 rate: ProbeRate | None = None) -> None:
         self._kube = kube
         self.policies = policies or EgressPolicies.from_config()  # replaced when the providers file changes
+        self._rate = rate or ProbeRate()
         self._on_change = on_change
         # The periodic nudge that only refreshes lastProbeTime: the manager lets a backing-off key wait.
         self._on_refresh = on_refresh or on_change
@@ -134,6 +137,7 @@ class Prober(Generic[K]):
         log = self._log.with_values(proxy=str(key), endpoint=target.endpoint)
         last_notify = time.monotonic()
         while True:
+            await self._rate.acquire()  # the global cap on probes per second (probe_rate.py)
             ok, message = await self.probe(target)
             metrics.PROBES_TOTAL.labels("success" if ok else "failure").inc()
             before = self._health.get(key, Health())

@@ -4,6 +4,12 @@ The process (egress_kvm/operator, `egress-kvm run`) feeds it informer events (`o
 when it becomes leader (`run`), stops it on SIGTERM (`stop`) and fails /healthz when `healthy()` turns
 False, so a worker or loop that dies takes the process down instead of leaving a zombie.
 
+A reconcile is cut off after `reconcile_timeout` (retried on the transient backoff, like any error), so
+no single host or call can hold a worker for longer. One still running `wedge_grace` after that (it
+ignored its cancellation: a blocking call, a swallowed CancelledError) means the workers are wedged:
+`healthy()` turns False and the kubelet restarts the process. A host that answers again after an outage
+re-queues its Proxies at once (`_host_back`), and GC evicts unused URL base images after its pass.
+
 Shutdown: `stop` closes the queue (no key is handed out again), gives the reconciles in flight up to
 `timeout` to finish, then cancels them. A cancelled reconcile is safe to abandon: status is written
 before anything is created and every provider call is idempotent by name, so the next leader converges.
@@ -13,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from typing import cast
 
 from egress_kvm import metrics
 from egress_kvm.backoff import Backoff
-from egress_kvm.kube.interfaces import Key, KubeApi, Obj, ProxyStore, key_of
+from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj, ProxyStore, key_of
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.policy.policies import EgressPolicies
 from egress_kvm.providers.base import Provider
@@ -41,7 +49,8 @@ class Controller:
                  logger: Logger | None = None, namespace: str | None = None,
                  timings: Timings | None = None, transient_backoff: Backoff = TRANSIENT_BACKOFF,
                  quota_backoff: Backoff = QUOTA_BACKOFF, probe_time_scale: float = 1.0,
-                 egress: EgressPolicies | None = None) -> None:
+                 egress: EgressPolicies | None = None, reconcile_timeout: float = 300.0,
+                 wedge_grace: float = 60.0) -> None:
         """`namespace` (optional, beyond the contract): the watch scope, so GC never judges instances
         owned from other namespaces. The last four tune timings for tests."""
         if workers < 1:
@@ -68,6 +77,12 @@ class Controller:
         self._stopped: asyncio.Event | None = None
         self._last_gc: list[Collected] = []
         self._seen: dict[Key, tuple[object, ...]] = {}  # key -> what of metadata last triggered a reconcile
+        self.reconcile_timeout = reconcile_timeout
+        self.wedge_grace = wedge_grace
+        self._running_since: dict[Key, float] = {}  # key -> monotonic start of its reconcile in flight
+        self._gc_failing: set[tuple[str, str]] = set()  # (provider, zone) whose GC listing failed last
+        self._listened: set[int] = set()  # id() of providers whose host-back events we hear
+        self._listen_for_hosts(providers)
 
     # --- what the process calls ----------------------------------------------------------------------
 
@@ -77,10 +92,14 @@ class Controller:
     def on_event(self, kind: str, obj: Obj) -> None:
         key = key_of(obj)
         if kind == "DELETED":
+            metrics.forget_proxy(*key)
             self.reconciler.forget(key)
             self.queue.drop(key)
             self._seen.pop(key, None)
             return
+        # The per-Proxy gauge mirrors status as stored (our writes come back as MODIFIED), so it is right
+        # from the first list after a restart too, also for a Failed Proxy that is not reconciled again.
+        metrics.set_proxy_conditions(*key, (obj.get("status") or {}).get("conditions"))
         # Like controller-runtime's GenerationChangedPredicate (plus deletion and finalizers): a MODIFIED
         # that only changed status is almost always our own write, and reconciling it again would cost a
         # provider round trip for nothing. Anything else a status change could matter for is covered by
@@ -88,9 +107,11 @@ class Controller:
         meta = obj.get("metadata") or {}
         fingerprint = (meta.get("uid"), meta.get("generation"), meta.get("deletionTimestamp"),
                        tuple(meta.get("finalizers") or ()))
-        if kind == "MODIFIED" and self._seen.get(key) == fingerprint:
-            return
+        seen = self._seen.get(key)
         self._seen[key] = fingerprint
+        if kind == "MODIFIED" and seen is not None and (seen == fingerprint
+                                                         or _only_ours_added(seen, fingerprint)):
+            return
         self.enqueue(key)
 
     def update_providers(self, providers: Mapping[str, Provider], providers_hash: str,
@@ -99,10 +120,16 @@ class Controller:
         if egress is not None:  # the file's egress section, which External probes follow
             self.prober.policies = egress
         self.reconciler.set_providers(providers, providers_hash)
+        self._listen_for_hosts(providers)
         self._enqueue_all()
 
     def healthy(self) -> bool:
-        return self._died is None and self.prober.healthy()
+        return self._died is None and self.prober.healthy() and not self.wedged()
+
+    def wedged(self) -> list[Key]:
+        """Reconciles still running `wedge_grace` past their timeout: their workers are lost."""
+        limit = time.monotonic() - self.reconcile_timeout - self.wedge_grace
+        return [k for k, since in self._running_since.items() if since < limit]
 
     async def run(self) -> None:
         if self._tasks:
@@ -110,6 +137,7 @@ class Controller:
         if self._stopping:
             return  # stopped before it ever ran
         self._stopped = asyncio.Event()
+        metrics.init_controller(NAME, workers=self.workers)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._worker(), name=f"reconcile worker {i}")
                        for i in range(self.workers)]
@@ -137,25 +165,34 @@ class Controller:
                 key = await self.queue.get()
             except QueueShutDown:
                 return
+            active = metrics.ACTIVE_WORKERS.labels(NAME)
+            active.inc()
             try:
                 await self._process(key)  # type: ignore[arg-type]
             finally:
+                active.dec()
                 self.queue.done(key)
 
     async def _process(self, key: Key) -> None:
-        start = time.monotonic()
+        start = self._running_since[key] = time.monotonic()
         log = self.log.with_values(proxy=f"{key[0]}/{key[1]}")
+        deadline = asyncio.timeout(self.reconcile_timeout)
         try:
-            result: Result = await self.reconciler.reconcile(key)
+            async with deadline:
+                result: Result = await self.reconciler.reconcile(key)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # a bug or a Kubernetes API error: retry with backoff, never die
+        except Exception as e:  # a bug, a Kubernetes API error, the timeout: retry with backoff, never die
             metrics.RECONCILE_ERRORS.labels(NAME).inc()
             metrics.RECONCILE_TOTAL.labels(NAME, "error").inc()
             delay = self.queue.add_rate_limited(key)
-            log.error(e, "reconcile failed", retryIn=delay, errorType=type(e).__name__)
+            if isinstance(e, TimeoutError) and deadline.expired():
+                log.error(e, "reconcile timed out; cut off", timeout=self.reconcile_timeout, retryIn=delay)
+            else:
+                log.error(e, "reconcile failed", retryIn=delay, errorType=type(e).__name__)
             return
         finally:
+            self._running_since.pop(key, None)
             metrics.RECONCILE_TIME.labels(NAME).observe(time.monotonic() - start)
             self._update_phase_gauge()
         if result.retry:
@@ -165,6 +202,8 @@ class Controller:
             log.v(1).info("reconcile will be retried", retryIn=delay, backoff=result.retry.value)
             return
         self.queue.forget(key)
+        if result.wake_on is not None:
+            result.wake_on.add_done_callback(functools.partial(self._wake, key))
         if result.requeue_after is not None:
             metrics.RECONCILE_TOTAL.labels(NAME, "requeue_after").inc()
             self.queue.add_after(key, result.requeue_after)
@@ -188,7 +227,18 @@ class Controller:
         """One orphan GC pass (also run every gc_interval)."""
         self._last_gc = await collect_orphans(
             providers=self.reconciler.providers, store=self.store, kube=self.kube,
-            grace_period=self.gc_grace_period, namespace=self.namespace, logger=self.log.with_name("gc"))
+            grace_period=self.gc_grace_period, namespace=self.namespace, logger=self.log.with_name("gc"),
+            failing=self._gc_failing)
+        for name, provider in self.reconciler.providers.items():
+            evict = getattr(provider, "evict_unused_images", None)
+            if evict is not None:
+                try:
+                    evicted = await evict(grace=self.gc_grace_period)
+                except Exception as e:  # one provider's failure must not end the pass
+                    self.log.error(e, "image eviction failed", provider=name)
+                    continue
+                if evicted:
+                    self.log.info("unused images evicted", provider=name, volumes=evicted)
         return self._last_gc
 
     # --- internals -----------------------------------------------------------------------------------
@@ -202,6 +252,33 @@ class Controller:
         if self.queue.failures(key.proxy) > 0:
             return
         self.queue.add(key.proxy)
+
+    def _wake(self, key: Key, _done: asyncio.Future[None]) -> None:
+        self.queue.add(key)
+
+    def _listen_for_hosts(self, providers: Mapping[str, Provider]) -> None:
+        for provider in providers.values():
+            subscribe = getattr(provider, "on_host_back", None)
+            if subscribe is not None and id(provider) not in self._listened:
+                self._listened.add(id(provider))
+                subscribe(self._host_back)
+
+    def _host_back(self, provider: str, zone: str) -> None:
+        """A host answers again: its Proxies are reconciled now (status, pending deletes), their backoff
+        grown during the outage forgotten."""
+        keys = []
+        for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict
+            status = (self.store.get(key) or {}).get("status") or {}
+            for field in ("instance", "previousInstance"):
+                ref = status.get(field) or {}
+                if ref.get("zone") == zone and ref.get("provider", provider) in (provider, ""):
+                    keys.append(key)
+                    break
+        self.log.info("host answers again; re-queueing its Proxies", provider=provider, zone=zone,
+                      proxies=len(keys))
+        for key in keys:
+            self.queue.forget(key)
+            self.queue.add(key)
 
     def _enqueue_all(self) -> None:
         for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict
@@ -251,3 +328,14 @@ class Controller:
         self.log.info("controller stopped")
         if self._stopped is not None:
             self._stopped.set()
+
+
+def _only_ours_added(old: tuple[object, ...], new: tuple[object, ...]) -> bool:
+    """The change is our finalizer appearing, i.e. the echo of the reconciler's own first write. It is no
+    reason to reconcile again: a reconcile that failed meanwhile would run again at once and count a
+    second backoff step for one failure (a first quota failure waited 120 s instead of 60 s)."""
+    if old[:3] != new[:3]:
+        return False
+    before = set(cast(tuple[str, ...], old[3]))
+    after = set(cast(tuple[str, ...], new[3]))
+    return after - before == {FINALIZER} and before <= after

@@ -44,6 +44,7 @@ class WorkQueue:
         self._timers: dict[Hashable, tuple[float, asyncio.TimerHandle]] = {}
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._shutting_down = False
+        self._metrics = metrics.QueueMetrics(name)
 
     # --- adding ---------------------------------------------------------------------------------------
 
@@ -51,6 +52,7 @@ class WorkQueue:
         if self._shutting_down or key in self._dirty:
             return
         self._dirty.add(key)
+        self._metrics.added(key)
         if key in self._processing:
             return  # `done` queues it again
         self._queue.append(key)
@@ -77,7 +79,7 @@ class WorkQueue:
         counts, backoff = (self._quota_failures, self._quota) if quota else (self._failures, self._transient)
         counts[key] = counts.get(key, 0) + 1
         delay = backoff.delay(counts[key])
-        metrics.QUEUE_RETRIES.labels(self.name).inc()
+        self._metrics.retried()
         self.add_after(key, delay)
         return delay
 
@@ -107,6 +109,7 @@ class WorkQueue:
                 key = self._queue.popleft()
                 self._dirty.discard(key)
                 self._processing.add(key)
+                self._metrics.taken(key)
                 self._changed()
                 return key
             waiter = asyncio.get_running_loop().create_future()
@@ -122,6 +125,7 @@ class WorkQueue:
 
     def done(self, key: Hashable) -> None:
         self._processing.discard(key)
+        self._metrics.done(key)
         if key in self._dirty and not self._shutting_down:
             self._queue.append(key)
             self._changed()
@@ -163,4 +167,4 @@ class WorkQueue:
                 return
 
     def _changed(self) -> None:
-        metrics.QUEUE_DEPTH.labels(self.name).set(len(self._queue))
+        self._metrics.depth(len(self._queue))

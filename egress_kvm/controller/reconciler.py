@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, ProxyGone, SpecChanged
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.policy.external import external_refusal
-from egress_kvm.providers.base import HostUnreachable, Instance, PowerState, Provider, TransientError
+from egress_kvm.providers.base import (
+    HostUnreachable,
+    InProgress,
+    Instance,
+    PowerState,
+    Provider,
+    TransientError,
+)
 
 from . import actions
 from . import plan as rules
@@ -34,6 +41,7 @@ class Timings:
     poll: float = 5.0  # look again at an instance that is starting or has no IP yet
     pending_retry: float = 30.0  # look again for something outside (a missing Secret)
     progress_interval: float = 2.0  # at most one status write per this many seconds for create progress
+    import_poll: float = 10.0  # while a background import runs: refresh its progress in status
     restart_backoff_max: float = 300.0  # a VM that keeps stopping is started again at most this often
     # A VM running without an IP is looked at every `poll` this many times, then on a growing delay up
     # to ip_wait_max: a guest whose network never comes up must not cost a provider call every poll.
@@ -94,6 +102,8 @@ class Reconciler:
                 raise  # deleted and recreated under the same name: a new object, reconciled afresh
             self.forget(key)
             return Result()
+        except InProgress as e:
+            return await self._in_progress(ctx, e)
         except Exception as e:
             outcome = outcome_for(e, deleting=bool(ctx.proxy["metadata"].get("deletionTimestamp")))
             if outcome is None:
@@ -103,6 +113,7 @@ class Reconciler:
         state = self.memory.get(key)
         if state is not None:
             state.trouble = None  # it got through: a trouble seen again later is news
+            state.importing = False
         return result
 
     async def _reconcile(self, ctx: Context) -> Result:
@@ -148,7 +159,7 @@ class Reconciler:
         else:
             await self._observe_serving(ctx, spec, previous)
         try:
-            instance = await provider.get(target.name, target.zone)
+            instance = await provider.get(target.name, target.zone, owner_uid=ctx.uid)
         except HostUnreachable as e:
             return await self._unreachable(ctx, e, target=target)
         # While the old instance serves, status.ip is its address, not the new one's.
@@ -216,7 +227,7 @@ class Reconciler:
         if provider is None:
             return False
         try:
-            inst = await provider.get(ref.name, ref.zone)
+            inst = await provider.get(ref.name, ref.zone, owner_uid=ctx.uid)
         except TransientError:
             return True
         return inst if inst is not None and inst.power_state is PowerState.RUNNING and inst.ip else False
@@ -227,9 +238,9 @@ class Reconciler:
         self.prober.unwatch(ctx.probe_key)
         # Record the name first: from here on, deletion and GC know this instance may exist. A retry
         # after no capacity finds it recorded already: status keeps saying why it waits.
-        trouble = self.memory.peek(ctx.key).trouble
-        if not (trouble is not None and trouble[0] == "QuotaExceeded"
-                and Ref.from_status(ctx.status.get("instance")) == target):
+        state = self.memory.peek(ctx.key)
+        waiting = (state.trouble is not None and state.trouble[0] == "QuotaExceeded") or state.importing
+        if not (waiting and Ref.from_status(ctx.status.get("instance")) == target):
             await ctx.say(Verdict(PROVISIONING, plan.message, "Provisioning", instance=target,
                                          previous=previous))
         instance, previous = await actions.create(ctx, desired, target=target, previous=previous,
@@ -300,11 +311,26 @@ class Reconciler:
         await ctx.say(Verdict(PENDING, message, "Waiting", instance=instance, previous=previous))
         return Result(requeue_after=self.timings.pending_retry)
 
+    async def _in_progress(self, ctx: Context, e: InProgress) -> Result:
+        """The provider works on it in the background (an image import): say how far it got, look again
+        when it is done (and every `import_poll` meanwhile, for progress); no backoff, no Event."""
+        state = self.memory[ctx.key]
+        state.trouble = None
+        state.importing = True
+        try:
+            await ctx.write(ctx.held(message=str(e), reason="Provisioning"))
+        except ProxyGone:
+            self.forget(ctx.key)
+            return Result()
+        return Result(requeue_after=self.timings.import_poll, wake_on=e.wake)
+
     async def _fail(self, ctx: Context, fail: Fail) -> Result:
         ctx.unwatch_all()
+        if fail.event is not None:
+            ctx.events.append(fail.event)
         self.memory[ctx.key].failed = (ctx.generation, ctx.providers_hash)
         ctx.log.info("proxy failed", message=fail.message)
-        status = compose(ctx.status, Verdict(FAILED, fail.message, "Failed",
+        status = compose(ctx.status, Verdict(FAILED, fail.message, fail.reason,
                                              instance=Ref.from_status(ctx.status.get("instance")),
                                              previous=Ref.from_status(ctx.status.get("previousInstance"))),
                          generation=ctx.generation)

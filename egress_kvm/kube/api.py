@@ -25,6 +25,9 @@ from .interfaces import FINALIZER, GROUP, PLURAL, VERSION, Obj, ProxyGone, SpecC
 from .rest import MERGE_PATCH, KubeApiError, from_api_exception, request_json
 
 COMPONENT = "egress-kvm"
+# Every write names the operator as its field manager, so `kubectl get px --show-managed-fields` (and a
+# server-side apply conflict) says egress-kvm owns status and the finalizer, not "OpenAPI-Generator".
+FIELD_MANAGER = "egress-kvm"
 CONFLICT_RETRIES = 8
 EVENT_CACHE_SIZE = 4096
 EVENT_MESSAGE_MAX = 1024
@@ -88,7 +91,8 @@ class KubeApiClient:
             namespace, name = _ns_name(current)
             try:
                 return await self._custom.replace_namespaced_custom_object_status(
-                    GROUP, VERSION, namespace, PLURAL, name, body, _request_timeout=REQUEST_TIMEOUT)
+                    GROUP, VERSION, namespace, PLURAL, name, body, field_manager=FIELD_MANAGER,
+                    _request_timeout=REQUEST_TIMEOUT)
             except ApiException as exc:
                 err = from_api_exception(exc)
                 if err.not_found:
@@ -115,7 +119,8 @@ class KubeApiClient:
             namespace, name = _ns_name(current)
             try:
                 return await self._custom.replace_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, name, body, _request_timeout=REQUEST_TIMEOUT)
+                    GROUP, VERSION, namespace, PLURAL, name, body, field_manager=FIELD_MANAGER,
+                    _request_timeout=REQUEST_TIMEOUT)
             except ApiException as exc:
                 err = from_api_exception(exc)
                 if err.not_found:
@@ -174,6 +179,7 @@ class KubeApiClient:
             try:
                 await request_json(
                     self._api_client, "PATCH", f"/api/v1/namespaces/{ev_ns}/events/{ev_name}",
+                    query={"fieldManager": FIELD_MANAGER},
                     body={"count": count + 1, "lastTimestamp": rfc3339(now)}, content_type=MERGE_PATCH)
             except KubeApiError as err:
                 if not err.not_found:
@@ -207,7 +213,8 @@ class KubeApiClient:
             "reportingComponent": self._component,
             "reportingInstance": self._instance,
         }
-        await request_json(self._api_client, "POST", f"/api/v1/namespaces/{namespace}/events", body=body)
+        await request_json(self._api_client, "POST", f"/api/v1/namespaces/{namespace}/events",
+                           query={"fieldManager": FIELD_MANAGER}, body=body)
         self._events[cache_key] = (namespace, name, 1)
         while len(self._events) > EVENT_CACHE_SIZE:
             self._events.popitem(last=False)

@@ -35,6 +35,7 @@ from ..log import Logger, get_logger
 from .interfaces import GROUP, KIND, PLURAL, VERSION, Key, Obj, key_of
 from .lines import LineSplitter
 from .rest import KubeApiError, from_api_exception
+from .trim import trimmed
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 RECOVERABLE = (KubeApiError, aiohttp.ClientError, TimeoutError, OSError, ValueError)
@@ -62,7 +63,7 @@ class ProxyInformer:
                  stall_timeout: float = 120.0,
                  request_timeout: float = 30.0,
                  healthy_stream_after: float = 10.0,
-                 backoff: Backoff | None = None) -> None:
+                 backoff: Backoff | None = None, page_size: int = 100) -> None:
         self._custom = CustomObjectsApi(api_client)
         self.namespace = namespace or None
         self._on_event = on_event
@@ -72,6 +73,7 @@ class ProxyInformer:
         self.stall_timeout = stall_timeout
         self.request_timeout = request_timeout
         self.healthy_stream_after = healthy_stream_after
+        self.page_size = page_size
         self._backoff = backoff or Backoff(0.5, 30.0, jitter=0.5)
         self._store: dict[Key, Obj] = {}
         self._rv: str | None = None
@@ -159,25 +161,36 @@ class ProxyInformer:
     # --- list ----------------------------------------------------------------------------------------
 
     async def _relist(self) -> None:
-        try:
-            if self.namespace:
-                result = await self._custom.list_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, PLURAL, _request_timeout=self.request_timeout)
-            else:
-                result = await self._custom.list_cluster_custom_object(
-                    GROUP, VERSION, PLURAL, _request_timeout=self.request_timeout)
-        except ApiException as exc:
-            raise from_api_exception(exc) from None
+        # In pages of `page_size`, each trimmed before the next is read: one response holding every
+        # Proxy (64 KiB of user-data each) would cost more memory than the cache itself.
+        fresh: dict[Key, Obj] = {}
+        token: str | None = None
+        rv = ""
+        while True:
+            page: dict[str, Any] = {"limit": self.page_size, "_request_timeout": self.request_timeout}
+            if token:
+                page["_continue"] = token
+            try:
+                if self.namespace:
+                    result = await self._custom.list_namespaced_custom_object(
+                        GROUP, VERSION, self.namespace, PLURAL, **page)
+                else:
+                    result = await self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **page)
+            except ApiException as exc:
+                raise from_api_exception(exc) from None
+            for item in result.get("items") or []:
+                item.setdefault("apiVersion", f"{GROUP}/{VERSION}")
+                item.setdefault("kind", KIND)
+                fresh[key_of(item)] = trimmed(item)  # the cache keeps what the controller reads (trim.py)
+            meta = result.get("metadata") or {}
+            rv = str(meta.get("resourceVersion") or "")
+            token = meta.get("continue") or None
+            del result
+            if not token:
+                break
         self.lists += 1
-        items = result.get("items") or []
-        rv = str(result.get("metadata", {}).get("resourceVersion") or "")
         if not rv:
             raise KubeApiError(0, "NoResourceVersion", "list answered without metadata.resourceVersion")
-        fresh: dict[Key, Obj] = {}
-        for item in items:
-            item.setdefault("apiVersion", f"{GROUP}/{VERSION}")
-            item.setdefault("kind", KIND)
-            fresh[key_of(item)] = item
         old, first = self._store, not self._synced
         self._store = fresh
         self._rv = rv
@@ -272,6 +285,7 @@ class ProxyInformer:
             return
         obj.setdefault("apiVersion", f"{GROUP}/{VERSION}")
         obj.setdefault("kind", KIND)
+        obj = trimmed(obj)
         key = key_of(obj)
         if rv:
             self._rv = rv

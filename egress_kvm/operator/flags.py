@@ -91,6 +91,25 @@ def _level_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _stacktrace_arg(text: str) -> int:
+    try:
+        return log.parse_stacktrace_level(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _choice_arg(enum: type[log.Encoder] | type[log.TimeEncoding], flag: str):  # type: ignore[no-untyped-def]
+    names = ", ".join(e.value for e in enum)
+
+    def parse(text: str) -> log.Encoder | log.TimeEncoding:
+        try:
+            return enum(text.strip().lower())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag}: {text!r} is not one of {names}") from None
+
+    return parse
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -111,8 +130,20 @@ def _bool_arg(text: str) -> bool:
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--zap-log-level", type=_level_arg, default=log.INFO, metavar="LEVEL",
+    # controller-runtime's zap flags: --zap-devel changes the defaults, the others override them.
+    p.add_argument("--zap-devel", type=_bool_arg, nargs="?", const=True, default=False, metavar="BOOL",
+                   help="development mode defaults (encoder=console, level=debug, stacktrace-level=warn); "
+                        "production mode defaults (encoder=json, level=info, stacktrace-level=error)")
+    p.add_argument("--zap-log-level", type=_level_arg, default=None, metavar="LEVEL",
                    help="debug, info, error, or an integer verbosity N (V(N) lines)")
+    p.add_argument("--zap-encoder", type=_choice_arg(log.Encoder, "--zap-encoder"), default=None,
+                   metavar="ENCODER", help="log encoding: json or console")
+    p.add_argument("--zap-stacktrace-level", type=_stacktrace_arg, default=None, metavar="LEVEL",
+                   help="level at and above which stack traces are logged: debug, info, warn, error or "
+                        "panic (default error; warn with --zap-devel)")
+    p.add_argument("--zap-time-encoding", type=_choice_arg(log.TimeEncoding, "--zap-time-encoding"),
+                   default=None, metavar="ENCODING",
+                   help="epoch, millis, nano, iso8601, rfc3339 or rfc3339nano (default epoch)")
     p.add_argument("--metrics-bind-address", type=_bind_arg, default=parse_bind_address(":8080"),
                    metavar="ADDR", help="where /metrics is served (default :8080; 0 disables)")
     p.add_argument("--health-probe-bind-address", type=_bind_arg, default=parse_bind_address(":8081"),
@@ -153,7 +184,11 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True)
 class Options:
-    zap_log_level: int = log.INFO
+    zap_devel: bool = False
+    zap_log_level: int | None = None  # None: info, or debug with --zap-devel
+    zap_encoder: log.Encoder | None = None
+    zap_stacktrace_level: int | None = None
+    zap_time_encoding: log.TimeEncoding | None = None
     metrics_bind_address: BindAddress | None = BindAddress(None, 8080)
     health_probe_bind_address: BindAddress | None = BindAddress(None, 8081)
     leader_elect: bool = False
@@ -170,6 +205,11 @@ class Options:
     gc_interval: float = 120.0
     gc_grace_period: float = 600.0
     graceful_shutdown_timeout: float = 25.0
+
+    def zap_options(self) -> log.ZapOptions:
+        return log.ZapOptions(development=self.zap_devel, level=self.zap_log_level,
+                              encoder=self.zap_encoder, stacktrace_level=self.zap_stacktrace_level,
+                              time_encoding=self.zap_time_encoding)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Options:

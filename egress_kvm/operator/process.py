@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import platform
 import signal
 import sys
 from collections.abc import Mapping
@@ -35,7 +36,7 @@ from ..kube.informer import ProxyInformer
 from ..kube.interfaces import Obj
 from ..kube.leader import LeaderElector, lease_namespace
 from ..kube.rest import KubeApiError
-from ..metrics import REGISTRY
+from ..metrics import REGISTRY, version
 from ..policy import namekey
 from ..policy.policies import EgressPolicies
 from ..providers.base import Provider
@@ -99,6 +100,7 @@ class Operator:
 
     async def run(self) -> int:
         opts = self.options
+        self.log.info("egress-kvm starting", version=version(), python=platform.python_version())
         try:
             self.loaded = read_providers(opts.providers_config)
         except ConfigError as exc:
@@ -131,8 +133,9 @@ class Operator:
             except ConfigError as exc:
                 return self._fatal(exc, "invalid providers config", path=opts.providers_config)
             stack.push_async_callback(self._close_providers)
-            self.log.info("operator starting", clusterID=cluster_id, namespace=opts.namespace or "(all)",
-                          leaderElect=opts.leader_elect, workers=opts.max_concurrent_reconciles)
+            self.log.info("operator starting", version=version(), clusterID=cluster_id,
+                          namespace=opts.namespace or "(all)", leaderElect=opts.leader_elect,
+                          workers=opts.max_concurrent_reconciles)
             return await self._serve(api_client, stack, cluster_id=cluster_id)
         return 1  # unreachable; keeps type checkers content
 
@@ -329,5 +332,5 @@ async def _finish(task: asyncio.Task[Any], *, grace: float) -> None:
 
 
 async def run(options: Options) -> int:
-    log.configure(options.zap_log_level)
+    log.configure(options=options.zap_options())
     return await Operator(options).run()

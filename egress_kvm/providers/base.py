@@ -8,6 +8,7 @@ on a slow backoff, TransientError on the normal per-key exponential backoff.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,12 +24,28 @@ class PermanentError(ProviderError):
     """The request can never succeed as written (unknown zone, machineType or image, ...)."""
 
 
+class NotOwned(PermanentError):
+    """The instance at that name belongs to another Proxy (its metadata's owner uid) or another cluster:
+    the caller must not act on it. Status can be wrong or forged; the host's metadata is the authority."""
+
+
 class QuotaError(ProviderError):
     """Out of capacity: pool space, host memory, a VM paused on an I/O error. Retried slowly."""
 
 
 class TransientError(ProviderError):
     """Anything that may work on retry: host unreachable, connection dropped, libvirt busy."""
+
+
+class InProgress(ProviderError):
+    """Not an error: the provider is preparing something in the background (an image import) and the
+    request is answered once that is done. The reconcile says so in status (phase Provisioning, the
+    message shows progress) and returns at once; `wake` completes when the work ends, and the controller
+    enqueues the Proxy then, with no backoff counted."""
+
+    def __init__(self, message: str, *, wake: asyncio.Future[None] | None = None) -> None:
+        super().__init__(message)
+        self.wake = wake
 
 
 class HostUnreachable(TransientError):
@@ -105,16 +122,18 @@ class Provider(Protocol):
         """Idempotent: returns the existing instance if it is there, starting it if it is not running."""
         ...
 
-    async def get(self, name: str, zone: str) -> Instance | None:
-        """None only when the host answered that there is no such VM; unreachable -> TransientError."""
+    async def get(self, name: str, zone: str, *, owner_uid: str | None = None) -> Instance | None:
+        """None only when the host answered that there is no such VM; unreachable -> TransientError.
+        With `owner_uid`, an instance recorded as someone else's raises NotOwned."""
         ...
 
     async def start(self, name: str, zone: str) -> None:
         """Start (or resume) an instance that exists but is not running."""
         ...
 
-    async def delete(self, name: str, zone: str) -> None:
-        """Remove the VM and its per-instance volumes; already gone is success."""
+    async def delete(self, name: str, zone: str, *, owner_uid: str | None = None) -> None:
+        """Remove the VM and its per-instance volumes; already gone is success. With `owner_uid`, an
+        instance recorded as someone else's is left alone: NotOwned."""
         ...
 
     async def list_managed(self, zone: str | None = None) -> list[Instance]:

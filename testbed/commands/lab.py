@@ -8,17 +8,28 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from testbed.lab.layout import MAX_HOSTS, MAX_INDEX, default_state_dir
+from testbed.lab.layout import MAX_HOSTS, MAX_INDEX, MAX_SIM_HOSTS, default_state_dir
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
-    return Path(args.state_dir) if args.state_dir else default_state_dir(args.index)
+    return Path(args.state_dir) if args.state_dir else default_state_dir(args.index, simulated=args.simulated)
 
 
 def _up(args: argparse.Namespace) -> int:
     from testbed import lab
 
-    info = lab.up(state_dir=_state_dir(args), index=args.index, hosts=args.hosts, image=not args.no_image)
+    knobs = None
+    if args.knobs:
+        try:
+            knobs = json.loads(args.knobs)
+        except ValueError as e:
+            raise ValueError(f"--knobs: not a JSON object: {e}") from None
+        if not isinstance(knobs, dict):
+            raise ValueError("--knobs: not a JSON object")
+        if not args.simulated:
+            raise ValueError("--knobs: only a --simulated lab has knobs")
+    info = lab.up(state_dir=_state_dir(args), index=args.index, hosts=args.hosts, image=not args.no_image,
+                  simulated=args.simulated, knobs=knobs)
     print(Path(info.state_dir) / "lab.json")
     return 0
 
@@ -26,7 +37,7 @@ def _up(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     from testbed import lab
 
-    lab.down(_state_dir(args), index=args.index)
+    lab.down(_state_dir(args), index=args.index, simulated=args.simulated)
     return 0
 
 
@@ -59,8 +70,9 @@ def _hosts(value: str) -> int:
         n = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--hosts: {value!r} is not an integer") from None
-    if not 1 <= n <= MAX_HOSTS:
-        raise argparse.ArgumentTypeError(f"--hosts: {n} is not in 1..{MAX_HOSTS}")
+    if not 1 <= n <= MAX_SIM_HOSTS:
+        raise argparse.ArgumentTypeError(
+            f"--hosts: {n} is not in 1..{MAX_HOSTS} (1..{MAX_SIM_HOSTS} simulated)")
     return n
 
 
@@ -68,6 +80,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", help="lab state dir (default /var/tmp/egress-kvm-lab/lab<INDEX>)")
     p.add_argument("--index", type=_index, default=0,
                    help=f"lab number 0..{MAX_INDEX}: keeps labs apart (names, subnets derive from it)")
+    p.add_argument("--simulated", action="store_true",
+                   help="simulated hosts (testbed/sim) instead of libvirtd: a lab beside the real one")
 
 
 def _run(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -93,6 +107,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(up)
     up.add_argument("--hosts", type=_hosts, default=1, help="number of hypervisor hosts (default 1)")
     up.add_argument("--no-image", action="store_true", help="skip building and serving the test image")
+    up.add_argument("--knobs", help='simulated hosts\' knobs as JSON, e.g. \'{"boot_delay_s": 5}\' '
+                    "(testbed/sim/knobs.py; a running lab gets them at once)")
     up.set_defaults(func=_run(_up))
     down = cmds.add_parser("down", help="remove everything the lab made")
     _common(down)

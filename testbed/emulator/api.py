@@ -26,8 +26,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from testbed.emulator import errors, patch, schema
+from testbed.emulator import errors, fieldmanager, patch, schema
 from testbed.emulator.errors import ApiError, FieldError
+from testbed.emulator.fieldmanager import Change, Operation
 from testbed.emulator.resources import CRD_KEY, NAMESPACE_KEY, SECRET_KEY, Registry, ResourceType
 from testbed.emulator.selectors import field_matcher, label_matcher
 from testbed.emulator.store import Store
@@ -53,7 +54,12 @@ PATCH_TYPES = (
     "application/json-patch+json",
     "application/merge-patch+json",
     "application/strategic-merge-patch+json",
+    "application/apply-patch+yaml",
 )
+
+
+def meta_fields(obj: Obj) -> Any:
+    return (obj.get("metadata") or {}).get("managedFields")
 
 
 def rfc3339(t: datetime) -> str:
@@ -116,7 +122,15 @@ class Api:
 
     # --- create ------------------------------------------------------------------------------
     def create(
-        self, rt: ResourceType, ns: str, body: Any, *, field_validation: str = "", dry_run: bool = False
+        self,
+        rt: ResourceType,
+        ns: str,
+        body: Any,
+        *,
+        field_validation: str = "",
+        dry_run: bool = False,
+        manager: str = "",
+        change: Change | None = None,
     ) -> tuple[Obj, list[str]]:
         obj = self._check_body(rt, body)
         meta = obj.setdefault("metadata", {})
@@ -152,6 +166,7 @@ class Api:
         if rt.generation != "none":
             meta["generation"] = 1
         self._on_create(rt, obj)
+        self._track(rt, None, obj, change or Change(manager or "unknown"))
         if dry_run:
             return obj, warnings
         stored = self.store.put(rt.key, obj, event="ADDED")
@@ -285,6 +300,7 @@ class Api:
         subresource: str = "",
         field_validation: str = "",
         dry_run: bool = False,
+        manager: str = "",
     ) -> tuple[Obj, list[str]]:
         ns, current = self._existing(rt, ns, name, subresource)
         obj = self._check_body(rt, body)
@@ -305,7 +321,13 @@ class Api:
                 [FieldError("Invalid", "metadata.resourceVersion", 0, "must be specified for an update")],
             )
         return self._write(
-            rt, current, obj, subresource=subresource, field_validation=field_validation, dry_run=dry_run
+            rt,
+            current,
+            obj,
+            subresource=subresource,
+            field_validation=field_validation,
+            dry_run=dry_run,
+            change=Change(manager or "unknown", subresource=subresource),
         )
 
     def patch(
@@ -319,7 +341,21 @@ class Api:
         subresource: str = "",
         field_validation: str = "",
         dry_run: bool = False,
+        manager: str = "",
+        force: bool = False,
     ) -> tuple[Obj, list[str]]:
+        if content_type == "application/apply-patch+yaml":
+            return self.apply(
+                rt,
+                ns,
+                name,
+                body,
+                manager=manager,
+                force=force,
+                subresource=subresource,
+                field_validation=field_validation,
+                dry_run=dry_run,
+            )
         ns, current = self._existing(rt, ns, name, subresource)
         base = self.served(rt, copy.deepcopy(current))
         if content_type == "application/merge-patch+json":
@@ -346,9 +382,112 @@ class Api:
             raise errors.conflict(rt.group_resource, name, errors.STALE)
         obj = self._check_body(rt, patched)
         self._place(rt, ns, obj["metadata"])
+        written = obj["metadata"].get("managedFields")
+        base = written if isinstance(written, list) and written != meta_fields(current) else None
         return self._write(
-            rt, current, obj, subresource=subresource, field_validation=field_validation, dry_run=dry_run
+            rt,
+            current,
+            obj,
+            subresource=subresource,
+            field_validation=field_validation,
+            dry_run=dry_run,
+            change=Change(manager or "unknown", subresource=subresource, base=base),
         )
+
+    def apply(
+        self,
+        rt: ResourceType,
+        ns: str,
+        name: str,
+        body: Any,
+        *,
+        manager: str,
+        force: bool = False,
+        subresource: str = "",
+        field_validation: str = "",
+        dry_run: bool = False,
+    ) -> tuple[Obj, list[str]]:
+        """Server-side apply (fieldmanager.py): create the object if it is missing, else merge the applied
+        configuration in, refusing (409) to change fields other managers own unless `force`."""
+        if not manager:
+            raise errors.bad_request("PATCH, application/apply-patch+yaml: fieldManager is required")
+        if not isinstance(body, dict):
+            raise errors.bad_request("apply: the body must be an object")
+        if not body.get("apiVersion") or not body.get("kind"):
+            raise errors.bad_request("apiVersion and kind must be set in an applied configuration")
+        applied = self._check_body(rt, body)
+        meta = applied.setdefault("metadata", {})
+        if meta.get("name") and meta["name"] != name:
+            raise errors.bad_request(
+                f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
+            )
+        meta["name"] = name
+        for k in _SERVER_META:
+            meta.pop(k, None)
+        self._place(rt, ns, meta)
+        self._check_subresource(rt, subresource)
+        status_sub = rt.status_subresource
+        paths = fieldmanager.field_set(
+            applied, rt.schema, subresource=subresource, status_subresource=status_sub
+        )
+        change = Change(manager, Operation.APPLY, subresource, frozenset(paths))
+        stored_ns = ns if rt.namespaced else ""
+        current = self.store.get(rt.key, stored_ns, name)
+        if current is None:
+            if subresource:
+                raise errors.not_found(rt.group_resource, name)
+            return self.create(
+                rt, ns, applied, field_validation=field_validation, dry_run=dry_run, change=change
+            )
+        live = self.served(rt, copy.deepcopy(current))
+        owners = fieldmanager.entries(current["metadata"])
+        found = fieldmanager.conflicts(live, applied, paths, owners, manager=manager, subresource=subresource)
+        if found and manager == "kubectl":
+            # The real server's lastAppliedManager: kubectl's first server-side apply of an object it applied
+            # client-side takes over the fields of the last-applied annotation instead of conflicting.
+            allowed = fieldmanager.last_applied_fields(live, rt.schema)
+            if all(p in allowed for _, p in found):
+                force = True
+            else:
+                found = [(e, p) for e, p in found if p not in allowed]
+        if found and not force:
+            raise fieldmanager.conflict_error(found)
+        before = next(
+            (e.paths for e in owners if e.ident == (manager, Operation.APPLY, subresource)), set()
+        )
+        others = set().union(
+            *(e.paths for e in owners if e.ident != (manager, Operation.APPLY, subresource))
+        )
+        dropped = fieldmanager.dropped_paths(before, paths, others)
+        merged = fieldmanager.merge_applied(live, applied, applied_paths=paths, dropped=dropped)
+        merged["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        obj = self._check_body(rt, merged)
+        self._place(rt, ns, obj["metadata"])
+        change = Change(
+            manager, Operation.APPLY, subresource, frozenset(paths), frozenset(p for _, p in found)
+        )
+        return self._write(
+            rt,
+            current,
+            obj,
+            subresource=subresource,
+            field_validation=field_validation,
+            dry_run=dry_run,
+            change=change,
+        )
+
+    def _track(self, rt: ResourceType, old: Obj | None, new: Obj, change: Change) -> None:
+        new["metadata"]["managedFields"] = fieldmanager.record(
+            old,
+            new,
+            change,
+            schema=rt.schema,
+            api_version=rt.api_version,
+            status_subresource=rt.status_subresource,
+            now=self.now(),
+        )
+        if not new["metadata"]["managedFields"]:
+            new["metadata"].pop("managedFields")
 
     @staticmethod
     def _check_subresource(rt: ResourceType, subresource: str) -> None:
@@ -364,6 +503,7 @@ class Api:
         subresource: str,
         field_validation: str,
         dry_run: bool,
+        change: Change | None = None,
     ) -> tuple[Obj, list[str]]:
         name = current["metadata"]["name"]
         if subresource == "status":
@@ -409,6 +549,7 @@ class Api:
             meta["generation"] = int(old_meta.get("generation", 1)) + 1
         if not meta.get("finalizers"):
             meta.pop("finalizers", None)
+        self._track(rt, current, new, change or Change("unknown", subresource=subresource))
         if self._same(current, new):
             return self.served(rt, copy.deepcopy(current)), warnings
         if dry_run:
@@ -632,6 +773,7 @@ class Api:
                     )
                 )
             errs += schema.check_crd_schema(s, f"spec.versions[{i}].schema.openAPIV3Schema")
+            errs += schema.check_root_metadata(s, f"spec.versions[{i}].schema.openAPIV3Schema")
         if old is not None:
             ospec = old.get("spec") or {}
             if ospec.get("group") != spec.get("group"):

@@ -28,6 +28,7 @@ class FieldError:
         "TooLong": "FieldValueTooLong",
         "TooMany": "FieldValueTooMany",
         "Forbidden": "FieldValueForbidden",
+        "Duplicate": "FieldValueDuplicate",
     }
 
     def body(self) -> str:
@@ -41,6 +42,10 @@ class FieldError:
             return f"Too long: {self.detail}"
         if self.kind == "TooMany":
             return f"Too many: {go_value(self.value)}: {self.detail}"
+        if self.kind == "Duplicate":
+            shown = self.value if isinstance(self.value, str) and self.value.startswith("map[") \
+                else go_value(self.value)
+            return f"Duplicate value: {shown}"
         if self.kind == "Forbidden":
             return "Forbidden" + (f": {self.detail}" if self.detail else "")
         return f"Invalid value: {go_value(self.value)}" + (f": {self.detail}" if self.detail else "")

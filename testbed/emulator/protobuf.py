@@ -109,8 +109,33 @@ MESSAGES: dict[str, Schema] = {
         3: ("imagePullSecrets", "LocalObjectReference", True),
         4: ("automountServiceAccountToken", "bool", False),
     },
+    # k8s.io/api/authorization/v1: what `kubectl auth can-i` sends.
+    "ResourceAttributes": {
+        1: ("namespace", "string", False),
+        2: ("verb", "string", False),
+        3: ("group", "string", False),
+        4: ("version", "string", False),
+        5: ("resource", "string", False),
+        6: ("subresource", "string", False),
+        7: ("name", "string", False),
+    },
+    "NonResourceAttributes": {1: ("path", "string", False), 2: ("verb", "string", False)},
+    "SelfSubjectAccessReviewSpec": {
+        1: ("resourceAttributes", "ResourceAttributes", False),
+        2: ("nonResourceAttributes", "NonResourceAttributes", False),
+    },
+    "SelfSubjectAccessReview": {
+        1: ("metadata", "ObjectMeta", False),
+        2: ("spec", "SelfSubjectAccessReviewSpec", False),
+    },
+    "SelfSubjectRulesReviewSpec": {1: ("namespace", "string", False)},
+    "SelfSubjectRulesReview": {
+        1: ("metadata", "ObjectMeta", False),
+        2: ("spec", "SelfSubjectRulesReviewSpec", False),
+    },
 }
-KINDS = ("Namespace", "Secret", "ConfigMap", "ServiceAccount")
+KINDS = ("Namespace", "Secret", "ConfigMap", "ServiceAccount", "SelfSubjectAccessReview",
+         "SelfSubjectRulesReview")
 
 
 def _scalar(kind: str, wt: int, value: Any) -> Any:
@@ -159,6 +184,6 @@ def decode(body: bytes, *, kind: str) -> dict[str, Any]:
     obj = decode_message(kind, bytes(unknown.get(2, b"")))
     if type_meta.get(2) and type_meta[2] != kind:
         raise ProtobufError(f"the body holds a {type_meta[2]}, not a {kind}")
-    obj["apiVersion"] = type_meta.get(1) or "v1"
+    obj["apiVersion"] = type_meta.get(1) or ("authorization.k8s.io/v1" if "Review" in kind else "v1")
     obj["kind"] = kind
     return obj

@@ -13,6 +13,7 @@ accepting both types.
 from __future__ import annotations
 
 import copy
+import json
 import re
 from typing import Any
 
@@ -172,12 +173,33 @@ def validate(value: Any, schema: Schema | None, path: str = "") -> list[FieldErr
                     f"{path} in body should have at least {schema['minItems']} items",
                 )
             )
+        errs += _duplicates(value, schema, path)
         items = schema.get("items")
         if isinstance(items, dict):
             for i, item in enumerate(value):
                 errs += validate(item, items, f"{path}[{i}]")
     elif isinstance(value, dict):
         errs += _object(value, schema, path)
+    return errs
+
+
+def _duplicates(value: list[Any], schema: Schema, path: str) -> list[FieldError]:
+    """`x-kubernetes-list-type: map` (unique by its map keys) and `set` (unique values), as the real
+    server refuses them: `status.conditions[1]: Duplicate value: map[string]interface {}{"type":"Ready"}`."""
+    kind = schema.get("x-kubernetes-list-type")
+    if kind not in ("map", "set"):
+        return []
+    keys = list(schema.get("x-kubernetes-list-map-keys") or [])
+    seen: list[Any] = []
+    errs = []
+    for i, item in enumerate(value):
+        ident = {k: item.get(k) for k in keys} if kind == "map" and isinstance(item, dict) else item
+        if ident in seen:
+            shown = ("map[string]interface {}" + json.dumps(ident, separators=(",", ":"), sort_keys=True)
+                     if isinstance(ident, dict) else ident)
+            errs.append(FieldError("Duplicate", f"{path}[{i}]", shown))
+        else:
+            seen.append(ident)
     return errs
 
 
@@ -259,6 +281,21 @@ def _object(value: dict[str, Any], schema: Schema, path: str) -> list[FieldError
         elif extra is False:
             errs.append(FieldError("Forbidden", _child(path, key), detail="field not declared in schema"))
     return errs
+
+
+def check_root_metadata(schema: Schema | None, path: str) -> list[FieldError]:
+    """The root's `metadata` may say only `type: object` and restrict `name`/`generateName`: the real
+    server refuses anything else there (even a description), since metadata is ObjectMeta."""
+    meta = ((schema or {}).get("properties") or {}).get("metadata")
+    if not isinstance(meta, dict):
+        return []
+    extra = {k for k in meta if k not in ("type", "properties")}
+    names = set(meta.get("properties") or {})
+    if extra or not names <= {"name", "generateName"} or meta.get("type", "object") != "object":
+        return [FieldError("Forbidden", f"{path}.properties[metadata]",
+                           detail="must not specify anything other than name and generateName, but metadata "
+                                  "is implicitly specified")]
+    return []
 
 
 def check_crd_schema(schema: Schema | None, path: str) -> list[FieldError]:

@@ -19,9 +19,10 @@ import yaml
 from aiohttp import web
 
 from egress_kvm.log import get_logger
-from testbed.emulator import discovery, kubeconfig, protobuf, tables, watch
+from testbed.emulator import discovery, kubeconfig, protobuf, rbac, tables, watch
 from testbed.emulator.api import Api
 from testbed.emulator.errors import ApiError, bad_request, method_not_allowed
+from testbed.emulator.fieldmanager import manager_from_user_agent
 from testbed.emulator.resources import ResourceType
 from testbed.emulator.selectors import field_matcher, label_matcher
 from testbed.emulator.store import Store
@@ -144,6 +145,10 @@ async def _resource(request: web.Request) -> web.StreamResponse:
     q = request.query
     dry_run = q.get("dryRun") == "All"
     fv = q.get("fieldValidation", "Warn")
+    # Who writes: the fieldManager parameter, else the User-Agent's product (the real server's default).
+    # Apply requires the parameter.
+    manager = q.get("fieldManager") or ""
+    writer = manager or manager_from_user_agent(request.headers.get("User-Agent", ""))
     if sub and (sub != "status" or not rt.status_subresource):
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
     method = request.method
@@ -207,7 +212,12 @@ async def _resource(request: web.Request) -> web.StreamResponse:
             if rt.namespaced and ns is None:
                 raise method_not_allowed()
             obj, warnings = api.create(
-                rt, ns or "", await _body(request, rt.kind), field_validation=fv, dry_run=dry_run
+                rt,
+                ns or "",
+                await _body(request, rt.kind),
+                field_validation=fv,
+                dry_run=dry_run,
+                manager=writer,
             )
             return _json(_render_one(request, api, rt, obj), 201, warnings)
         if method == "DELETE":
@@ -236,9 +246,12 @@ async def _resource(request: web.Request) -> web.StreamResponse:
             subresource=sub,
             field_validation=fv,
             dry_run=dry_run,
+            manager=writer,
         )
         return _json(_render_one(request, api, rt, obj), 200, warnings)
     if method == "PATCH":
+        apply = request.content_type == "application/apply-patch+yaml"
+        existed = apply and api.store.get(rt.key, (ns or "") if rt.namespaced else "", name) is not None
         obj, warnings = api.patch(
             rt,
             ns or "",
@@ -248,8 +261,11 @@ async def _resource(request: web.Request) -> web.StreamResponse:
             subresource=sub,
             field_validation=fv,
             dry_run=dry_run,
+            manager=manager if apply else writer,
+            force=q.get("force", "").lower() in ("1", "true"),
         )
-        return _json(_render_one(request, api, rt, obj), 200, warnings)
+        status = 201 if apply and not existed else 200  # an apply that creates answers as a create
+        return _json(_render_one(request, api, rt, obj), status, warnings)
     if method == "DELETE":
         if sub:
             raise method_not_allowed()
@@ -259,6 +275,69 @@ async def _resource(request: web.Request) -> web.StreamResponse:
         )
         return _json(obj, 200 if gone else 202)
     raise method_not_allowed()
+
+
+def _requester(request: web.Request) -> rbac.User:
+    return rbac.User.from_request(
+        request.headers.get("Impersonate-User"), request.headers.getall("Impersonate-Group", [])
+    )
+
+
+def _rbac_store(api: Api) -> rbac.Store:
+    def objects(plural: str) -> list[Obj]:
+        return api.store.list((rbac.RBAC, plural), None)
+
+    return rbac.Store(objects)
+
+
+async def _access_review(request: web.Request) -> web.Response:
+    """SelfSubjectAccessReview (`kubectl auth can-i VERB RESOURCE`), answered from the RBAC objects held
+    (rbac.py) for the requester (`--as`, `--as-group`; else the admin)."""
+    api = request.app[API_KEY]
+    body = await _body(request, "SelfSubjectAccessReview")
+    spec = (body or {}).get("spec") or {}
+    res, non = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+    if isinstance(res, dict):
+        attrs = rbac.Attributes(
+            verb=res.get("verb", ""),
+            namespace=res.get("namespace", ""),
+            group=res.get("group", ""),
+            resource=res.get("resource", ""),
+            subresource=res.get("subresource", ""),
+            name=res.get("name", ""),
+        )
+    elif isinstance(non, dict):
+        attrs = rbac.Attributes(verb=non.get("verb", ""), path=non.get("path", ""))
+    else:
+        raise bad_request("spec: Invalid value: exactly one of nonResourceAttributes or resourceAttributes "
+                          "must be specified")
+    allowed, reason = rbac.authorize(_rbac_store(api), _requester(request), attrs)
+    status: Obj = {"allowed": allowed}
+    if reason:
+        status["reason"] = reason
+    out = {
+        "kind": "SelfSubjectAccessReview",
+        "apiVersion": "authorization.k8s.io/v1",
+        "metadata": {"creationTimestamp": None},
+        "spec": spec,
+        "status": status,
+    }
+    return _json(out, 201)
+
+
+async def _rules_review(request: web.Request) -> web.Response:
+    """SelfSubjectRulesReview (`kubectl auth can-i --list`)."""
+    api = request.app[API_KEY]
+    spec = ((await _body(request, "SelfSubjectRulesReview")) or {}).get("spec") or {}
+    resource, non_resource = rbac.rules_for(_rbac_store(api), _requester(request), spec.get("namespace", ""))
+    out = {
+        "kind": "SelfSubjectRulesReview",
+        "apiVersion": "authorization.k8s.io/v1",
+        "metadata": {"creationTimestamp": None},
+        "spec": spec,
+        "status": {"resourceRules": resource, "nonResourceRules": non_resource, "incomplete": False},
+    }
+    return _json(out, 201)
 
 
 async def _version(request: web.Request) -> web.Response:
@@ -337,6 +416,8 @@ def make_app(api: Api, emulator: Emulator) -> web.Application:
     r.add_get("/openapi/v2", _openapi_v2)
     r.add_get("/openapi/v3", _openapi_v3_root)
     r.add_get("/openapi/v3/{path:.+}", _openapi_v3_gv)
+    r.add_post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", _access_review)
+    r.add_post("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", _rules_review)
     r.add_route("*", "/api/v1/{rest:.+}", _resource)
     r.add_route("*", "/apis/{group}/{version}/{rest:.+}", _resource)
     return app

@@ -6,6 +6,11 @@ mount namespace inside it, so they see private /etc/libvirt, /var/lib/libvirt, /
 /run/libvirt (bind-mounted from the host's state dir): each lab's libvirtd coexists with any other on the
 machine, and SSH sessions and QEMU inherit the same view, so the libvirt socket path is the standard one.
 The host routes between its veth and its bridge; there is no NAT, no uplink and no default route.
+
+A simulated host (docs/lab.md, "Simulated hosts") is the same namespace, sshd and bridge with
+testbed/sim's daemon on the libvirt socket in place of virtlogd + libvirtd (and no dnsmasq: nothing
+asks for leases). Its guest LAN is made local in the namespace (an AnyIP route), so the simulator can
+serve each guest's proxy on the guest's own address and the operator reaches it over the veth.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import pwd
 import shlex
 import shutil
 import socket
+import sys
 from pathlib import Path
 
 from testbed.lab.layout import (
@@ -40,6 +46,12 @@ from testbed.lab.procs import (
 )
 
 DAEMONS = ("virtlogd", "libvirtd", "sshd", "dnsmasq")
+SIM_DAEMONS = ("libvirt-sim", "sshd")
+REPO_ROOT = Path(__file__).resolve().parents[2]  # where `python -m testbed.sim` imports from
+
+
+def daemons(host: HostLayout) -> tuple[str, ...]:
+    return SIM_DAEMONS if host.simulated else DAEMONS
 # sshd without PAM gives sessions a PATH without the sbin dirs; the provider runs `ip neigh` over SSH.
 SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LIBVIRTD_CONF_EXTRA = """
@@ -92,9 +104,10 @@ def install_authorized_key(lab: LabLayout, public_key: str) -> None:
 
 def host_argv(host: HostLayout, argv: list[str]) -> list[str]:
     """argv run "on the host": inside the mount + network namespace its daemons share."""
-    pid = read_pid(host.pidfile("libvirtd"))
+    pid = read_pid(host.pidfile(host.hypervisor))
     if not alive(pid):
-        raise LabError(f"{host.name}: libvirtd is not running (no live pid in {host.pidfile('libvirtd')})")
+        raise LabError(f"{host.name}: {host.hypervisor} is not running (no live pid in "
+                       f"{host.pidfile(host.hypervisor)})")
     return ["nsenter", "-t", str(pid), "-m", "-n", "--", *argv]
 
 
@@ -162,9 +175,32 @@ def _network_up(host: HostLayout) -> None:
         run(argv)
 
 
+def _sim_command(host: HostLayout) -> str:
+    """The simulator's daemon, detached (stdio to its log, so the starting shell does not wait on it)."""
+    q = shlex.quote
+    argv = [sys.executable, "-m", "testbed.sim", "--name", host.name, "--socket", "/run/libvirt/libvirt-sock",
+            "--control", str(host.sim_control), "--pool-path", POOL_PATH, "--guest-network", host.lan_cidr,
+            "--pidfile", str(host.pidfile(host.hypervisor)), "--leases", str(host.leases),
+            "--bridge", BRIDGE]
+    if host.sim_knobs.exists():
+        argv += ["--knobs", str(host.sim_knobs)]
+    return (f"PYTHONPATH={q(str(REPO_ROOT))} setsid {' '.join(q(a) for a in argv)} "
+            f"</dev/null >>{q(str(host.dir / 'sim.log'))} 2>&1 &")
+
+
 def _start_daemons(host: HostLayout, caps_cache: Path) -> None:
     lo, hi = host.dhcp_range
     q = shlex.quote
+    if host.simulated:
+        hypervisor = _sim_command(host)
+        dhcp = ""
+    else:
+        hypervisor = (f"virtlogd -d -p {q(str(host.pidfile('virtlogd')))}\n"
+                      f"libvirtd -d -p {q(str(host.pidfile('libvirtd')))}")
+        dhcp = f"""dnsmasq --conf-file=/dev/null --port=0 --interface={BRIDGE} --bind-interfaces \\
+  --except-interface=lo --dhcp-range={lo},{hi},255.255.255.0,1h --dhcp-authoritative \\
+  --dhcp-leasefile={q(str(host.leases))} --pid-file={q(str(host.pidfile("dnsmasq")))} \\
+  --log-dhcp --log-facility={q(str(host.dir / "dnsmasq.log"))}"""
     script = f"""
 mkdir -p /etc/libvirt /var/lib/libvirt /var/cache/libvirt /var/log/libvirt /run/libvirt
 mount --bind {q(str(host.etc_libvirt))} /etc/libvirt
@@ -172,13 +208,9 @@ mount --bind {q(str(host.var_lib_libvirt))} /var/lib/libvirt
 mount --bind {q(str(caps_cache))} /var/cache/libvirt
 mount --bind {q(str(host.var_log_libvirt))} /var/log/libvirt
 mount -t tmpfs -o mode=755 tmpfs /run/libvirt
-virtlogd -d -p {q(str(host.pidfile("virtlogd")))}
-libvirtd -d -p {q(str(host.pidfile("libvirtd")))}
+{hypervisor}
 /usr/sbin/sshd -f {q(str(host.sshd_config))} -E {q(str(host.dir / "sshd.log"))}
-dnsmasq --conf-file=/dev/null --port=0 --interface={BRIDGE} --bind-interfaces --except-interface=lo \\
-  --dhcp-range={lo},{hi},255.255.255.0,1h --dhcp-authoritative \\
-  --dhcp-leasefile={q(str(host.leases))} --pid-file={q(str(host.pidfile("dnsmasq")))} \\
-  --log-dhcp --log-facility={q(str(host.dir / "dnsmasq.log"))}
+{dhcp}
 """
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
     run(["ip", "netns", "exec", host.netns, "unshare", "--mount", "--propagation", "private",
@@ -186,7 +218,7 @@ dnsmasq --conf-file=/dev/null --port=0 --interface={BRIDGE} --bind-interfaces --
 
 
 def _socket_ready(host: HostLayout) -> bool:
-    pid = read_pid(host.pidfile("libvirtd"))
+    pid = read_pid(host.pidfile(host.hypervisor))
     # /run, not SOCKET's /var/run: that symlink would resolve against OUR root, not libvirtd's
     return alive(pid) and Path(f"/proc/{pid}/root/run/libvirt/libvirt-sock").is_socket()
 
@@ -212,12 +244,16 @@ def host_up(lab: LabLayout, host: HostLayout) -> None:
     run(["chgrp", "kvm", "/dev/kvm"], check=False)  # what udev would do: qemu runs as libvirt-qemu:kvm
     run(["chmod", "0660", "/dev/kvm"], check=False)
     _network_up(host)
+    if host.simulated:  # every guest address is local here: the simulator serves the guests' proxies
+        run(["ip", "-n", host.netns, "route", "add", "local", host.lan_cidr, "dev", "lo", "table", "local"])
     _start_daemons(host, caps_cache)
     wait_for(lambda: _socket_ready(host), timeout=30, what=f"{host.name}: libvirt socket")
-    for daemon in DAEMONS:
+    for daemon in daemons(host):
         wait_for(lambda d=daemon: alive(read_pid(host.pidfile(d))), timeout=10,
                  what=f"{host.name}: {daemon} pid file")
     wait_for(lambda: _tcp_open(host.ip, SSH_PORT), timeout=10, what=f"{host.name}: sshd on {host.ip}")
+    if host.simulated:
+        return  # the simulator's pool `default` exists from its start
     # first use probes QEMU's capabilities (~8 s cold; the shared cache dir makes later hosts fast)
     run(virsh_argv(host, "pool-define-as", POOL, "dir", "--target", POOL_PATH), timeout=120)
     run(virsh_argv(host, "pool-start", POOL))
@@ -230,7 +266,7 @@ def host_problems(host: HostLayout) -> list[str]:
     if inode is None:
         return [f"{host.name}: netns {host.netns} missing"]
     problems = []
-    for daemon in (*DAEMONS, "http-target"):
+    for daemon in (*daemons(host), "http-target"):
         pid = read_pid(host.pidfile(daemon))
         if pid is None or not (alive(pid) and in_netns(pid, inode)):
             problems.append(f"{host.name}: {daemon} not running")
@@ -256,7 +292,7 @@ def _ours(pid: int, host: HostLayout, inode: int | None) -> bool:
 def host_down(host: HostLayout) -> None:
     """Remove everything this host slot may have left: VMs, processes, veth, netns. Safe when absent."""
     inode = netns_inode(host.netns)
-    if _socket_ready(host):
+    if _socket_ready(host) and not host.simulated:
         names = run(virsh_argv(host, "list", "--all", "--name"), check=False, timeout=30).stdout.split()
         for name in names:
             run(virsh_argv(host, "destroy", name), check=False, timeout=60)

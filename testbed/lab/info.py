@@ -55,6 +55,7 @@ class HostInfo(_Items):
     dnsmasq_leases: str
     pool_dir: str  # pool_path as the root namespace sees it (extra)
     http_target: str  # this host's own target, reachable from its VMs (extra)
+    sim_control: str = ""  # a simulated host's control socket (testbed/sim/control.py); "" for a real one
 
 
 @dataclass
@@ -70,6 +71,7 @@ class LabInfo(_Items):
     hosts: list[HostInfo]
     proxy_manifests: list[str] = field(default_factory=list)
     user_data_file: str = ""
+    simulated: bool = False  # testbed/sim's daemons instead of libvirtd (docs/lab.md, "Simulated hosts")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LabInfo:
@@ -87,7 +89,13 @@ class LabInfo(_Items):
         return cls.from_dict(json.loads(path.read_text()))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """A real lab's lab.json stays as it was before simulated labs: their fields only when set."""
+        data = dataclasses.asdict(self)
+        if not self.simulated:
+            del data["simulated"]
+            for h in data["hosts"]:
+                del h["sim_control"]
+        return data
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")

@@ -5,9 +5,13 @@ name that is global to the machine (network namespace, root-side veth, subnets, 
 authorized_keys file) derives from the index, and everything else lives under the lab's state dir.
 Pure data: nothing here touches the system, so the arithmetic is unit-tested on its own.
 
-Addresses, all inside 10.231.0.0/16 (the only range the lab ever creates or contacts):
+Addresses, all inside 10.231.0.0/16 (the only ranges the lab ever creates or contacts):
 lab N, host i -> link net 10.231.{N*16+i*2}.0/24 (root side .1, host side .2), VM LAN
 10.231.{N*16+i*2+1}.0/24 (bridge br0 at .1, DHCP .100-.199).
+
+A simulated lab (`lab up --simulated`, docs/lab.md) is a separate lab beside the real one of the same
+index: namespaces ekvm{N}s{i}, state dir lab{N}-sim, addresses in 10.232.0.0/16 (lab N, host i -> link
+net 10.232.{N*32+i*2}.0/24, guest LAN 10.232.{N*32+i*2+1}.0/24), up to 16 hosts (a fleet benchmark's 10).
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from pathlib import Path
 
 MAX_INDEX = 7
 MAX_HOSTS = 8  # 8 hosts x 2 subnets = the lab's /20
+MAX_SIM_HOSTS = 16  # 16 hosts x 2 subnets = a simulated lab's /19
 STATE_ROOT = Path("/var/tmp/egress-kvm-lab")
 LAB_SUPERNET = ipaddress.IPv4Network("10.231.0.0/16")
+SIM_SUPERNET = ipaddress.IPv4Network("10.232.0.0/16")
 BRIDGE = "br0"
 POOL = "default"
 POOL_PATH = "/var/lib/libvirt/images"  # as the host (and libvirt) sees it, inside its mount namespace
@@ -38,8 +44,8 @@ def cache_root() -> Path:
     return Path(base) / "egress-kvm"
 
 
-def default_state_dir(index: int) -> Path:
-    return STATE_ROOT / f"lab{index}"
+def default_state_dir(index: int, *, simulated: bool = False) -> Path:
+    return STATE_ROOT / (f"lab{index}-sim" if simulated else f"lab{index}")
 
 
 def check_index(index: int) -> int:
@@ -48,9 +54,10 @@ def check_index(index: int) -> int:
     return index
 
 
-def check_hosts(hosts: int) -> int:
-    if not isinstance(hosts, int) or isinstance(hosts, bool) or not 1 <= hosts <= MAX_HOSTS:
-        raise ValueError(f"lab hosts: {hosts!r} is not an integer in 1..{MAX_HOSTS}")
+def check_hosts(hosts: int, *, simulated: bool = False) -> int:
+    most = MAX_SIM_HOSTS if simulated else MAX_HOSTS
+    if not isinstance(hosts, int) or isinstance(hosts, bool) or not 1 <= hosts <= most:
+        raise ValueError(f"lab hosts: {hosts!r} is not an integer in 1..{most}")
     return hosts
 
 
@@ -61,52 +68,76 @@ class HostLayout:
     index: int  # the lab's index
     number: int  # 0-based host number within the lab
     dir: Path  # <state>/host<i>: pid files, logs, libvirt's private dirs
+    simulated: bool = False  # testbed/sim's daemon on the libvirt socket instead of libvirtd
 
     @property
     def name(self) -> str:
         return f"host{self.number}"
 
     @property
+    def _tag(self) -> str:
+        return f"ekvm{self.index}{'s' if self.simulated else 'h'}{self.number}"
+
+    @property
     def netns(self) -> str:
-        return f"ekvm{self.index}h{self.number}"
+        return self._tag
 
     @property
     def veth_root(self) -> str:
-        return f"ekvm{self.index}h{self.number}c"  # <= 15 chars (IFNAMSIZ)
+        return f"{self._tag}c"  # <= 15 chars (IFNAMSIZ)
 
     @property
     def veth_host(self) -> str:
-        return f"ekvm{self.index}h{self.number}h"
+        return f"{self._tag}h"
+
+    @property
+    def _net(self) -> str:
+        return "10.232" if self.simulated else "10.231"
 
     @property
     def _link_octet(self) -> int:
-        return self.index * 16 + self.number * 2
+        return (self.index * 32 if self.simulated else self.index * 16) + self.number * 2
 
     @property
     def link_cidr(self) -> str:
-        return f"10.231.{self._link_octet}.0/24"
+        return f"{self._net}.{self._link_octet}.0/24"
 
     @property
     def root_ip(self) -> str:
-        return f"10.231.{self._link_octet}.1"
+        return f"{self._net}.{self._link_octet}.1"
 
     @property
     def ip(self) -> str:
         """The host's SSH address: the host side of the veth."""
-        return f"10.231.{self._link_octet}.2"
+        return f"{self._net}.{self._link_octet}.2"
 
     @property
     def lan_cidr(self) -> str:
-        return f"10.231.{self._link_octet + 1}.0/24"
+        return f"{self._net}.{self._link_octet + 1}.0/24"
 
     @property
     def gateway(self) -> str:
         """The bridge's address: the VMs' gateway, and where the host's HTTP servers listen."""
-        return f"10.231.{self._link_octet + 1}.1"
+        return f"{self._net}.{self._link_octet + 1}.1"
 
     @property
     def dhcp_range(self) -> tuple[str, str]:
-        return f"10.231.{self._link_octet + 1}.100", f"10.231.{self._link_octet + 1}.199"
+        return f"{self._net}.{self._link_octet + 1}.100", f"{self._net}.{self._link_octet + 1}.199"
+
+    @property
+    def hypervisor(self) -> str:
+        """The daemon on the libvirt socket (its pid file's name): libvirtd, or the simulator."""
+        return "libvirt-sim" if self.simulated else "libvirtd"
+
+    @property
+    def sim_control(self) -> Path:
+        """The simulator's control socket (testbed/sim/control.py)."""
+        return self.dir / "sim.sock"
+
+    @property
+    def sim_knobs(self) -> Path:
+        """The simulator's knobs at start (JSON, testbed/sim/knobs.py)."""
+        return self.dir / "sim-knobs.json"
 
     # files under the host dir
     def pidfile(self, daemon: str) -> Path:
@@ -151,16 +182,19 @@ class LabLayout:
     index: int
     hosts: int
     state_dir: Path
+    simulated: bool = False
 
     @classmethod
-    def make(cls, *, index: int, hosts: int, state_dir: Path | str | None = None) -> LabLayout:
+    def make(cls, *, index: int, hosts: int, state_dir: Path | str | None = None,
+             simulated: bool = False) -> LabLayout:
         check_index(index)
-        check_hosts(hosts)
-        state = Path(state_dir) if state_dir is not None else default_state_dir(index)
-        return cls(index=index, hosts=hosts, state_dir=state.absolute())
+        check_hosts(hosts, simulated=simulated)
+        state = Path(state_dir) if state_dir is not None else default_state_dir(index, simulated=simulated)
+        return cls(index=index, hosts=hosts, state_dir=state.absolute(), simulated=simulated)
 
     def host(self, number: int) -> HostLayout:
-        return HostLayout(index=self.index, number=number, dir=self.state_dir / f"host{number}")
+        return HostLayout(index=self.index, number=number, dir=self.state_dir / f"host{number}",
+                          simulated=self.simulated)
 
     @property
     def all_hosts(self) -> list[HostLayout]:
@@ -169,7 +203,7 @@ class LabLayout:
     @property
     def every_possible_host(self) -> list[HostLayout]:
         """All host slots of this index: a crashed lab may have had more hosts than the next one asks for."""
-        return [self.host(i) for i in range(MAX_HOSTS)]
+        return [self.host(i) for i in range(MAX_SIM_HOSTS if self.simulated else MAX_HOSTS)]
 
     @property
     def ssh_key(self) -> Path:
@@ -204,4 +238,4 @@ class LabLayout:
     def authorized_keys_name(self) -> str:
         """Per-lab file under the virt user's ~/.ssh: sshd's StrictModes rejects a key file below
         /var/tmp (world-writable), and several labs share the one `virt` account."""
-        return f"authorized_keys.egress-kvm-lab{self.index}"
+        return f"authorized_keys.egress-kvm-lab{self.index}{'-sim' if self.simulated else ''}"

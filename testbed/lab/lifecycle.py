@@ -63,28 +63,30 @@ def _require_root() -> None:
         raise LabError("`ip` (iproute2) is not installed (run scripts/setup)")
 
 
-_held: dict[int, int] = {}  # index -> nesting depth in this process (up() calls down())
+_held: dict[str, int] = {}  # index -> nesting depth in this process (up() calls down())
 
 
 @contextlib.contextmanager
-def _index_lock(index: int) -> Iterator[None]:
+def _index_lock(index: int, *, simulated: bool = False) -> Iterator[None]:
     """One `up`/`down` per lab index at a time on this machine: two sessions racing on the same index
-    would otherwise interleave creating and deleting the same namespaces."""
-    if _held.get(index):
-        _held[index] += 1
+    would otherwise interleave creating and deleting the same namespaces. A simulated lab's names differ
+    from the real one's, so it has its own lock."""
+    key = f"{index}{'-sim' if simulated else ''}"
+    if _held.get(key):
+        _held[key] += 1
         try:
             yield
         finally:
-            _held[index] -= 1
+            _held[key] -= 1
         return
     STATE_ROOT.mkdir(parents=True, exist_ok=True)
-    with (STATE_ROOT / f".lab{index}.lock").open("w") as f:
+    with (STATE_ROOT / f".lab{key}.lock").open("w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        _held[index] = 1
+        _held[key] = 1
         try:
             yield
         finally:
-            _held[index] = 0
+            _held[key] = 0
 
 
 def _layout_from_state(state_dir: Path) -> LabLayout | None:
@@ -95,7 +97,7 @@ def _layout_from_state(state_dir: Path) -> LabLayout | None:
             continue
         hosts = data.get("hosts", 1)
         return LabLayout.make(index=data["index"], hosts=len(hosts) if isinstance(hosts, list) else hosts,
-                              state_dir=state_dir)
+                              state_dir=state_dir, simulated=bool(data.get("simulated", False)))
     return None
 
 
@@ -106,7 +108,7 @@ def problems(state_dir: Path | str) -> list[str]:
         info = LabInfo.load(state)
     except (OSError, ValueError, KeyError, TypeError):
         return [f"no lab at {state} (no readable lab.json)"]
-    lab = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=state)
+    lab = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=state, simulated=info.simulated)
     found = []
     for h in lab.all_hosts:
         found += host_mod.host_problems(h)
@@ -132,18 +134,18 @@ def _clean_index(lab: LabLayout) -> None:
             host_mod.host_down(h)
 
 
-def down(state_dir: Path | str | None = None, *, index: int | None = None) -> None:
+def down(state_dir: Path | str | None = None, *, index: int | None = None, simulated: bool = False) -> None:
     """Remove everything the lab at state_dir made: VMs, volumes, processes (by PID), veths, netns, files."""
     _require_root()
-    state = Path(state_dir) if state_dir is not None else default_state_dir(index or 0)
+    state = Path(state_dir) if state_dir is not None else default_state_dir(index or 0, simulated=simulated)
     state = state.absolute()
     lab = _layout_from_state(state)
     if lab is None and index is not None:
-        lab = LabLayout.make(index=index, hosts=1, state_dir=state)
+        lab = LabLayout.make(index=index, hosts=1, state_dir=state, simulated=simulated)
     if lab is None:
         _remove_state(state)
         return
-    with _index_lock(lab.index):
+    with _index_lock(lab.index, simulated=lab.simulated):
         for h in lab.every_possible_host:
             if h.dir.exists() or netns_inode(h.netns) is not None:
                 host_mod.host_down(h)
@@ -162,19 +164,30 @@ def _remove_state(state: Path) -> None:
             state.rmdir()
 
 
-def up(state_dir: Path | str | None = None, index: int = 0, hosts: int = 1, image: bool = True) -> LabInfo:
-    """Bring the lab up (or reuse a healthy one) and return what lab.json says."""
+def up(state_dir: Path | str | None = None, index: int = 0, hosts: int = 1, image: bool = True, *,
+       simulated: bool = False, knobs: dict[str, Any] | None = None) -> LabInfo:
+    """Bring the lab up (or reuse a healthy one) and return what lab.json says. `simulated`: testbed/sim's
+    daemon on each host instead of libvirtd, started with `knobs` (testbed/sim/knobs.py)."""
     _require_root()
-    lab = LabLayout.make(index=check_index(index), hosts=hosts, state_dir=state_dir)
-    with _index_lock(lab.index):
-        return _up_locked(lab, image=image)
+    lab = LabLayout.make(index=check_index(index), hosts=hosts, state_dir=state_dir, simulated=simulated)
+    if knobs:
+        from testbed.sim.knobs import Knobs
+
+        Knobs().update(knobs)  # a wrong name or value fails here, before anything is made
+    with _index_lock(lab.index, simulated=simulated):
+        return _up_locked(lab, image=image, knobs=knobs)
 
 
-def _up_locked(lab: LabLayout, *, image: bool) -> LabInfo:
+def _up_locked(lab: LabLayout, *, image: bool, knobs: dict[str, Any] | None = None) -> LabInfo:
     index, hosts = lab.index, lab.hosts
     if not problems(lab.state_dir):
         info = LabInfo.load(lab.state_dir)
-        if info.index == index and len(info.hosts) == hosts:
+        if info.index == index and len(info.hosts) == hosts and info.simulated == lab.simulated:
+            if knobs:
+                from testbed.sim.control import SimControl
+
+                for h in info.hosts:
+                    SimControl(h.sim_control).set(**knobs)
             if image and info.image is None:
                 log.info("adding the test image to a running lab", state_dir=str(lab.state_dir))
                 info = _finish(lab, image=True)
@@ -184,12 +197,17 @@ def _up_locked(lab: LabLayout, *, image: bool) -> LabInfo:
     down(lab.state_dir)
     _clean_index(lab)
     lab.state_dir.mkdir(parents=True, exist_ok=True)
-    lab.layout_json.write_text(json.dumps({"index": lab.index, "hosts": lab.hosts}) + "\n")
+    lab.layout_json.write_text(json.dumps({"index": lab.index, "hosts": lab.hosts,
+                                           "simulated": lab.simulated}) + "\n")
     try:
         public_key = keys.ensure_client_key(lab)
         host_mod.install_authorized_key(lab, public_key)
         for h in lab.all_hosts:
-            log.info("bringing host up", host=h.name, netns=h.netns, ip=h.ip, lan=h.lan_cidr)
+            log.info("bringing host up", host=h.name, netns=h.netns, ip=h.ip, lan=h.lan_cidr,
+                     simulated=lab.simulated)
+            if knobs:
+                h.dir.mkdir(parents=True, exist_ok=True)
+                h.sim_knobs.write_text(json.dumps(knobs) + "\n")
             host_mod.host_up(lab, h)
             web.serve_target(h, index=lab.index)
         keys.write_known_hosts(lab)
@@ -222,6 +240,7 @@ def _finish(lab: LabLayout, *, image: bool) -> LabInfo:
         hosts=[_host_info(h) for h in lab.all_hosts],
         proxy_manifests=paths,
         user_data_file=str(lab.user_data_file),
+        simulated=lab.simulated,
     )
     info.save(lab.lab_json)
     return info
@@ -232,13 +251,15 @@ def _host_info(h: host_mod.HostLayout) -> HostInfo:
         name=h.name, ip=h.ip, port=SSH_PORT, address=f"{h.ip}:{SSH_PORT}", user=SSH_USER, netns=h.netns,
         bridge=BRIDGE, pool=POOL, pool_path=POOL_PATH, lan_cidr=h.lan_cidr, gateway=h.gateway,
         socket=SOCKET, domain_type=manifests.domain_type(),
-        libvirtd_pid=read_pid(h.pidfile("libvirtd")) or 0, sshd_pid=read_pid(h.pidfile("sshd")) or 0,
+        libvirtd_pid=read_pid(h.pidfile(h.hypervisor)) or 0, sshd_pid=read_pid(h.pidfile("sshd")) or 0,
         dnsmasq_leases=str(h.leases), pool_dir=str(h.pool_dir), http_target=web.target_url(h),
+        sim_control=str(h.sim_control) if h.simulated else "",
     )
 
 
 def _host_layout(info: LabInfo, host_name: str) -> host_mod.HostLayout:
-    lab = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=info.state_dir)
+    lab = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=info.state_dir,
+                         simulated=info.simulated)
     for h in lab.all_hosts:
         if h.name == host_name:
             return h

@@ -1,12 +1,15 @@
-"""The processes the end-to-end test runs for real: the Kubernetes API emulator, the operator, kubectl.
+"""The processes the end-to-end tests run for real: the Kubernetes API emulator, the operator, kubectl.
 
 Each is a separate OS process started from the installed `egress-kvm` entry point, exactly as a user
-would run it; nothing below the Kubernetes API is faked. Processes are started in their own session and
-stopped by PID (SIGTERM, then SIGKILL), so a failing test leaves nothing running.
+would run it, or (ContainerOperator) the operator from its image, in a container run as the Deployment
+runs it; nothing below the Kubernetes API is faked. Processes are started in their own session and
+stopped by PID (SIGTERM, then SIGKILL), so a failing test leaves nothing running. `Stack` puts them
+together on a lab: the emulator with the CRD, the operator, and the Proxy documents tests apply.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -14,15 +17,25 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+import yaml
+
+from testbed import image as imagemod
+from testbed import lab as labmod
 
 T = TypeVar("T")
 BIN = Path(sys.executable).parent
 EGRESS_KVM = str(BIN / "egress-kvm")
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "deploy" / "crd" / "egressproxies.io_proxies.yaml"
+BOOT_TIMEOUT = 600  # one software-emulated boot is about a minute here; leave room for a slow CI machine
+OPERATOR_FLAGS = ["--metrics-bind-address", "0", "--health-probe-bind-address", "0",
+                  "--gc-interval", "5s", "--gc-grace-period", "30s", "--providers-poll-interval", "2s"]
+CANARY = f"e2e-user-data-canary-{uuid.uuid4().hex}"  # in every Proxy's user-data; must never be logged
 
 
 def kubectl_path() -> str:
@@ -89,10 +102,65 @@ class Emulator(Process):
             raise RuntimeError("emulator exited:\n" + self.log_path.read_text())
 
 
+def operator_args(*, kubeconfig: str, providers: str, extra: list[str]) -> list[str]:
+    return ["run", "--kubeconfig", kubeconfig, "--providers-config", providers, "--zap-log-level=debug",
+            *extra]
+
+
 class Operator(Process):
     def __init__(self, *, kubeconfig: Path, providers: str, log_path: Path, extra: list[str]) -> None:
-        super().__init__([EGRESS_KVM, "run", "--kubeconfig", str(kubeconfig), "--providers-config", providers,
-                          "--zap-log-level=debug", *extra], log_path=log_path)
+        super().__init__([EGRESS_KVM, *operator_args(kubeconfig=str(kubeconfig), providers=providers,
+                                                     extra=extra)], log_path=log_path)
+
+
+# Where deploy/manager/manager.yaml mounts the providers ConfigMap and the kvm-ssh Secret.
+CONFIG_DIR = "/etc/proxy-operator"
+KUBECONFIG_IN_CONTAINER = "/var/run/egress-kvm/kubeconfig"
+
+
+class ContainerOperator(Process):
+    """The operator from its image, `podman run` as the Deployment runs it (testbed.image.ContainerRun).
+
+    The files it reads are laid out as the pod sees them: the providers file (its key paths rewritten)
+    and the SSH key and known_hosts (the Secret) under /etc/proxy-operator, owned by uid 65532; the
+    kubeconfig stands in for the pod's service account. All are mounted read-only."""
+
+    def __init__(self, *, image: str, kubeconfig: Path, providers: str, log_path: Path,
+                 extra: list[str]) -> None:
+        files = log_path.with_suffix(".files")
+        (files / "kvm").mkdir(parents=True, exist_ok=True)
+        doc = yaml.safe_load(Path(providers).read_text())
+        for entry in doc["providers"]:
+            kvm = entry["kvm"]
+            for field, name in (("sshKeyFile", "id_ed25519"), ("knownHostsFile", "known_hosts")):
+                shutil.copyfile(kvm[field], files / "kvm" / name)
+                kvm[field] = f"{CONFIG_DIR}/kvm/{name}"
+        (files / "providers.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        shutil.copyfile(kubeconfig, files / "kubeconfig")
+        for path in (files, files / "kvm", *files.rglob("*")):
+            os.chown(path, imagemod.NONROOT_UID, imagemod.NONROOT_UID)
+            path.chmod(0o500 if path.is_dir() else 0o400)
+        self.container = imagemod.ContainerRun(
+            image=image, name=f"egress-kvm-e2e-{uuid.uuid4().hex[:12]}",
+            mounts=((files / "kubeconfig", KUBECONFIG_IN_CONTAINER), (files / "providers.yaml",
+                    f"{CONFIG_DIR}/providers.yaml"), (files / "kvm", f"{CONFIG_DIR}/kvm")))
+        args = operator_args(kubeconfig=KUBECONFIG_IN_CONTAINER, providers=f"{CONFIG_DIR}/providers.yaml",
+                             extra=extra)
+        super().__init__(self.container.argv(args), log_path=log_path)
+
+    def container_pid(self) -> int | None:
+        """The operator's PID as the host sees it (None until the container runs)."""
+        out = subprocess.run([*imagemod.podman(), "inspect", "--format", "{{.State.Pid}}",
+                              self.container.name], capture_output=True, text=True)
+        pid = int(out.stdout.strip() or 0) if out.returncode == 0 else 0
+        return pid or None
+
+    def stop(self, *, timeout: float = 60) -> int:
+        """SIGTERM to `podman run` reaches the operator (podman proxies signals); the container goes too."""
+        try:
+            return super().stop(timeout=timeout)
+        finally:
+            self.container.remove()
 
 
 class Kubectl:
@@ -131,3 +199,108 @@ def log_records(lines: list[str]) -> list[dict[str, Any]]:
         if isinstance(rec, dict):
             records.append(rec)
     return records
+
+
+def domains(lab: labmod.LabInfo, host: str) -> list[str]:
+    return labmod.virsh(lab, host, "list", "--all", "--name").split()
+
+
+def volumes(lab: labmod.LabInfo, host: str) -> list[str]:
+    listing = labmod.virsh(lab, host, "vol-list", "default")
+    return [line.split()[0] for line in listing.splitlines() if line.strip()]
+
+
+def reset_hosts(lab: labmod.LabInfo) -> None:
+    """Start from empty pools (a reused lab may hold earlier tests' VMs and a cached base image)."""
+    for h in lab.hosts:
+        virsh = ["virsh", "-c", "qemu:///system"]
+        for d in domains(lab, h.name):
+            labmod.host_run(lab, h.name, [*virsh, "destroy", d], check=False)
+            labmod.host_run(lab, h.name, [*virsh, "undefine", d, "--nvram"], check=False)
+        for v in volumes(lab, h.name):
+            labmod.virsh(lab, h.name, "vol-delete", "--pool", "default", v)
+
+
+class Stack:
+    """Emulator + CRD + operator(s) on a lab, and the lab's sample Proxy to apply (its user-data carries
+    CANARY, which no log may show). `operator_image`: run the operator from that image, not the venv."""
+
+    def __init__(self, lab: labmod.LabInfo, workdir: Path, *, operator_image: str | None = None,
+                 operator_flags: list[str] | None = None) -> None:
+        self.lab = lab
+        self.workdir = workdir
+        self.operator_image = operator_image
+        self.operator_flags = OPERATOR_FLAGS if operator_flags is None else operator_flags
+        self.emulator: Emulator | None = None
+        self.kubectl: Kubectl | None = None
+        self.operators: list[Operator | ContainerOperator] = []
+        self.times: dict[str, float] = {}
+        self.failed: str | None = None
+        self.sample = yaml.safe_load(Path(lab.proxy_manifests[0]).read_text())
+        self.sample["spec"]["cloudInit"]["userData"] += f"# {CANARY}\n"
+
+    def start(self) -> None:
+        """Empty pools, the emulator serving the CRD, one operator."""
+        reset_hosts(self.lab)
+        self.emulator = Emulator(self.workdir)
+        self.kubectl = Kubectl(self.emulator.kubeconfig)
+        self.kubectl("apply", "-f", str(CRD))
+        wait_until(lambda: self.kubectl("get", "px", check=False).returncode == 0, timeout=30,  # type: ignore[misc]
+                   what="the Proxy CRD")
+        self.start_operator()
+
+    def close(self) -> None:
+        for op in self.operators:
+            op.stop()
+        if self.emulator is not None:
+            self.emulator.stop()
+        reset_hosts(self.lab)
+
+    @property
+    def operator(self) -> Operator | ContainerOperator:
+        return self.operators[-1]
+
+    def start_operator(self) -> Operator | ContainerOperator:
+        assert self.emulator is not None
+        n = len(self.operators) + 1
+        common = {"kubeconfig": self.emulator.kubeconfig, "providers": self.lab.providers_file,
+                  "log_path": self.workdir / f"operator-{n}.log", "extra": self.operator_flags}
+        op = (ContainerOperator(image=self.operator_image, **common) if self.operator_image  # type: ignore[arg-type]
+              else Operator(**common))  # type: ignore[arg-type]
+        self.operators.append(op)
+        return op
+
+    def all_log_lines(self) -> list[str]:
+        return [line for op in self.operators for line in op.log_lines()]
+
+    def proxy(self, name: str, *, zone: str = "host0", machine_type: str = "small") -> dict[str, Any]:
+        doc = copy.deepcopy(self.sample)
+        doc["metadata"] = {"name": name, "namespace": "default"}
+        doc["spec"]["placement"]["zone"] = zone
+        doc["spec"]["placement"]["machineType"] = machine_type
+        doc["spec"]["healthCheck"]["url"] = self.lab.host(zone).http_target
+        return doc
+
+    def status(self, name: str) -> dict[str, Any]:
+        assert self.kubectl is not None
+        obj = self.kubectl.get("px", name)
+        return (obj or {}).get("status") or {}
+
+    def wait_ready(self, name: str) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            st = self.status(name)
+            healthy = [c for c in st.get("conditions", []) if c.get("type") == "Healthy"]
+            if st.get("phase") == "Ready" and st.get("ip") and healthy and healthy[0]["status"] == "True":
+                return st
+            return None
+        return wait_until(ready, timeout=BOOT_TIMEOUT, what=f"Proxy {name} Ready and HEALTHY=True",
+                          interval=2)
+
+    def phases_logged(self, name: str) -> list[str]:
+        return [r["new"] for r in log_records(self.all_log_lines())
+                if r.get("msg") == "phase changed" and r.get("proxy") == f"default/{name}"]
+
+    def log_msgs(self, msg: str, **fields: str) -> list[dict[str, Any]]:
+        return [r for r in log_records(self.all_log_lines())
+                if r.get("msg") == msg and all(r.get(k) == v for k, v in fields.items())]
+

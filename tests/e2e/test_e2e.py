@@ -8,106 +8,19 @@ each prints its duration (`pytest -s` shows them, and the session ends with a su
 
 from __future__ import annotations
 
-import copy
 import time
 import urllib.request
-import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from e2e_stack import CRD, Emulator, Kubectl, Operator, log_records, wait_until
+from e2e_stack import CANARY, Stack, domains, log_records, volumes, wait_until
 
 from testbed import lab as labmod
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
-BOOT_TIMEOUT = 600  # one software-emulated boot is about a minute here; leave room for a slow CI machine
-OPERATOR_FLAGS = ["--metrics-bind-address", "0", "--health-probe-bind-address", "0",
-                  "--gc-interval", "5s", "--gc-grace-period", "30s", "--providers-poll-interval", "2s"]
-CANARY = f"e2e-user-data-canary-{uuid.uuid4().hex}"  # in every Proxy's user-data; must never be logged
 FIRST, SECOND, FIXME = "lab-proxy-host0", "lab-proxy-host0-b", "lab-proxy-fixme"
 BAD_MACHINE_TYPE = "huge-e2e"
-
-
-class Stack:
-    def __init__(self, lab: labmod.LabInfo, workdir: Path) -> None:
-        self.lab = lab
-        self.workdir = workdir
-        self.emulator: Emulator | None = None
-        self.kubectl: Kubectl | None = None
-        self.operators: list[Operator] = []
-        self.times: dict[str, float] = {}
-        self.failed: str | None = None
-        self.sample = yaml.safe_load(Path(lab.proxy_manifests[0]).read_text())
-        self.sample["spec"]["cloudInit"]["userData"] += f"# {CANARY}\n"
-
-    @property
-    def operator(self) -> Operator:
-        return self.operators[-1]
-
-    def start_operator(self) -> Operator:
-        assert self.emulator is not None
-        n = len(self.operators) + 1
-        op = Operator(kubeconfig=self.emulator.kubeconfig, providers=self.lab.providers_file,
-                      log_path=self.workdir / f"operator-{n}.log", extra=OPERATOR_FLAGS)
-        self.operators.append(op)
-        return op
-
-    def all_log_lines(self) -> list[str]:
-        return [line for op in self.operators for line in op.log_lines()]
-
-    def proxy(self, name: str, *, zone: str = "host0", machine_type: str = "small") -> dict[str, Any]:
-        doc = copy.deepcopy(self.sample)
-        doc["metadata"] = {"name": name, "namespace": "default"}
-        doc["spec"]["placement"]["zone"] = zone
-        doc["spec"]["placement"]["machineType"] = machine_type
-        doc["spec"]["healthCheck"]["url"] = self.lab.host(zone).http_target
-        return doc
-
-    def status(self, name: str) -> dict[str, Any]:
-        assert self.kubectl is not None
-        obj = self.kubectl.get("px", name)
-        return (obj or {}).get("status") or {}
-
-    def wait_ready(self, name: str) -> dict[str, Any]:
-        def ready() -> dict[str, Any] | None:
-            st = self.status(name)
-            healthy = [c for c in st.get("conditions", []) if c.get("type") == "Healthy"]
-            if st.get("phase") == "Ready" and st.get("ip") and healthy and healthy[0]["status"] == "True":
-                return st
-            return None
-        return wait_until(ready, timeout=BOOT_TIMEOUT, what=f"Proxy {name} Ready and HEALTHY=True",
-                          interval=2)
-
-    def phases_logged(self, name: str) -> list[str]:
-        return [r["new"] for r in log_records(self.all_log_lines())
-                if r.get("msg") == "phase changed" and r.get("proxy") == f"default/{name}"]
-
-    def log_msgs(self, msg: str, **fields: str) -> list[dict[str, Any]]:
-        return [r for r in log_records(self.all_log_lines())
-                if r.get("msg") == msg and all(r.get(k) == v for k, v in fields.items())]
-
-
-def domains(lab: labmod.LabInfo, host: str) -> list[str]:
-    return labmod.virsh(lab, host, "list", "--all", "--name").split()
-
-
-def volumes(lab: labmod.LabInfo, host: str) -> list[str]:
-    listing = labmod.virsh(lab, host, "vol-list", "default")
-    return [line.split()[0] for line in listing.splitlines() if line.strip()]
-
-
-def reset_hosts(lab: labmod.LabInfo) -> None:
-    """Start from empty pools (a reused lab may hold earlier tests' VMs and a cached base image)."""
-    for h in lab.hosts:
-        virsh = ["virsh", "-c", "qemu:///system"]
-        for d in domains(lab, h.name):
-            labmod.host_run(lab, h.name, [*virsh, "destroy", d], check=False)
-            labmod.host_run(lab, h.name, [*virsh, "undefine", d, "--nvram"], check=False)
-        for v in volumes(lab, h.name):
-            labmod.virsh(lab, h.name, "vol-delete", "--pool", "default", v)
 
 
 def image_downloads(lab: labmod.LabInfo) -> int:
@@ -118,17 +31,9 @@ def image_downloads(lab: labmod.LabInfo) -> int:
 @pytest.fixture(scope="module")
 def stack(lab, tmp_path_factory):
     st = Stack(lab, tmp_path_factory.mktemp("e2e"))
-    reset_hosts(lab)
-    st.emulator = Emulator(st.workdir)
-    st.kubectl = Kubectl(st.emulator.kubeconfig)
-    st.kubectl("apply", "-f", str(CRD))
-    wait_until(lambda: st.kubectl("get", "px", check=False).returncode == 0, timeout=30, what="the Proxy CRD")
-    st.start_operator()
+    st.start()
     yield st
-    for op in st.operators:
-        op.stop()
-    st.emulator.stop()
-    reset_hosts(lab)
+    st.close()
     print("\n=== e2e step times ===")
     for step, seconds in st.times.items():
         print(f"  {step:<66} {seconds:7.1f}s")

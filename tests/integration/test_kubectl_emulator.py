@@ -3,7 +3,9 @@
 kubectl is the one client here that nobody on this project wrote, so it checks the emulator's
 faithfulness from outside: discovery, OpenAPI-driven validation, client-side apply (create, then a merge
 patch with the last-applied annotation), server-side Tables with the CRD's printer columns, a watch
-streaming Table rows, describe with Events (field selectors), delete waiting on a finalizer, and errors.
+streaming Table rows, describe with Events (field selectors), delete waiting on a finalizer, errors,
+`-o wide` and `explain`, server-side apply (managers, conflicts, force, migration from client-side apply)
+and `auth can-i` against the RBAC objects held.
 Each test works in its own namespace of one emulator process per module; the process must stop cleanly
 on SIGTERM.
 """
@@ -30,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "deploy" / "crd" / "egressproxies.io_proxies.yaml"
 BIN = Path(sys.executable).parent
 KUBECTL = shutil.which("kubectl", path=str(BIN)) or shutil.which("kubectl")
-HEADER = ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "AGE"]
+HEADER = ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "REASON", "AGE"]
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -261,6 +263,122 @@ def test_healthy_column_is_blank_until_a_verdict(emu: Emu, ns: str) -> None:
         {"type": "Ready", "status": "True", "reason": "Ready"},
         {"type": "Healthy", "status": "True", "reason": "ProbeSucceeded"}]})
     assert [row()[c] for c in ("PHASE", "IP", "HEALTHY")] == ["Ready", "10.231.0.11", "True"]
+
+
+def test_reason_in_plain_get_and_wide_columns(emu: Emu, ns: str) -> None:
+    """A DeleteBlocked or Failed Proxy says why in a plain `get` (REASON); `-o wide` adds the message and
+    where the VM runs (priority-1 columns), which plain `get` leaves out."""
+    emu.kubectl("apply", "-f", "-", stdin=_proxy("r", ns))
+    _status(emu, ns, "r", {
+        "phase": "Deleting", "message": "delete refused: storage pool 'default' is not active",
+        "instance": {"name": "proxy-0123abcd", "zone": "nas1", "provider": "lab"},
+        "conditions": [{"type": "Ready", "status": "False", "reason": "DeleteBlocked"}]})
+    header, line = emu.kubectl("-n", ns, "get", "px", "r").stdout.splitlines()
+    assert header.split() == HEADER
+    assert _cells(header, line)["REASON"] == "DeleteBlocked"
+    header, line = emu.kubectl("-n", ns, "get", "px", "r", "-o", "wide").stdout.splitlines()
+    assert header.split() == [*HEADER[:-1], "MESSAGE", "ZONE", "INSTANCE", "AGE"]
+    cells = _cells(header, line)
+    assert (cells["PHASE"], cells["REASON"], cells["ZONE"], cells["INSTANCE"]) == (
+        "Deleting", "DeleteBlocked", "nas1", "proxy-0123abcd")
+    assert cells["MESSAGE"] == "delete refused: storage pool 'default' is not active"
+
+
+def test_explain_reads_as_documentation(emu: Emu) -> None:
+    """Every field of the served schema has a description: `kubectl explain` never says <no description>."""
+    for path in ("px.spec", "px.spec.placement", "px.spec.cloudInit.secretRef", "px.spec.healthCheck",
+                 "px.spec.auth.secretRef", "px.status", "px.status.instance", "px.status.conditions"):
+        out = emu.kubectl("explain", path).stdout
+        assert "FIELDS:" in out, out
+        assert "<no description>" not in out, (path, out)
+    out = emu.kubectl("explain", "px.spec.healthCheck.successThreshold").stdout
+    assert "Consecutive successful probes before Healthy becomes True." in out
+
+
+def test_server_side_apply_records_managers_and_reports_conflicts(emu: Emu, ns: str) -> None:
+    """`kubectl apply --server-side` as against a cluster: created, re-applied, managed fields recorded per
+    manager, a conflict with another manager's value refused with the server's wording (kubectl adds its
+    advice), `--force-conflicts` taking the field over, and a field no longer applied removed."""
+    manifest = yaml.safe_load(_proxy("ssa", ns, port=8080, healthCheck={"url": "http://example.test/"}))
+    out = emu.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(manifest)).stdout
+    assert out.strip() == "proxy.egressproxies.io/ssa serverside-applied"
+    emu.kubectl("-n", ns, "patch", "px", "ssa", "--type=merge", "-p", '{"spec":{"port":9090}}')
+
+    def managers() -> dict[tuple[str, str], dict]:
+        obj = json.loads(emu.kubectl("-n", ns, "get", "px", "ssa", "-o", "json",
+                                     "--show-managed-fields").stdout)
+        return {(m["manager"], m["operation"]): m["fieldsV1"] for m in obj["metadata"]["managedFields"]}
+
+    owned = managers()
+    assert "f:port" not in owned[("kubectl", "Apply")]["f:spec"]  # taken by the patch
+    assert "f:port" in owned[("kubectl-patch", "Update")]["f:spec"]
+    r = emu.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(manifest), check=False)
+    assert r.returncode == 1
+    assert ('Apply failed with 1 conflict: conflict with "kubectl-patch" using egressproxies.io/v1alpha1: '
+            ".spec.port") in r.stderr
+    assert "--force-conflicts" in r.stderr  # kubectl recognised the conflict and gave its advice
+    assert emu.kubectl("-n", ns, "get", "px", "ssa", "-o", "jsonpath={.spec.port}").stdout == "9090"
+    emu.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump(manifest))
+    assert emu.kubectl("-n", ns, "get", "px", "ssa", "-o", "jsonpath={.spec.port}").stdout == "8080"
+    assert ("kubectl-patch", "Update") not in managers()  # it owned only the port
+    del manifest["spec"]["healthCheck"]["url"]
+    emu.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(manifest))
+    assert emu.kubectl("-n", ns, "get", "px", "ssa", "-o", "jsonpath={.spec.healthCheck.url}").stdout == ""
+    # Status written by the operator's field manager is recorded with its subresource; plain -o yaml
+    # hides managedFields, as kubectl does against any server.
+    status = {"status": {"phase": "Ready", "conditions": [{"type": "Ready", "status": "True"}]}}
+    emu.kubectl("-n", ns, "patch", "px", "ssa", "--subresource=status", "--type=merge",
+                "--field-manager=egress-kvm", "-p", json.dumps(status))
+    obj = json.loads(emu.kubectl("-n", ns, "get", "px", "ssa", "-o", "json", "--show-managed-fields").stdout)
+    status_entry = next(m for m in obj["metadata"]["managedFields"] if m["manager"] == "egress-kvm")
+    assert status_entry["subresource"] == "status"
+    assert 'k:{"type":"Ready"}' in status_entry["fieldsV1"]["f:status"]["f:conditions"]
+    assert "managedFields" not in emu.kubectl("-n", ns, "get", "px", "ssa", "-o", "yaml").stdout
+
+
+def test_client_side_apply_then_server_side_apply_migrates(emu: Emu, ns: str) -> None:
+    """kubectl migrates an object it applied client-side when it first applies it server-side (it patches
+    managedFields itself): no conflict with its own earlier apply."""
+    emu.kubectl("apply", "-f", "-", stdin=_proxy("mig", ns, port=8080))
+    out = emu.kubectl("apply", "--server-side", "-f", "-", stdin=_proxy("mig", ns, port=8081)).stdout
+    assert "serverside-applied" in out
+    assert emu.kubectl("-n", ns, "get", "px", "mig", "-o", "jsonpath={.spec.port}").stdout == "8081"
+
+
+def test_auth_can_i_answers_from_the_rbac_objects(emu: Emu, ns: str) -> None:
+    """`kubectl auth can-i` evaluates the Roles, ClusterRoles and bindings the emulator holds for the
+    impersonated user (`--as`), here the operator's ServiceAccount from deploy/rbac."""
+    emu.kubectl("apply", "-k", str(ROOT / "deploy"))
+    sa = "--as=system:serviceaccount:egress-proxies-operator-system:egress-kvm-controller-manager"
+    cases = [
+        (["list", "proxies.egressproxies.io", "--all-namespaces"], True),
+        (["update", "proxies.egressproxies.io/status", "-n", ns], True),
+        (["delete", "proxies.egressproxies.io", "-n", ns], False),
+        (["get", "secrets", "-n", ns], True),
+        (["list", "secrets", "-n", ns], False),
+        (["get", "namespaces/kube-system"], True),
+        (["get", "namespaces/default"], False),
+        (["update", "leases.coordination.k8s.io/egress-kvm.egressproxies.io", "-n",
+          "egress-proxies-operator-system"], True),
+        (["update", "leases.coordination.k8s.io/egress-kvm.egressproxies.io", "-n", ns], False),
+    ]
+    for args, allowed in cases:
+        r = emu.kubectl("auth", "can-i", *args, sa, check=False)
+        assert (r.returncode, r.stdout.strip()) == ((0, "yes") if allowed else (1, "no")), (args, r.stderr)
+    # A namespaced grant counts in its namespace only; without --as the admin may do anything.
+    emu.kubectl("apply", "-f", "-", stdin=yaml.safe_dump({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "alice-view", "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "egress-kvm-manager-role"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]}))
+    watch = ["auth", "can-i", "watch", "proxies.egressproxies.io", "--as=alice"]
+    assert emu.kubectl(*watch, "-n", ns).stdout.strip() == "yes"
+    assert emu.kubectl(*watch, "-n", "default", check=False).returncode == 1
+    admin = emu.kubectl("auth", "can-i", "delete", "proxies.egressproxies.io", "-n", ns).stdout
+    assert admin.strip() == "yes"
+    listed = emu.kubectl("auth", "can-i", "--list", "-n", ns, sa).stdout
+    assert any(line.split()[0] == "proxies.egressproxies.io/status" for line in listed.splitlines()[1:])
 
 
 def test_describe_lists_the_proxy_events(emu: Emu, ns: str) -> None:

@@ -28,7 +28,7 @@ import pytest
 from egress_kvm import log
 from egress_kvm.config import load_providers_file
 from egress_kvm.preflight import run_preflight
-from egress_kvm.providers.base import CreateRequest, Placement
+from egress_kvm.providers.base import CreateRequest, InProgress, Placement
 from egress_kvm.providers.registry import build_providers
 
 pytestmark = [
@@ -53,7 +53,7 @@ async def test_create_get_delete_on_your_host(libvirt_trace: Callable[[str], Non
     assert entry is not None and entry.kvm is not None, "no such kvm provider in the file"
     kvm = entry.kvm
     zone = env.get("KVM_TEST_ZONE", kvm.hosts[0].name)
-    results = [r for r in await run_preflight(config, provider=entry.name) if r.host == zone]
+    results = [r for r in await run_preflight(config, provider=entry.name) if r.host in (zone, None)]
     assert all(r.ok for r in results), "\n".join(r.line() for r in results)
 
     provider = build_providers(config, cluster_id=f"kvm-test-{uuid.uuid4().hex[:8]}")[entry.name]
@@ -63,8 +63,15 @@ async def test_create_get_delete_on_your_host(libvirt_trace: Callable[[str], Non
     placement = Placement(zone=zone, machine_type=machine_type,
                           image=env.get("KVM_TEST_IMAGE", next(iter(kvm.images), None)))
     try:
-        await provider.create(CreateRequest(name=name, owner_uid="kvm-test",
-                                            placement=provider.resolve(placement), user_data=user_data))
+        req = CreateRequest(name=name, owner_uid="kvm-test", placement=provider.resolve(placement),
+                            user_data=user_data)
+        while True:  # a missing base is imported in the background: wait for it as the controller does
+            try:
+                await provider.create(req)
+                break
+            except InProgress as e:
+                assert e.wake is not None
+                await e.wake
         deadline = time.monotonic() + float(env.get("KVM_TEST_BOOT_TIMEOUT", "600"))
         ip = None
         while ip is None:

@@ -25,11 +25,25 @@ def _kubectl() -> str:
     return found
 
 
-@pytest.fixture(scope="module")
-def rendered() -> list[dict[str, Any]]:
-    out = subprocess.run([_kubectl(), "kustomize", str(ROOT / "deploy")], check=True, capture_output=True,
+def _render(tree: Path) -> list[dict[str, Any]]:
+    out = subprocess.run([_kubectl(), "kustomize", str(tree)], check=True, capture_output=True,
                          text=True, timeout=60).stdout
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[dict[str, Any]]:
+    """What an install applies: the upgrade path (deploy/) plus, once, the providers ConfigMap."""
+    return _render(ROOT / "deploy") + _render(ROOT / "deploy/providers")
+
+
+def test_the_upgrade_path_holds_no_providers_config() -> None:
+    """`kubectl apply -k deploy/` on an upgrade must not reset the user's providers (issue 9 item 7)."""
+    upgrade = _render(ROOT / "deploy")
+    assert [d["metadata"]["name"] for d in upgrade if d["kind"] == "ConfigMap"] == []
+    (cm,) = _render(ROOT / "deploy/providers")
+    assert (cm["kind"], cm["metadata"]["namespace"]) == ("ConfigMap", NS)
+    assert cm["metadata"]["labels"]["app.kubernetes.io/part-of"] == "egress-kvm"
 
 
 def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -95,10 +109,19 @@ def test_rbac_is_least_privilege(rendered: list[dict[str, Any]]) -> None:
     assert binding["subjects"][0]["namespace"] == NS
 
 
-def test_sample_providers_config_is_a_valid_file_not_an_object() -> None:
-    doc = yaml.safe_load((ROOT / "deploy/samples/providers-config.yaml").read_text())
-    assert "kind" not in doc and "apiVersion" not in doc
-    config = parse_providers(doc, source="sample")
+def _sample_providers() -> dict:
+    """The providers file inside the sample ConfigMap (the object the manager mounts)."""
+    cm = yaml.safe_load((ROOT / "deploy/examples/providers_config.yaml").read_text())
+    assert (cm["kind"], cm["metadata"]["name"], cm["metadata"]["namespace"]) == (
+        "ConfigMap", "egress-kvm-providers-config", NS)
+    return yaml.safe_load(cm["data"]["providers.yaml"])
+
+
+def test_sample_providers_config_is_the_managers_configmap() -> None:
+    manager = yaml.safe_load((ROOT / "deploy/providers/providers_config.yaml").read_text())
+    sample = yaml.safe_load((ROOT / "deploy/examples/providers_config.yaml").read_text())
+    assert sample["metadata"] == manager["metadata"] and list(sample["data"]) == list(manager["data"])
+    config = parse_providers(_sample_providers(), source="sample")
     kvm = config.providers[0].kvm
     assert kvm is not None
     assert kvm.ssh_key_file.startswith("/etc/proxy-operator/kvm/")
@@ -107,7 +130,7 @@ def test_sample_providers_config_is_a_valid_file_not_an_object() -> None:
 
 def test_sample_proxy_names_the_sample_provider() -> None:
     proxy = yaml.safe_load((ROOT / "deploy/samples/proxy_kvm.yaml").read_text())
-    providers = yaml.safe_load((ROOT / "deploy/samples/providers-config.yaml").read_text())["providers"]
+    providers = _sample_providers()["providers"]
     assert proxy["kind"] == "Proxy" and proxy["apiVersion"] == "egressproxies.io/v1alpha1"
     entry = next(p for p in providers if p["name"] == proxy["spec"]["provider"])
     assert proxy["spec"]["placement"]["zone"] in [h["name"] for h in entry["kvm"]["hosts"]]
@@ -132,16 +155,68 @@ async def test_kubectl_apply_k_deploy_and_the_sample_proxy_against_the_emulator(
 
         first = await asyncio.to_thread(run, "apply", "-k", str(ROOT / "deploy"))
         assert "deployment.apps/egress-kvm-controller-manager created" in first
+        assert "configmap/" not in first
+        once = await asyncio.to_thread(run, "apply", "-k", str(ROOT / "deploy/providers"))
+        assert "configmap/egress-kvm-providers-config created" in once
+        cm = yaml.safe_load(await asyncio.to_thread(
+            run, "-n", NS, "get", "configmap", "egress-kvm-providers-config", "-o", "yaml"))
+        assert yaml.safe_load(cm["data"]["providers.yaml"]) == {"providers": []}
+        # The user configures a provider in the cluster, then upgrades: the upgrade leaves it alone.
+        edited = "providers:\n  - name: kvm-home\n    type: kvm\n"
+        await asyncio.to_thread(run, "-n", NS, "patch", "configmap", "egress-kvm-providers-config",
+                                "--type=merge", "-p", yaml.safe_dump({"data": {"providers.yaml": edited}}))
         again = await asyncio.to_thread(run, "apply", "-k", str(ROOT / "deploy"))
         assert "created" not in again and "configured" not in again  # idempotent: all unchanged
         cm = yaml.safe_load(await asyncio.to_thread(
             run, "-n", NS, "get", "configmap", "egress-kvm-providers-config", "-o", "yaml"))
-        assert yaml.safe_load(cm["data"]["providers.yaml"]) == {"providers": []}
-        # The sample passes the CRD's schema as served.
-        out = await asyncio.to_thread(run, "apply", "-f", str(ROOT / "deploy/samples/proxy_kvm.yaml"))
+        assert cm["data"]["providers.yaml"] == edited
+        # Every sample is a Kubernetes object that passes the server's checks (the Proxy the CRD's schema as
+        # served): the whole folder applies, as kubebuilder's config/samples does, and never touches the
+        # providers config (the full example lives in deploy/examples/).
+        out = await asyncio.to_thread(run, "apply", "-f", str(ROOT / "deploy/samples/"))
         assert "proxy.egressproxies.io/proxy-kvm-sample created" in out
+        assert "configmap" not in out
+        cm = yaml.safe_load(await asyncio.to_thread(
+            run, "-n", NS, "get", "configmap", "egress-kvm-providers-config", "-o", "yaml"))
+        assert cm["data"]["providers.yaml"] == edited
+        # The full example is that same ConfigMap, and applies as a first configuration.
+        out = await asyncio.to_thread(run, "apply", "-f", str(ROOT / "deploy/examples/providers_config.yaml"))
+        assert "configmap/egress-kvm-providers-config configured" in out
+        cm = yaml.safe_load(await asyncio.to_thread(
+            run, "-n", NS, "get", "configmap", "egress-kvm-providers-config", "-o", "yaml"))
+        assert yaml.safe_load(cm["data"]["providers.yaml"]) == _sample_providers()
         table = await asyncio.to_thread(run, "get", "px")
-        assert table.split()[:7] == ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "AGE"]
+        assert table.split()[:8] == ["NAME", "MODE", "PROVIDER", "PHASE", "IP", "HEALTHY", "REASON", "AGE"]
+
+
+async def test_the_documented_uninstall_order_runs_and_leaves_nothing(tmp_path: Path) -> None:
+    """docs/operator.md#uninstalling, command by command, with real kubectl against the emulator."""
+    import asyncio
+
+    from testbed.emulator import Emulator
+
+    kubectl = _kubectl()
+    doc = (ROOT / "docs/operator.md").read_text()
+    section = doc[doc.index("## Uninstalling"):doc.index("## Troubleshooting")]
+    block = section[section.index("```sh") + len("```sh"):]
+    steps = [line.split("#")[0].split()[1:] for line in block[:block.index("```")].strip().splitlines()]
+    assert [("delete" in s) for s in steps] == [True] * 3 and "px" in steps[0] and "deploy" in steps[1]
+    async with Emulator.running(port=0) as emu:
+        kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig")
+
+        def run(*args: str) -> str:
+            done = subprocess.run([kubectl, f"--kubeconfig={kubeconfig}", *args], capture_output=True,
+                                  text=True, timeout=60, cwd=ROOT)
+            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+            return done.stdout
+
+        for install in (["apply", "-k", "deploy"], ["apply", "-k", "deploy/providers"],
+                        ["apply", "-f", "deploy/samples/proxy_kvm.yaml"]):
+            await asyncio.to_thread(run, *install)
+        for step in steps:
+            await asyncio.to_thread(run, *step)
+        left = await asyncio.to_thread(run, "get", "crd,ns,clusterrole,clusterrolebinding", "-o", "name")
+        assert "egress" not in left
 
 
 def test_the_egress_networkpolicy_component_renders_and_denies_metadata_and_cluster_ranges(

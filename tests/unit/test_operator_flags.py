@@ -91,3 +91,36 @@ def test_bare_command_means_run() -> None:
 
     args = build_parser().parse_args(["run", "--namespace=x"])
     assert args.command == "run" and args.namespace == "x"
+
+
+def test_zap_flags_as_controller_runtime_has_them() -> None:
+    from egress_kvm import log
+
+    o = parse_options(["--zap-devel", "--zap-encoder=json", "--zap-stacktrace-level=panic",
+                       "--zap-time-encoding=rfc3339nano"])
+    z = o.zap_options()
+    assert z.development and z.resolved_encoder is log.Encoder.JSON
+    assert z.resolved_level == logging.INFO - 1  # --zap-devel: debug unless --zap-log-level says otherwise
+    assert z.resolved_stacktrace_level == logging.CRITICAL
+    assert z.resolved_time_encoding is log.TimeEncoding.RFC3339NANO
+    dev = parse_options(["--zap-devel=true"]).zap_options()
+    assert (dev.resolved_encoder, dev.resolved_stacktrace_level) == (log.Encoder.CONSOLE, logging.WARNING)
+    prod = parse_options([]).zap_options()
+    assert (prod.resolved_encoder, prod.resolved_level, prod.resolved_stacktrace_level,
+            prod.resolved_time_encoding) == (log.Encoder.JSON, logging.INFO, logging.ERROR,
+                                             log.TimeEncoding.EPOCH)
+    explicit = parse_options(["--zap-devel", "--zap-log-level=error"]).zap_options()
+    assert explicit.resolved_level == logging.ERROR
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--zap-encoder=xml"], "--zap-encoder: 'xml' is not one of json, console"),
+    (["--zap-time-encoding=unix"], "--zap-time-encoding: 'unix' is not one of epoch, millis, nano"),
+    (["--zap-stacktrace-level=2"], "--zap-stacktrace-level: '2' is not one of"),
+    (["--zap-devel=maybe"], "not a boolean"),
+])
+def test_bad_zap_flags_name_the_flag(argv: list[str], needle: str,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_options(argv)
+    assert needle in capsys.readouterr().err

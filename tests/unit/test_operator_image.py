@@ -1,8 +1,10 @@
 """The image's dependency set (deploy/image-dependencies.txt, what the Containerfile installs) holds no
-libvirt binding, only wheels, and covers everything the operator process imports."""
+libvirt binding, only wheels pinned by hash for one platform, and covers everything the operator process
+imports; the build stage builds with a pinned backend. tests/e2e/test_image.py checks the built image."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -12,17 +14,34 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPS = ROOT / "deploy" / "image-dependencies.txt"
+BUILD_DEPS = ROOT / "deploy" / "image-build-dependencies.txt"
 
 
-def _pinned() -> dict[str, tuple[str, str]]:
+def _pinned(path: Path = DEPS) -> dict[str, tuple[str, str]]:
     out = {}
-    for line in DEPS.read_text().splitlines():
+    for line in path.read_text().splitlines():
         if not line.strip() or line.startswith("#"):
             continue
-        m = re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)\s+#\s+(\S+)", line)
-        assert m, f"unparsable line in {DEPS.name}: {line!r}"
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+) --hash=sha256:[0-9a-f]{64}\s+#\s+(\S+)", line)
+        assert m, f"unparsable line in {path.name} (name==version --hash=sha256:... # wheel): {line!r}"
         out[_norm(m.group(1))] = (m.group(2), m.group(3))
     return out
+
+
+def _instructions() -> str:
+    text = (ROOT / "Containerfile").read_text()
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+def _script_constants() -> dict[str, object]:
+    """PYTHON_VERSION and PLATFORMS as scripts/image-dependencies resolves with them."""
+    source = (ROOT / "scripts" / "image-dependencies").read_text()
+    found = {}
+    for name in ("PYTHON_VERSION", "PLATFORMS"):
+        m = re.search(rf"^{name} = (.+?)(?:  #.*)?$", source, re.MULTILINE)
+        assert m, name
+        found[name] = ast.literal_eval(m.group(1))
+    return found
 
 
 def _norm(name: str) -> str:
@@ -69,14 +88,55 @@ def test_the_list_covers_what_the_operator_imports() -> None:
 
 
 def test_containerfile_installs_exactly_the_list_as_non_root() -> None:
-    text = (ROOT / "Containerfile").read_text()
-    instructions = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    instructions = _instructions()
     assert "libvirt" not in instructions.lower()
     assert "--no-deps" in instructions and "-r deploy/image-dependencies.txt" in instructions
     assert "--only-binary=:all:" in instructions
     users = re.findall(r"^USER\s+(\S+)", instructions, re.MULTILINE)
     assert users and users[-1].split(":")[0] not in ("0", "root")
     assert "apt-get" not in instructions  # nothing from the distro beyond the base image
+
+
+def _pip_installs() -> list[str]:
+    """Each `pip install` command of the Containerfile, continuation lines joined."""
+    joined = re.sub(r"\\\n\s*", " ", _instructions())
+    return [m.group(0) for m in re.finditer(r"pip install [^&\n]+", joined)]
+
+
+def test_the_build_installs_for_the_platform_the_list_was_checked_for() -> None:
+    """The same --python-version/--platform flags as the resolution, and --require-hashes: pip can put
+    no other file in the image (without --platform it picked the builder's manylinux_2_34 wheel)."""
+    consts = _script_constants()
+    runtime = [cmd for cmd in _pip_installs() if "-r deploy/image-dependencies.txt" in cmd]
+    assert len(runtime) == 1, _pip_installs()
+    flags = runtime[0].split()
+    assert "--require-hashes" in flags and "--no-deps" in flags
+    assert flags[flags.index("--python-version") + 1] == consts["PYTHON_VERSION"]
+    assert flags[flags.index("--implementation") + 1] == "cp"
+    platforms = tuple(flags[i + 1] for i, f in enumerate(flags) if f == "--platform")
+    assert platforms == consts["PLATFORMS"]
+
+
+def test_the_build_backend_is_pinned_and_nothing_else_is_fetched() -> None:
+    """setuptools comes from the hash-pinned list; the project's own wheel builds offline without
+    isolation (isolation would fetch whatever setuptools PyPI serves that day)."""
+    backend = _pinned(BUILD_DEPS)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert {_norm(re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0]) for r in requires} <= set(backend)
+    installs = _pip_installs()
+    assert [c for c in installs if "-r deploy/image-build-dependencies.txt" in c and "--require-hashes" in c]
+    project = [c for c in installs if c.rstrip().endswith(" .")]
+    assert len(project) == 1, installs
+    for flag in ("--no-index", "--no-build-isolation", "--no-deps"):
+        assert flag in project[0].split(), project[0]
+    assert len(installs) == 3, installs  # the list, the backend, the project: no other pip install
+    assert re.search(r"^ARG SOURCE_DATE_EPOCH=\d+$", _instructions(), re.MULTILINE)
+
+
+def test_the_build_secret_is_mounted_never_copied() -> None:
+    instructions = _instructions()
+    assert "--mount=type=secret,id=ca-bundle" in instructions
+    assert not re.search(r"^(COPY|ADD)\b.*(\.crt|\.pem|ca-)", instructions, re.MULTILINE | re.IGNORECASE)
 
 
 def test_image_copies_no_test_bed() -> None:

@@ -162,6 +162,15 @@ async def test_starts_serves_probes_and_metrics_reconciles_and_stops_on_sigterm(
         assert 'controller_runtime_reconcile_total{controller="proxy"' in metrics
         assert "workqueue_depth" in metrics
         assert "egress_kvm_libvirt_rpc_duration_seconds" in metrics
+        # As a controller-runtime operator's: workqueue latency, the process collector, no _created noise;
+        # and the Failed Proxy shows in the per-Proxy gauge.
+        for series in ('workqueue_adds_total{controller="proxy",name="proxy"}',
+                       'workqueue_queue_duration_seconds_bucket{controller="proxy",le="1e-08",name="proxy"}',
+                       'controller_runtime_active_workers{controller="proxy"}',
+                       "process_resident_memory_bytes ", "egress_kvm_build_info{",
+                       'egress_kvm_proxy_condition{name="p",namespace="default",type="Ready"} 0.0'):
+            assert series in metrics, series
+        assert "_created" not in metrics
 
         assert await op.terminate() == 0
         assert op.logged("operator stopped")

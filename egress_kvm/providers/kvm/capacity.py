@@ -15,6 +15,8 @@ from egress_kvm.providers.base import QuotaError
 from rpc.errors import LibvirtError
 
 if TYPE_CHECKING:
+    from rpc.types import StoragePool
+
     from .hosts import Host
 
 GIB = 1024**3
@@ -36,10 +38,26 @@ def no_space(err: LibvirtError, *, host: str, pool: str, available: int | None, 
     return QuotaError(f"host {host!r} pool {pool!r} is out of space while {action}: {err.message}{figures}")
 
 
-def check_pool_space(*, host: str, pool: str, available: int, needed: int, what: str) -> None:
-    if available < needed:
-        raise QuotaError(f"host {host!r} pool {pool!r} has {fmt_bytes(available)} available, "
+def check_pool_space(*, host: str, pool: str, available: int, needed: int, what: str,
+                     reserve: int = 0) -> None:
+    """`reserve` (poolReserveGb) stays free: the host needs room of its own (logs, qcow2 growth)."""
+    if available - reserve < needed:
+        kept = f" ({fmt_bytes(reserve)} of it kept in reserve, poolReserveGb)" if reserve else ""
+        raise QuotaError(f"host {host!r} pool {pool!r} has {fmt_bytes(available)} available{kept}, "
                          f"{what} needs {fmt_bytes(needed)}")
+
+
+async def refreshed_available(host: Host, pool: StoragePool) -> int:
+    """The pool's free bytes after a refresh: libvirt's figure changes only on refresh, so without one
+    space freed outside libvirt stays invisible and a full pool never recovers on its own. A refusal
+    (an upload in progress on that pool) leaves libvirt's last figure, which is then the best we have."""
+    try:
+        await host.call("storage_pool_refresh", lambda lv: lv.storage_pool_refresh(pool, 0))
+    except LibvirtError as exc:
+        host.log.v(1).info("pool refresh refused; using libvirt's last figures", pool=pool.name,
+                           error=exc.message)
+    info = await host.call("storage_pool_get_info", lambda lv: lv.storage_pool_get_info(pool))
+    return int(info.available)
 
 
 def check_free_memory(*, host: str, free_bytes: int, memory_mib: int, machine_type: str) -> None:

@@ -5,6 +5,11 @@ there is none, (b) turns a lost link into a TransientError after logging `libvir
 with the reason and forgetting the session, so the next call re-dials, and (c) refuses to dial again
 before the backoff has passed, so a dead host costs one failed dial per backoff period instead of one
 per reconcile.
+
+While a host is down and someone listens (`on_back`: the controller), the host re-dials by itself on that
+backoff, and the moment a dial succeeds again the listeners hear of it: the Proxies on that host are
+re-queued at once instead of each waiting out the per-Proxy backoff it grew during the outage. Messages
+carry no countdown: one written into status would stand there frozen.
 """
 
 from __future__ import annotations
@@ -61,6 +66,14 @@ class Host:
         # Per-host single-flight locks (e.g. one download per base image), created on demand.
         self.locks: dict[str, _KeyLock] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._back_listeners: list[Callable[[str], None]] = []
+        self._redial: asyncio.TimerHandle | None = None
+        self._redialling: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def on_back(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(host name)` whenever a dial succeeds after a failed one."""
+        self._back_listeners.append(listener)
 
     @property
     def log(self) -> Logger:
@@ -86,7 +99,7 @@ class Host:
             now = self._clock()
             if now < self._retry_at:
                 raise HostUnreachable(f"host {self.name!r} unreachable ({self._last_error}); "
-                                     f"next dial in {self._retry_at - now:.1f}s")
+                                      "re-dialling with backoff")
             address = self.config.address
             try:
                 session = await self._dial(self.config, self._options)
@@ -96,15 +109,41 @@ class Host:
                 self._last_error = _describe(exc)
                 self.log.v(1).info("libvirt host dial failed", address=address, error=self._last_error,
                                     retryIn=round(delay, 2))
+                self._schedule_redial()
                 raise HostUnreachable(
                     f"host {self.name!r} ({address}) unreachable: {self._last_error}") from None
+            was_down = self._backoff.failures > 0
             self._backoff.reset()
             self._retry_at = 0.0
             self._session = session
             session.on_close(functools.partial(self._dropped_while_idle, session))
             self.log.v(1).info("libvirt host connected", address=address, user=self.config.user,
                                 socket=self.config.socket)
-            return session
+        if was_down:
+            self.log.info("libvirt host answers again", address=address)
+            for listener in list(self._back_listeners):
+                try:
+                    listener(self.name)
+                except Exception as exc:  # a listener's bug must not fail this call
+                    self.log.error(exc, "host-back listener failed")
+        return session
+
+    def _schedule_redial(self) -> None:
+        if not self._back_listeners or self._closed or self._redial is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._redial = loop.call_at(loop.time() + max(self._retry_at - self._clock(), 0.0), self._redial_now)
+
+    def _redial_now(self) -> None:
+        self._redial = None
+        if self._closed or self.connected:
+            return
+        self._redialling = asyncio.get_running_loop().create_task(self._redial_once(),
+                                                                  name=f"re-dial {self.name}")
+
+    async def _redial_once(self) -> None:
+        with contextlib.suppress(TransientError):  # a failure schedules the next attempt itself
+            await self.session()
 
     def _dropped_while_idle(self, session: Session, reason: str) -> None:
         """The link died between calls: log it now, and let the next call re-dial."""
@@ -184,6 +223,14 @@ class Host:
             await session.close()
 
     async def close(self) -> None:
+        self._closed = True
+        if self._redial is not None:
+            self._redial.cancel()
+            self._redial = None
+        if self._redialling is not None and not self._redialling.done():
+            self._redialling.cancel()
+            with contextlib.suppress(BaseException):
+                await self._redialling
         for task in list(self._closing):
             with contextlib.suppress(Exception):
                 await task

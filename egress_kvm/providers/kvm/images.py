@@ -10,12 +10,20 @@ is seen (by its size, one cheap RPC) and redone too. A re-download happens when 
 holds no digest, or `sha256` is configured and differs from it; otherwise the cached copy is used for as
 long as it exists (a `latest` URL is pinned at its first fetch, per host).
 
-Two Proxies needing the same missing image on the same host share one download: the host's per-image
-lock makes the second wait and then find the marker.
+Downloads run in the background (imports.py), never on a reconcile worker, and are bounded so no URL can
+hold a slot or a pool for long: an overall deadline (`imageImport.timeoutSeconds`, headers included), a
+minimum rate (`minBytesPerSecond` averaged over each `rateWindowSeconds`: a byte a second is stopped
+after one window), a size cap (`maxSizeGb`: a Content-Length above it is refused before any volume
+exists, a stream without one is stopped at it), and room in the pool checked on refreshed figures with
+`poolReserveGb` kept free (for the cap when the server sends no length).
+
+Two imports of the same image on the same host cannot both write: the host's per-image lock makes the
+second wait and then find the marker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import time
@@ -24,7 +32,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from egress_kvm.metrics import IMAGE_BYTES_FETCHED
+from egress_kvm.metrics import IMAGE_BYTES_FETCHED, IMAGE_IMPORTS
 from egress_kvm.policy.connect import EgressDenied, NameNotResolved, TooManyRedirects, open_checked
 from egress_kvm.policy.egress import Policy
 from egress_kvm.policy.phrases import failure_phrase
@@ -56,6 +64,16 @@ class BaseImage:
 HttpFactory = Callable[[ImageSource], Awaitable[tuple[aiohttp.ClientSession, Policy]]]
 
 
+@dataclass(frozen=True)
+class ImportLimits:
+    """The providers file's `imageImport` and `poolReserveGb`, in seconds and bytes."""
+
+    timeout: float = 3600.0
+    min_rate: int = 64 * 1024
+    window: float = 60.0
+    reserve: int = 1024**3
+
+
 async def lookup_volume(host: Host, pool: StoragePool, name: str) -> StorageVol | None:
     try:
         return await host.call("storage_vol_lookup_by_name",
@@ -71,11 +89,27 @@ async def delete_volume(host: Host, vol: StorageVol) -> None:
 
 class ImageCache:
     def __init__(self, *, http: HttpFactory, chunk_size: int = CHUNK, progress_every: float = PROGRESS_EVERY,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, limits: ImportLimits | None = None) -> None:
         self._http = http
         self._chunk = chunk_size
         self._progress_every = progress_every
         self._clock = clock
+        self.limits = limits or ImportLimits()
+
+    async def cached(self, host: Host, pool: StoragePool, image: ImageSource) -> BaseImage | None:
+        """The finished cache entry, or None when `ensure` has work to do. Reads only (a few RPCs), so a
+        reconcile may ask without waiting on a download: a half-written entry is left for `ensure`."""
+        base = await lookup_volume(host, pool, image.base_volume)
+        if base is None:
+            return None
+        marker = await lookup_volume(host, pool, image.marker_volume)
+        if marker is None:
+            return None
+        if image.sha256 is None:
+            info = await host.call("storage_vol_get_info", lambda lv: lv.storage_vol_get_info(marker))
+            return await self._cached(host, base, image) if info.capacity == DIGEST_LEN else None
+        cached = (await host.download(marker, limit=MARKER_MAX)).decode(errors="replace").strip()
+        return await self._cached(host, base, image) if cached == image.sha256 else None
 
     async def ensure(self, host: Host, pool: StoragePool, image: ImageSource, *,
                      progress: ProgressCallback | None = None) -> BaseImage:
@@ -106,7 +140,13 @@ class ImageCache:
                 await delete_volume(host, marker)
             if base is not None:
                 await delete_volume(host, base)
-            return await self._fetch(host, pool, image, reason=reason, progress=progress)
+            try:
+                fetched = await self._fetch(host, pool, image, reason=reason, progress=progress)
+            except Exception:
+                IMAGE_IMPORTS.labels(host.name, image.label, "error").inc()
+                raise
+            IMAGE_IMPORTS.labels(host.name, image.label, "success").inc()
+            return fetched
 
     async def _cached(self, host: Host, base: StorageVol, image: ImageSource) -> BaseImage:
         path = await host.call("storage_vol_get_path", lambda lv: lv.storage_vol_get_path(base))
@@ -117,23 +157,37 @@ class ImageCache:
         log = host.log.with_values(image=image.label, pool=pool.name, volume=image.base_volume)
         log.info("fetching base image into host pool", url=image.shown_url, reason=reason)
         started = self._clock()
+        limits = self.limits
+        deadline = asyncio.get_running_loop().time() + limits.timeout
         http, policy = await self._http(image)
         try:
-            async with open_checked(http, image.url, policy) as resp:
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    async with asyncio.timeout_at(deadline):  # a server trickling its headers included
+                        resp = await stack.enter_async_context(open_checked(http, image.url, policy))
+                except TimeoutError:
+                    raise TransientError(f"image {image.label!r}: {image.shown_url} sent no answer within "
+                                         f"{limits.timeout:.0f} s") from None
                 if resp.status != 200:
                     raise TransientError(
                         f"image {image.label!r}: GET {image.shown_url} answered HTTP {resp.status}")
                 length = resp.content_length
-                chunks = resp.content.iter_chunked(self._chunk)
+                if length is not None and length > image.max_bytes:
+                    raise PermanentError(f"image {image.label!r} ({image.shown_url}) is "
+                                         f"{capacity.fmt_bytes(length)}, more than its size cap of "
+                                         f"{capacity.fmt_bytes(image.max_bytes)} (maxSizeGb)")
+                chunks = _Paced(resp.content.iter_chunked(self._chunk), image=image, limits=limits,
+                                deadline=deadline)
                 head = await _read_head(chunks)
                 try:
                     qcow2.check_header(head, fmt=image.format)
                 except qcow2.UnsafeImageError as exc:
                     raise PermanentError(f"image {image.label!r} ({image.shown_url}) {exc}") from None
-                if length:
-                    info = await host.call("storage_pool_get_info", lambda lv: lv.storage_pool_get_info(pool))
-                    capacity.check_pool_space(host=host.name, pool=pool.name, available=info.available,
-                                              needed=length, what=f"image {image.label!r}")
+                # Without a length, room for the cap: a stream may run up to it.
+                available = await capacity.refreshed_available(host, pool)
+                capacity.check_pool_space(host=host.name, pool=pool.name, available=available,
+                                          needed=length or image.max_bytes, what=f"image {image.label!r}",
+                                          reserve=limits.reserve)
                 vol = await host.call("storage_vol_create_xml", lambda lv: lv.storage_vol_create_xml(pool,
                                       volume_xml(name=image.base_volume, capacity=length or 0, fmt="raw"), 0))
                 hasher = hashlib.sha256()
@@ -150,7 +204,8 @@ class ImageCache:
                         if progress is not None and now - last_report >= self._progress_every:
                             last_report = now
                             try:
-                                await progress(_progress_text(image.label, host.name, moved, length))
+                                await progress(_progress_text(image.label, host.name, moved, length,
+                                                              elapsed=now - started))
                             except Exception as exc:
                                 raise _SourceError(exc) from exc
                         yield chunk
@@ -247,8 +302,62 @@ async def _chain(first: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterato
         yield chunk
 
 
-def _progress_text(label: str, host: str, moved: int, length: int | None) -> str:
-    if length:
-        return (f"downloading image {label} to host {host}: {moved / 1e6:.0f} of {length / 1e6:.0f} MB "
-                f"({100 * moved / length:.0f}%)")
-    return f"downloading image {label} to host {host}: {moved / 1e6:.0f} MB"
+def _progress_text(label: str, host: str, moved: int, length: int | None, *, elapsed: float = 0.0) -> str:
+    notes = [f"{100 * moved / length:.0f}%"] if length else []
+    if elapsed > 0:
+        notes.append(f"{moved / 1e6 / elapsed:.1f} MB/s")
+    size = f"{moved / 1e6:.0f} of {length / 1e6:.0f} MB" if length else f"{moved / 1e6:.0f} MB"
+    return f"downloading image {label} to host {host}: {size}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+class _Paced:
+    """The HTTP body as chunks, stopped at the deadline, below the minimum rate, or past the size cap.
+
+    Every read waits at most until the deadline or the end of the current rate window, so a server that
+    sends nothing at all is caught as surely as one that sends a byte a second."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], *, image: ImageSource, limits: ImportLimits,
+                 deadline: float) -> None:
+        self._chunks = chunks
+        self._image = image
+        self._limits = limits
+        self._deadline = deadline
+        self._loop = asyncio.get_running_loop()
+        self._window_end = self._loop.time() + limits.window
+        self._window_bytes = 0
+        self.total = 0
+
+    def __aiter__(self) -> _Paced:
+        return self
+
+    async def __anext__(self) -> bytes:
+        image, limits = self._image, self._limits
+        while True:
+            if self._loop.time() >= self._deadline:
+                raise TransientError(f"image {image.label!r}: downloading {image.shown_url} took longer than "
+                                     f"{limits.timeout:.0f} s (imageImport.timeoutSeconds); stopped")
+            chunk: bytes | None = None
+            cm = asyncio.timeout_at(min(self._deadline, self._window_end))
+            try:
+                async with cm:
+                    chunk = await anext(self._chunks)
+            except TimeoutError:
+                if not cm.expired():
+                    raise  # the HTTP client's own timeout
+            if chunk is not None:
+                self.total += len(chunk)
+                self._window_bytes += len(chunk)
+                if self.total > image.max_bytes:
+                    raise PermanentError(f"image {image.label!r} ({image.shown_url}) is larger than its size "
+                                         f"cap of {capacity.fmt_bytes(image.max_bytes)} (maxSizeGb); stopped")
+            now = self._loop.time()
+            if now >= self._window_end:
+                if self._window_bytes < limits.min_rate * limits.window:
+                    raise TransientError(
+                        f"image {image.label!r}: {image.shown_url} sent {self._window_bytes} bytes in "
+                        f"{limits.window:.0f} s, below the minimum of {limits.min_rate} bytes/s "
+                        "(imageImport.minBytesPerSecond); stopped")
+                self._window_end = now + limits.window
+                self._window_bytes = 0
+            if chunk is not None:
+                return chunk

@@ -26,6 +26,7 @@ class ImageSource:
     sha256: str | None
     format: str
     base_volume: str
+    max_bytes: int = 20 * 1024**3  # a download is stopped here (imageImport.maxSizeGb, or the image's own)
     direct: bool = False  # placement.image was a URL (the tenant's), not a key of images (the admin's)
 
     @property
@@ -94,8 +95,10 @@ def machine_type(kvm: KvmConfig, key: str) -> MachineType:
 def image_source(kvm: KvmConfig, image: str) -> ImageSource:
     """A resolved image (key or URL). URLs used directly are qcow2 (the format default) and unpinned."""
     entry = kvm.images.get(image)
+    cap = kvm.image_import.max_size_gb * 1024**3
     if entry is not None:
         return ImageSource(label=image, url=entry.url, sha256=entry.sha256, format=entry.format,
-                           base_volume=naming.base_volume(key=image))
+                           base_volume=naming.base_volume(key=image),
+                           max_bytes=entry.max_size_gb * 1024**3 if entry.max_size_gb else cap)
     return ImageSource(label=redact_url(image), url=image, sha256=None, format="qcow2",
-                       base_volume=naming.base_volume(url=image), direct=True)
+                       base_volume=naming.base_volume(url=image), max_bytes=cap, direct=True)

@@ -18,6 +18,7 @@ capacity.py) and TransientError (host unreachable, link dropped, any other libvi
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,6 +33,7 @@ from egress_kvm.policy.policies import configured_image_policy, url_image_policy
 from egress_kvm.providers.base import (
     CreateRequest,
     Instance,
+    NotOwned,
     PermanentError,
     Placement,
     PowerState,
@@ -57,8 +59,10 @@ from . import capacity, metadata, naming, placement, seed
 from .addresses import discover
 from .calllog import current_instance, make_observer, make_tracer
 from .domain_xml import DomainSpec, domain_xml, volume_xml
+from .eviction import evict_unused_url_bases
 from .hosts import Host
-from .images import ImageCache, delete_volume, lookup_volume
+from .images import BaseImage, ImageCache, ImportLimits, delete_volume, lookup_volume
+from .imports import Importer
 from .placement import ImageSource
 from .session import Dialer, DialOptions, ssh_dial
 
@@ -128,7 +132,12 @@ class KvmProvider:
         self._image_policies = {Purpose.CONFIGURED_IMAGE: configured_image_policy(egress),
                                 Purpose.URL_IMAGE: url_image_policy(egress, config.url_images)}
         self._http_timeout = http_timeout or aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
-        self._images = ImageCache(http=self._http_session)
+        imp = config.image_import
+        self._images = ImageCache(http=self._http_session, limits=ImportLimits(
+            timeout=imp.timeout_seconds, min_rate=imp.min_bytes_per_second, window=imp.rate_window_seconds,
+            reserve=int(config.pool_reserve_gb * GIB)))
+        self._importer = Importer(log=self._log)
+        self._base_used: dict[str, dict[str, float]] = {}  # host -> URL base volume -> last use (monotonic)
 
     # -- Provider interface ---------------------------------------------------------------------
 
@@ -156,12 +165,12 @@ class KvmProvider:
             dom = await self._lookup_domain(host, name)
             if dom is not None:
                 meta = await self._metadata(host, dom)
-                self._check_ours(host, name, meta, action="reuse")
+                self._check_ours(host, name, meta, action="reuse", owner_uid=request.owner_uid)
                 st = await self._ensure_running(host, dom, name, machine_type=resolved.machine_type)
                 return await self._instance(host, dom, name, meta, state=st)
             return await self._create_new(host, request, resolved, progress=progress)
 
-    async def get(self, name: str, zone: str) -> Instance | None:
+    async def get(self, name: str, zone: str, *, owner_uid: str | None = None) -> Instance | None:
         host = self.host(zone)
         async with self._operation(host, name, "get"):
             dom = await self._lookup_domain(host, name)
@@ -169,6 +178,8 @@ class KvmProvider:
                 return None
             try:
                 meta = await self._metadata(host, dom)
+                if owner_uid is not None:
+                    self._check_ours(host, name, meta, action="manage", owner_uid=owner_uid)
                 return await self._instance(host, dom, name, meta)
             except NotFoundError:
                 return None  # undefined between our calls: it is gone
@@ -183,15 +194,15 @@ class KvmProvider:
             self._check_ours(host, name, meta, action="start")
             await self._ensure_running(host, dom, name, machine_type=meta.machine_type if meta else "")
 
-    async def delete(self, name: str, zone: str) -> None:
+    async def delete(self, name: str, zone: str, *, owner_uid: str | None = None) -> None:
         host = self.host(zone)
         async with self._operation(host, name, "delete"), host.exclusive(f"instance:{name}"):
             log = host.log.with_values(name=name)
             removed: list[str] = []
             dom, meta = await self._lookup_with_metadata(host, name)
             if dom is not None:
+                self._check_ours(host, name, meta, action="delete", owner_uid=owner_uid)
                 removed.append("domain")
-                self._check_ours(host, name, meta, action="delete")
                 if dom.id != -1:  # running (the lookup's id is -1 for an inactive domain)
                     try:
                         await host.call("domain_destroy_flags", lambda lv: lv.domain_destroy_flags(dom, 0))
@@ -238,7 +249,34 @@ class KvmProvider:
                         owner_namespace=meta.owner_namespace, owner_name=meta.owner_name))
         return out
 
+    async def evict_unused_images(self, *, grace: float = 600.0) -> list[str]:
+        """Delete URL bases nothing backs onto, on every reachable host (eviction.py); the GC pass calls
+        this. Returns `host/volume` of each base deleted; a host that fails is skipped."""
+        keep = {naming.base_volume(key=k) for k in self.config.images}
+        evicted: list[str] = []
+        for host in self._hosts.values():
+            try:
+                async with self._operation(host, "", "evict unused images"):
+                    pool = await self._find_pool(host)
+                    if pool is None:
+                        continue
+                    running = {key[2] for key in self._importer.running_keys() if key[0] == host.name}
+                    done = await evict_unused_url_bases(
+                        host, pool, keep=keep, last_used=self._base_used.setdefault(host.name, {}),
+                        busy=running.__contains__, now=time.monotonic(), grace=grace)
+            except ProviderError as exc:
+                host.log.v(1).info("image eviction skipped", error=str(exc))
+                continue
+            evicted += [f"{host.name}/{v}" for v in done]
+        return evicted
+
+    def on_host_back(self, listener: Callable[[str, str], None]) -> None:
+        """`listener(provider name, zone)` when a host answers again after failed dials (hosts.py)."""
+        for host in self._hosts.values():
+            host.on_back(lambda zone: listener(self.name, zone))
+
     async def close(self) -> None:
+        await self._importer.close()
         for host in self._hosts.values():
             with contextlib.suppress(Exception):
                 await host.close()
@@ -256,13 +294,14 @@ class KvmProvider:
         mtype = placement.machine_type(self.config, resolved.machine_type)
         source = placement.image_source(self.config, resolved.image)
         pool = await self._pool(host)
-        base = await self._images.ensure(host, pool, source, progress=progress)
+        base = await self._base(host, pool, source)
 
         iso = seed.build_seed_iso(name=name, user_data=request.user_data, vendor_data=self.config.vendor_data)
         disk_bytes = self.config.disk_size_gb * GIB
-        info = await host.call("storage_pool_get_info", lambda lv: lv.storage_pool_get_info(pool))
-        capacity.check_pool_space(host=host.name, pool=pool.name, available=info.available,
-                                  needed=disk_bytes + len(iso), what=f"VM {name!r} (overlay + seed)")
+        available = await capacity.refreshed_available(host, pool)
+        capacity.check_pool_space(host=host.name, pool=pool.name, available=available,
+                                  needed=disk_bytes + len(iso), what=f"VM {name!r} (overlay + seed)",
+                                  reserve=self._images.limits.reserve)
         # Before any volume: a host short of memory must not hold (or, on every retry, rewrite) this
         # VM's overlay and its user-data-bearing seed while the Proxy waits for room.
         await self._check_memory(host, memory_mib=mtype.memory_mib, machine_type=resolved.machine_type)
@@ -285,18 +324,17 @@ class KvmProvider:
         except ValueError as exc:  # lxml: a control character in a value (the spec checks should stop it)
             raise PermanentError(f"instance {name!r}: a placement or owner value cannot be written to the "
                                  f"domain XML ({type(exc).__name__})") from None
-        await self._create_volume(host, pool, overlay_xml, naming.overlay_volume(name),
-                                  available=info.available)
+        await self._create_volume(host, pool, overlay_xml, naming.overlay_volume(name), available=available)
         log.v(1).info("overlay created", pool=pool.name, volume=naming.overlay_volume(name),
                       backing=base.path, capacity=disk_bytes)
         seed_vol = await self._create_volume(
             host, pool, volume_xml(name=naming.seed_volume(name), capacity=len(iso), fmt="raw"),
-            naming.seed_volume(name), available=info.available)
+            naming.seed_volume(name), available=available)
         try:
             await host.upload(seed_vol, iso, length=len(iso))
         except LibvirtError as exc:
             if capacity.is_no_space(exc):
-                raise capacity.no_space(exc, host=host.name, pool=pool.name, available=info.available,
+                raise capacity.no_space(exc, host=host.name, pool=pool.name, available=available,
                                         action="uploading the seed ISO") from None
             raise
         log.v(1).info("seed ISO uploaded", pool=pool.name, volume=naming.seed_volume(name), length=len(iso))
@@ -310,12 +348,25 @@ class KvmProvider:
             # creates of a name are serialised), so it is used only if this cluster made it.
             dom = await host.call("domain_lookup_by_name", lambda lv: lv.domain_lookup_by_name(name))
             theirs = await self._metadata(host, dom)
-            self._check_ours(host, name, theirs, action="reuse")
+            self._check_ours(host, name, theirs, action="reuse", owner_uid=request.owner_uid)
         log.v(1).info("domain defined", mac=spec.mac, memoryMiB=mtype.memory_mib, vcpus=mtype.vcpus)
         dom = await self._start(host, dom, name)
         return Instance(name=name, zone=host.name, power_state=PowerState.RUNNING, ip=None,
                         owner_uid=meta.owner_uid, created_at=meta.created_at,
                         owner_namespace=meta.owner_namespace, owner_name=meta.owner_name)
+
+    async def _base(self, host: Host, pool: StoragePool, source: placement.ImageSource) -> BaseImage:
+        """The cached base image, or InProgress while a background import fetches it (imports.py)."""
+        started_by = current_instance.get()  # log lines name the instance whose create started it
+
+        async def fetch(progress: ProgressCallback) -> BaseImage:
+            async with self._operation(host, started_by, f"import image {source.label}"):
+                return await self._images.ensure(host, pool, source, progress=progress)
+
+        self._base_used.setdefault(host.name, {})[source.base_volume] = time.monotonic()
+        return await self._importer.base((host.name, pool.name, source.base_volume),
+                                         label=f"{source.label} on host {host.name}",
+                                         cached=lambda: self._images.cached(host, pool, source), fetch=fetch)
 
     async def _create_volume(self, host: Host, pool: StoragePool, xml: str, vol_name: str, *,
                              available: int) -> StorageVol:
@@ -389,13 +440,20 @@ class KvmProvider:
             host.log.v(1).info("unreadable metadata element", name=dom.name, error=str(exc))
             return None
 
-    def _check_ours(self, host: Host, name: str, meta: Meta | None, *, action: str) -> None:
+    def _check_ours(self, host: Host, name: str, meta: Meta | None, *, action: str,
+                    owner_uid: str | None = None) -> None:
+        """The domain's metadata names this cluster (and, given `owner_uid`, that Proxy) as its owner.
+        A domain of no operator's is a PermanentError (it is in the way); one of another cluster or
+        another Proxy is NotOwned (status pointing at it is wrong or forged: leave it alone)."""
         if meta is None or not meta.managed:
             raise PermanentError(f"a domain named {name!r} exists on host {host.name!r} but was not made by "
                                  f"this operator (no {metadata.NAMESPACE} metadata); refusing to {action} it")
         if meta.cluster_id != self.cluster_id:
-            raise PermanentError(f"domain {name!r} on host {host.name!r} belongs to cluster "
-                                 f"{meta.cluster_id!r}, not {self.cluster_id!r}; refusing to {action} it")
+            raise NotOwned(f"domain {name!r} on host {host.name!r} belongs to cluster "
+                           f"{meta.cluster_id!r}, not {self.cluster_id!r}; refusing to {action} it")
+        if owner_uid and meta.owner_uid and meta.owner_uid != owner_uid:
+            raise NotOwned(f"domain {name!r} on host {host.name!r} belongs to another Proxy (owner uid "
+                           f"{meta.owner_uid}, not {owner_uid}); refusing to {action} it")
 
     async def _ensure_running(self, host: Host, dom: Domain, name: str, *,
                               machine_type: str) -> DomainGetStateRet:

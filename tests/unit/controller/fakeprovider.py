@@ -17,6 +17,7 @@ from egress_kvm.providers.base import (
     CreateRequest,
     HostUnreachable,
     Instance,
+    NotOwned,
     PermanentError,
     Placement,
     PowerState,
@@ -91,9 +92,11 @@ class FakeProvider:
         self.vms[(zone, request.name)] = inst
         return inst
 
-    async def get(self, name: str, zone: str) -> Instance | None:
+    async def get(self, name: str, zone: str, *, owner_uid: str | None = None) -> Instance | None:
         self._reach(zone, "get", name)
-        return self.vms.get((zone, name))
+        inst = self.vms.get((zone, name))
+        self._check_owner(inst, owner_uid, "manage")
+        return inst
 
     async def start(self, name: str, zone: str) -> None:
         self._reach(zone, "start", name)
@@ -102,9 +105,17 @@ class FakeProvider:
             raise PermanentError(f"no instance {name} on {zone}")
         self.vms[(zone, name)] = dataclasses.replace(inst, power_state=PowerState.RUNNING, message="")
 
-    async def delete(self, name: str, zone: str) -> None:
+    async def delete(self, name: str, zone: str, *, owner_uid: str | None = None) -> None:
         self._reach(zone, "delete", name)
+        self._check_owner(self.vms.get((zone, name)), owner_uid, "delete")
         self.vms.pop((zone, name), None)
+
+    @staticmethod
+    def _check_owner(inst: Instance | None, owner_uid: str | None, action: str) -> None:
+        """As the KVM provider's metadata check (tests/unit/provider/test_ownership.py proves that one)."""
+        if inst is not None and owner_uid and inst.owner_uid and inst.owner_uid != owner_uid:
+            raise NotOwned(f"instance {inst.name!r} belongs to another Proxy (owner uid {inst.owner_uid}, "
+                           f"not {owner_uid}); refusing to {action} it")
 
     async def list_managed(self, zone: str | None = None) -> list[Instance]:
         zones = [zone] if zone else self._zones

@@ -30,7 +30,7 @@ async def test_failing_delete_is_retried_on_backoff_not_in_a_loop(
     kube.create_proxy("px1", spec_for(proxy_server))
     await eventually(lambda: phase(kube) == "Ready", what="Ready")
 
-    async def refuse(name: str, zone: str) -> None:
+    async def refuse(name: str, zone: str, *, owner_uid: str | None = None) -> None:
         provider.calls.append(("delete", name))
         raise PermanentError(f"domain {name} on {zone} belongs to another cluster")
 
@@ -80,7 +80,7 @@ async def test_failing_delete_through_the_real_kube_layer_waits_its_backoff(
     provider = c.controller.reconciler.providers["kvm-test"]
     attempts: list[str] = []
 
-    async def refuse(name: str, zone: str) -> None:
+    async def refuse(name: str, zone: str, *, owner_uid: str | None = None) -> None:
         attempts.append(name)
         raise PermanentError(f"domain {name} on {zone} belongs to another cluster")
 

@@ -23,8 +23,8 @@ async def test_a_vm_that_keeps_stopping_is_restarted_on_a_growing_delay(
     await eventually(lambda: phase(kube) == "Ready")
     real_get = provider.get
 
-    async def get(name, zone):  # the guest powers itself off right after every start
-        inst = await real_get(name, zone)
+    async def get(name, zone, *, owner_uid=None):  # the guest powers itself off right after every start
+        inst = await real_get(name, zone, owner_uid=owner_uid)
         return dataclasses.replace(inst, power_state=PowerState.STOPPED) if inst else None
 
     provider.get = get  # type: ignore[method-assign]

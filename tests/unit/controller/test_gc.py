@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 from egress_kvm.controller.gc import collect_orphans
@@ -62,6 +63,24 @@ async def test_a_zone_whose_listing_failed_is_left_alone(kube: FakeKube) -> None
     provider.unreachable.add("nas2")
     provider.list_fails.clear()
     assert await gc(kube, provider) == {"proxy-a"}
+
+
+async def test_a_host_down_for_many_passes_logs_one_error_line(kube: FakeKube, logs) -> None:  # type: ignore[no-untyped-def]
+    """One ERROR per outage, not one per GC interval (issue 13 item 9); its return is logged once."""
+    provider = FakeProvider(zones=("nas1",))
+    provider.unreachable.add("nas1")
+    failing: set[tuple[str, str]] = set()
+    for _ in range(3):
+        await gc(kube, provider, failing=failing)
+    lines = [json.loads(line) for line in logs.getvalue().splitlines() if line.strip()]
+    errors = [r for r in lines if r["msg"] == "orphan GC skipped a zone: listing failed"]
+    assert len(errors) == 1 and errors[0]["zone"] == "nas1"
+    provider.unreachable.clear()
+    await gc(kube, provider, failing=failing)
+    await gc(kube, provider, failing=failing)
+    lines = [json.loads(line) for line in logs.getvalue().splitlines() if line.strip()]
+    assert [r["zone"] for r in lines if r["msg"] == "orphan GC lists the zone again"] == ["nas1"]
+    assert failing == set()
 
 
 async def test_nothing_is_collected_before_the_first_full_list(provider: FakeProvider) -> None:

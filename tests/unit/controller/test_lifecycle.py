@@ -107,7 +107,7 @@ async def test_spec_error_fails_naming_the_field_and_is_not_retried_until_genera
     await eventually(lambda: phase(kube) == "Failed")
     st = kube.status(KEY)
     assert "spec.placement" in st["message"] and "'huge'" in st["message"], st["message"]
-    assert cond(kube, "Ready")["reason"] == "Failed"
+    assert cond(kube, "Ready")["reason"] == "InvalidPlacement"  # what `kubectl get px` shows as REASON
     assert ("Warning", "Failed", st["message"]) in kube.events_for("px1")
     assert provider.names() == set()
 
@@ -282,7 +282,7 @@ async def test_a_host_that_answers_with_an_error_is_not_reported_unreachable(
     await eventually(lambda: phase(kube) == "Ready")
     real_get = provider.get
 
-    async def busy(name: str, zone: str):  # type: ignore[no-untyped-def]
+    async def busy(name: str, zone: str, *, owner_uid: str | None = None):  # type: ignore[no-untyped-def]
         provider.calls.append(("get", name))
         raise TransientError(f"host {zone!r}: lookup {name!r} failed: cannot acquire state change lock")
 

@@ -157,8 +157,13 @@ async def test_status_only_changes_do_not_trigger_a_reconcile(kube: FakeKube) ->
     c.queue.done(KEY)
     c.on_event("MODIFIED", obj | {"status": {"phase": "Running"}})  # our own status write
     assert len(c.queue) == 0
+    # Our finalizer appearing is the echo of the reconciler's own first write: no second reconcile
+    # (a first failure would otherwise count two backoff steps; see test_one_backoff_step.py).
+    obj = {**obj, "metadata": {**obj["metadata"], "finalizers": ["egressproxies.io/finalizer"]}}
+    c.on_event("MODIFIED", obj)
+    assert len(c.queue) == 0
     for change in ({"generation": 2}, {"deletionTimestamp": "2026-01-01T00:00:00Z"},
-                   {"finalizers": ["egressproxies.io/finalizer"]}):
+                   {"finalizers": ["egressproxies.io/finalizer", "example.com/other"]}, {"finalizers": []}):
         obj = {**obj, "metadata": {**obj["metadata"], **change}}
         c.on_event("MODIFIED", obj)
         assert len(c.queue) == 1, change

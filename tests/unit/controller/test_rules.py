@@ -78,8 +78,8 @@ def test_ip_wait_polls_then_backs_off(looks: int, delay: float) -> None:
 
 
 @pytest.mark.parametrize(("error", "deleting", "expected"), [
-    (SpecError("spec.port: bad"), False, Fail("spec.port: bad")),
-    (PermanentError("no such image"), False, Fail("no such image")),
+    (SpecError("spec.port: bad"), False, Fail("spec.port: bad", "InvalidSpec")),
+    (PermanentError("no such image"), False, Fail("no such image", "ProviderRejected")),
     (QuotaError("no memory"), False, Trouble("QuotaExceeded", "out of capacity: no memory", Retry.QUOTA)),
     (QuotaError("no memory"), True, Trouble("QuotaExceeded", "out of capacity: no memory", Retry.QUOTA)),
     (HostUnreachable("h down"), False, Trouble("HostUnreachable", "retrying: h down", Retry.TRANSIENT,

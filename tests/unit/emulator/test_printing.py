@@ -87,9 +87,16 @@ def test_proxy_table_uses_printer_columns(api: Api, proxies: ResourceType) -> No
         "Phase",
         "IP",
         "Healthy",
+        "Reason",
+        "Message",
+        "Zone",
+        "Instance",
         "Age",
     ]
-    assert t["rows"][0]["cells"] == ["a", "Managed", "lab", "Ready", "10.231.0.7", "True", "5m"]
+    # -o wide's columns are priority 1: kubectl shows them only there.
+    assert [c["priority"] for c in t["columnDefinitions"]] == [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0]
+    assert t["rows"][0]["cells"] == ["a", "Managed", "lab", "Ready", "10.231.0.7", "True", None, None, None,
+                                     None, "5m"]
     assert t["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
     assert (
         t["kind"] == "Table"

@@ -179,3 +179,19 @@ def test_external_address_takes_names_ipv4_and_bracketed_ipv6(
 ) -> None:
     created, _ = api.create(proxies, "default", proxy("x", mode="External", external={"address": address}))
     assert created["spec"]["external"]["address"] == address
+
+
+def test_a_crd_may_not_describe_or_restrict_the_roots_metadata() -> None:
+    """As the real server: metadata at the root may only restrict name and generateName, so even a
+    description there makes the CRD invalid."""
+    from testbed.emulator.schema import check_root_metadata
+
+    ok = {"type": "object", "properties": {"metadata": {"type": "object"}}}
+    assert check_root_metadata(ok, "s") == []
+    named = {"type": "object", "properties": {"metadata": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 20}}}}}
+    assert check_root_metadata(named, "s") == []
+    described = {"type": "object", "properties": {"metadata": {"type": "object", "description": "x"}}}
+    (err,) = check_root_metadata(described, "s")
+    assert str(err) == ("s.properties[metadata]: Forbidden: must not specify anything other than name and "
+                        "generateName, but metadata is implicitly specified")

@@ -65,6 +65,8 @@ class ScriptedApi:
     later_lists: list[tuple[list[dict[str, Any]], int]] = field(default_factory=list)
     lists: int = 0
     watch_queries: list[dict[str, str]] = field(default_factory=list)
+    list_queries: list[dict[str, str]] = field(default_factory=list)
+    paginate: bool = False  # honour `limit`/`continue` as the API server does
     url: str = ""
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -82,6 +84,15 @@ class ScriptedApi:
             with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
                 await plan(stream)
             return response
+        self.list_queries.append(query)
+        if self.paginate and "limit" in query:
+            start = int(query.get("continue") or 0)
+            end = start + int(query["limit"])
+            meta: dict[str, Any] = {"resourceVersion": str(self.list_rv)}
+            if end < len(self.items):
+                meta["continue"] = str(end)
+            return web.json_response({"apiVersion": f"{GROUP}/{VERSION}", "kind": f"{KIND}List",
+                                      "metadata": meta, "items": self.items[start:end]})
         self.lists += 1
         if self.lists > 1 and self.later_lists:
             self.items, self.list_rv = self.later_lists.pop(0)

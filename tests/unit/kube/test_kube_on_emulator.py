@@ -103,6 +103,22 @@ async def test_namespaced_informer_sees_only_its_namespace() -> None:
         await task
 
 
+async def test_the_operators_writes_are_owned_by_egress_kvm() -> None:
+    """`kubectl get px --show-managed-fields` (and a server-side apply conflict) names the operator as the
+    owner of the finalizer and of status, under its own field manager."""
+    async with emulator_with_crd() as (_emu, client):
+        kube = KubeApiClient(client)
+        obj = await create_proxy(client, "p")
+        obj = await kube.set_finalizer(obj, present=True)
+        await kube.update_proxy_status(obj, {"phase": "Pending", "message": "waiting"})
+        fresh = await kube.get_proxy("default", "p")
+        assert fresh is not None
+        owned = {(m["manager"], m.get("subresource", "")): m["fieldsV1"]
+                 for m in fresh["metadata"]["managedFields"]}
+        assert f'v:"{FINALIZER}"' in owned[("egress-kvm", "")]["f:metadata"]["f:finalizers"]
+        assert set(owned[("egress-kvm", "status")]["f:status"]) == {".", "f:phase", "f:message"}
+
+
 async def test_status_update_from_a_stale_object_retries_the_conflict() -> None:
     async with emulator_with_crd() as (_emu, client):
         kube = KubeApiClient(client)

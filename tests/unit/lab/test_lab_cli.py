@@ -26,3 +26,22 @@ def test_lab_needs_a_subcommand(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["lab"])
     assert "up|down|status" in capsys.readouterr().err
+
+
+def test_simulated_flags():
+    argv = ["lab", "up", "--simulated", "--hosts", "10", "--knobs", '{"boot_delay_s": 5}']
+    args = build_parser().parse_args(argv)
+    assert (args.simulated, args.hosts, args.knobs) == (True, 10, '{"boot_delay_s": 5}')
+    assert build_parser().parse_args(["lab", "down", "--simulated"]).simulated
+    assert not build_parser().parse_args(["lab", "status"]).simulated
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["lab", "up", "--knobs", '{"boot_delay_s": 5}'], "--knobs: only a --simulated lab has knobs"),
+    (["lab", "up", "--simulated", "--knobs", "[1]"], "--knobs: not a JSON object"),
+    (["lab", "up", "--simulated", "--knobs", "{"], "--knobs: not a JSON object"),
+])
+def test_bad_knobs_are_refused_naming_the_flag_before_anything_runs(argv, message, capsys):
+    args = build_parser().parse_args(argv)
+    assert args.func(args) == 1
+    assert message in capsys.readouterr().err

@@ -59,3 +59,26 @@ def test_bad_index_is_rejected_naming_it(index):
 def test_bad_host_count_is_rejected_naming_it(hosts):
     with pytest.raises(ValueError, match=r"lab hosts: .* 1\.\.8"):
         LabLayout.make(index=0, hosts=hosts)
+
+
+def test_simulated_hosts_live_beside_the_real_lab_in_their_own_range():
+    from testbed.lab.layout import MAX_SIM_HOSTS, SIM_SUPERNET
+
+    h = LabLayout.make(index=3, hosts=10, simulated=True).host(9)
+    assert (h.netns, h.veth_root) == ("ekvm3s9", "ekvm3s9c")
+    assert (h.ip, h.lan_cidr, h.gateway) == ("10.232.114.2", "10.232.115.0/24", "10.232.115.1")
+    assert (h.hypervisor, h.sim_control.name) == ("libvirt-sim", "sim.sock")
+    assert default_state_dir(3, simulated=True).name == "lab3-sim"
+    nets, names = [], []
+    for index, number in itertools.product(range(MAX_INDEX + 1), range(MAX_SIM_HOSTS)):
+        s = LabLayout.make(index=index, hosts=MAX_SIM_HOSTS, simulated=True).host(number)
+        nets += [ipaddress.IPv4Network(s.link_cidr), ipaddress.IPv4Network(s.lan_cidr)]
+        names += [s.netns, s.veth_root, s.veth_host]
+        assert all(len(n) <= 15 for n in (s.veth_root, s.veth_host))
+        real = LabLayout.make(index=index, hosts=MAX_HOSTS).host(number % MAX_HOSTS)
+        assert s.netns != real.netns
+    assert all(n.subnet_of(SIM_SUPERNET) for n in nets)
+    assert not any(a.overlaps(b) for a, b in itertools.combinations(nets, 2))
+    assert len(set(names)) == len(names)
+    with pytest.raises(ValueError, match=r"lab hosts: .* 1\.\.16"):
+        LabLayout.make(index=0, hosts=17, simulated=True)

@@ -32,3 +32,18 @@ class LogCapture:
         return [r for r in out if msg is None or r["msg"] == msg]
 
 
+
+
+async def create_waiting(provider: Any, req: CreateRequest, *, progress: Any = None) -> Any:
+    """`provider.create` as the controller drives it: while a background image import runs, create answers
+    InProgress at once; wait for its `wake` and ask again. Each InProgress message goes to `progress`."""
+    from egress_kvm.providers.base import InProgress
+
+    while True:
+        try:
+            return await provider.create(req)
+        except InProgress as e:
+            if progress is not None:
+                await progress(str(e))
+            assert e.wake is not None
+            await e.wake

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 from fakes import fake_kvm_provider, qcow2_image
-from provider_helpers import request
+from provider_helpers import create_waiting, request
 
 from egress_kvm.config.models import EgressConfig
 from egress_kvm.providers.base import PermanentError, TransientError
@@ -76,7 +76,7 @@ def _egress(**kw: object) -> EgressConfig:
 async def _refused(provider, hv, req, *, match: str) -> str:  # type: ignore[no-untyped-def]
     try:
         with pytest.raises(PermanentError, match=match) as info:
-            await provider.create(req)
+            await create_waiting(provider, req)
     finally:
         await provider.close()
     assert hv["host0"].volumes == {}, "a refused download must leave no volume"
@@ -105,7 +105,7 @@ async def test_a_url_image_allowed_by_cidr_and_port_is_fetched(servers: Servers)
     provider, _ = fake_kvm_provider(images={}, precache=False, urlImages=[f"127.0.0.1/32:{a.port}"],
                                     egress=None)
     try:
-        await provider.create(request(image=f"http://127.0.0.1:{a.port}/x.qcow2"))
+        await create_waiting(provider, request(image=f"http://127.0.0.1:{a.port}/x.qcow2"))
     finally:
         await provider.close()
     assert a.hits == ["/x.qcow2"]
@@ -153,7 +153,7 @@ async def test_a_non_http_answer_is_a_fixed_phrase_not_the_banner() -> None:
     provider, hv = fake_kvm_provider(images={"debian-12": {"url": url}}, precache=False)
     try:
         with pytest.raises(TransientError) as info:
-            await provider.create(request())
+            await create_waiting(provider, request())
     finally:
         await provider.close()
         srv.close()

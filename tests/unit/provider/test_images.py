@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from fakes import FakeHypervisor, FakeLibvirtClient, fake_kvm_provider, precache_image, qcow2_image
-from provider_helpers import LogCapture, request
+from provider_helpers import LogCapture, create_waiting, request
 
 from egress_kvm.providers.base import PermanentError, QuotaError, TransientError
 from egress_kvm.providers.kvm import naming
@@ -133,7 +133,7 @@ async def test_first_create_streams_the_image_and_writes_the_marker_last(
     provider._images._progress_every = 0  # report on every chunk, to see it at all in a small image
     order, seen_during_base_upload = _record_volume_calls(monkeypatch, h)
     try:
-        await provider.create(request(), progress=on_progress)
+        await create_waiting(provider, request(), progress=on_progress)
         assert bytes(h.volumes[BASE].data) == IMAGE
         assert h.volumes[BASE].format == "qcow2"  # re-probed by the pool refresh
         assert bytes(h.volumes[MARKER].data).decode() == DIGEST
@@ -153,7 +153,7 @@ async def test_first_create_streams_the_image_and_writes_the_marker_last(
         assert cached[0]["size"] == len(IMAGE) and cached[0]["duration"] >= 0
         assert cached[0]["sha256"] == DIGEST
 
-        await provider.create(request(name="proxy-second"))
+        await create_waiting(provider, request(name="proxy-second"))
         assert server.requests == ["/debian-12.qcow2"]  # cached: no second download
     finally:
         await provider.close()
@@ -163,7 +163,7 @@ async def test_two_creates_needing_the_same_missing_image_download_once(server: 
     provider, hv = provider_for(server)
     server.gate = asyncio.Event()
     try:
-        tasks = [asyncio.create_task(provider.create(request(name=f"proxy-{i}"))) for i in range(3)]
+        tasks = [asyncio.create_task(create_waiting(provider, request(name=f"proxy-{i}"))) for i in range(3)]
         await asyncio.sleep(0.2)
         server.gate.set()
         await asyncio.gather(*tasks)
@@ -178,7 +178,7 @@ async def test_base_without_marker_is_deleted_and_redone(server: ImageServer, lo
     h = hv["host0"]
     h.put_volume(BASE, IMAGE[: len(IMAGE) // 2])  # a crash mid-download
     try:
-        await provider.create(request())
+        await create_waiting(provider, request())
         assert bytes(h.volumes[BASE].data) == IMAGE
         assert bytes(h.volumes[MARKER].data).decode() == DIGEST
         assert "interrupted" in logs.lines("fetching base image into host pool")[0]["reason"]
@@ -191,7 +191,7 @@ async def test_changed_sha256_triggers_a_redownload(server: ImageServer, logs: L
     provider, hv = provider_for(server)
     precache_image(hv["host0"], "debian-12", old)  # cached from an earlier config
     try:
-        await provider.create(request())
+        await create_waiting(provider, request())
         assert bytes(hv["host0"].volumes[BASE].data) == IMAGE
         assert server.requests == ["/debian-12.qcow2"]
         assert "differs from cached" in logs.lines("fetching base image into host pool")[0]["reason"]
@@ -204,7 +204,7 @@ async def test_no_sha256_configured_keeps_the_cached_copy(server: ImageServer) -
     provider, hv = provider_for(server, sha256=None)
     precache_image(hv["host0"], "debian-12", old)
     try:
-        await provider.create(request())
+        await create_waiting(provider, request())
         assert bytes(hv["host0"].volumes[BASE].data) == old  # pinned at first fetch
         assert server.requests == []
         assert "storage_vol_download" not in hv["host0"].calls  # marker not even read
@@ -220,12 +220,12 @@ async def test_an_empty_marker_left_by_a_crash_is_not_a_valid_cache(
     h.put_volume(BASE, IMAGE, fmt="qcow2")
     h.put_volume(MARKER, b"")  # created, then the process died before the digest was written
     try:
-        await provider.create(request())
+        await create_waiting(provider, request())
         assert server.requests == ["/debian-12.qcow2"]
         assert bytes(h.volumes[MARKER].data).decode() == DIGEST
         reason = logs.lines("fetching base image into host pool")[0]["reason"]
         assert ("holds no digest" if sha256 is None else "(empty marker)") in reason
-        await provider.create(request(name="proxy-second"))  # now a valid cache: no second download
+        await create_waiting(provider, request(name="proxy-second"))  # now a valid cache: no second download
         assert server.requests == ["/debian-12.qcow2"]
     finally:
         await provider.close()
@@ -236,7 +236,7 @@ async def test_sha256_mismatch_is_permanent_and_leaves_nothing(server: ImageServ
     provider, hv = provider_for(server, sha256=wrong)
     try:
         with pytest.raises(PermanentError) as info:
-            await provider.create(request())
+            await create_waiting(provider, request())
         msg = str(info.value)
         assert "'debian-12'" in msg and wrong in msg and DIGEST in msg
         assert hv["host0"].volume_names() == set()
@@ -256,7 +256,7 @@ async def test_unsafe_or_wrong_format_images_are_refused_before_any_volume(
     provider, hv = provider_for(server, sha256=None)
     try:
         with pytest.raises(PermanentError, match=needle):
-            await provider.create(request())
+            await create_waiting(provider, request())
         assert hv["host0"].volume_names() == set()
         assert "storage_vol_create_xml" not in hv["host0"].calls
     finally:
@@ -268,7 +268,7 @@ async def test_raw_image_backs_the_overlay_as_raw(server: ImageServer) -> None:
     server.files["/debian-12.qcow2"] = raw
     provider, hv = provider_for(server, sha256=None, fmt="raw")
     try:
-        await provider.create(request())
+        await create_waiting(provider, request())
         assert hv["host0"].volumes["proxy-abc.qcow2"].backing_format == "raw"
     finally:
         await provider.close()
@@ -278,7 +278,7 @@ async def test_url_image_is_cached_under_its_url_hash(server: ImageServer) -> No
     provider, hv = provider_for(server, sha256=None)
     url = f"{server.url}/debian-12.qcow2"
     try:
-        await provider.create(request(image=url))
+        await create_waiting(provider, request(image=url))
         base = naming.base_volume(url=url)
         assert bytes(hv["host0"].volumes[base].data) == IMAGE
         assert bytes(hv["host0"].volumes[naming.marker_volume(base)].data).decode() == DIGEST
@@ -291,7 +291,7 @@ async def test_http_errors_are_transient_and_leave_nothing(server: ImageServer) 
     provider, hv = provider_for(server)
     try:
         with pytest.raises(TransientError, match="HTTP 404"):
-            await provider.create(request())
+            await create_waiting(provider, request())
         assert hv["host0"].volume_names() == set()
     finally:
         await provider.close()
@@ -302,7 +302,7 @@ async def test_full_pool_is_quota_and_the_partial_base_is_removed(server: ImageS
     hv["host0"].upload_fail_after = 1024 * 1024
     try:
         with pytest.raises(QuotaError, match=r"host 'host0' pool 'default' is out of space"):
-            await provider.create(request())
+            await create_waiting(provider, request())
         assert hv["host0"].volume_names() == set()
     finally:
         await provider.close()
@@ -312,7 +312,7 @@ async def test_pool_too_small_for_the_image_is_quota(server: ImageServer) -> Non
     provider, hv = provider_for(server, host_kwargs={"pool_capacity": 1024 * 1024})
     try:
         with pytest.raises(QuotaError, match=r"image 'debian-12' needs 3\.0 MiB"):
-            await provider.create(request())
+            await create_waiting(provider, request())
         assert hv["host0"].volume_names() == set()
     finally:
         await provider.close()
@@ -322,7 +322,7 @@ async def test_marker_without_base_is_redone(server: ImageServer, logs: LogCaptu
     provider, hv = provider_for(server)
     hv["host0"].put_volume(MARKER, DIGEST.encode())  # someone evicted only the base
     try:
-        await provider.create(request())
+        await create_waiting(provider, request())
         assert bytes(hv["host0"].volumes[BASE].data) == IMAGE
         assert logs.lines("fetching base image into host pool")[0]["reason"] == "marker without base volume"
     finally:
@@ -340,10 +340,11 @@ async def test_a_dropped_download_is_transient_leaves_nothing_and_keeps_the_host
         server.stall_after = 1024 * 1024
     provider, hv = provider_for(server)
     provider._http_timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=0.3)
+    provider._importer._failure_hold = 0.0  # retry at once (the hold is tested in test_imports.py)
     h = hv["host0"]
     try:
         with pytest.raises(TransientError, match=r"image 'debian-12': downloading .* (failed|timed out)"):
-            await provider.create(request())
+            await create_waiting(provider, request())
         assert h.volume_names() == set()
         assert "storage_vol_upload" in h.calls  # it failed mid-upload, not before
         assert logs.lines("libvirt connection dropped") == []
@@ -351,7 +352,7 @@ async def test_a_dropped_download_is_transient_leaves_nothing_and_keeps_the_host
         assert provider._hosts["host0"].connected
 
         server.cut_after = server.stall_after = None
-        await provider.create(request())  # the same session serves the retry
+        await create_waiting(provider, request())  # the same session serves the retry
         assert bytes(h.volumes[BASE].data) == IMAGE
         assert hv.dials == ["host0"]
     finally:
@@ -371,7 +372,7 @@ async def test_image_url_credentials_and_signature_never_reach_logs_or_errors(
         req = request()
     try:
         with pytest.raises(TransientError, match="HTTP 404") as info:
-            await provider.create(req)
+            await create_waiting(provider, req)
         msg = str(info.value)
         assert f"REDACTED@127.0.0.1:{port}/gone.qcow2?REDACTED" in msg
         fetching = logs.lines("fetching base image into host pool")
@@ -388,7 +389,7 @@ async def test_a_url_image_with_credentials_is_recorded_without_them(server: Ima
     url = f"http://user:tok3n-secret@127.0.0.1:{port}/debian-12.qcow2?sig=sig-secret"
     provider, hv = provider_for(server, sha256=None)
     try:
-        await provider.create(request(image=url))
+        await create_waiting(provider, request(image=url))
         xml = hv["host0"].domains["proxy-abc"].xml  # the domain's metadata names the image
         assert f'image="http://REDACTED@127.0.0.1:{port}/debian-12.qcow2?REDACTED"' in xml
         assert "secret" not in xml

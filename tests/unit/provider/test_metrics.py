@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 from fakes import fake_kvm_provider, qcow2_image
-from provider_helpers import request
+from provider_helpers import create_waiting, request
 
 from egress_kvm.metrics import REGISTRY
 
@@ -52,7 +52,7 @@ async def test_rpc_durations_are_recorded_per_method_and_result() -> None:
     define, start = rpc_count("domain_define_xml"), rpc_count("domain_create_with_flags")
     lookups_missing = rpc_count("domain_lookup_by_name", "not_found")
     try:
-        await provider.create(request())
+        await create_waiting(provider, request())
         assert await provider.get("proxy-does-not-exist", "host0") is None
     finally:
         await provider.close()
@@ -67,9 +67,36 @@ async def test_image_bytes_fetched_grow_by_the_image_on_download_and_not_on_a_ca
                                       precache=False)
     try:
         before = fetched()
-        await provider.create(request("proxy-one"))
+        await create_waiting(provider, request("proxy-one"))
         assert fetched() == before + len(IMAGE)
-        await provider.create(request("proxy-two", uid="uid-2"))  # the base is cached on host0 now
+        await create_waiting(provider, request("proxy-two", uid="uid-2"))  # the base is cached on host0 now
         assert fetched() == before + len(IMAGE)
     finally:
         await provider.close()
+
+
+def imports(result: str, host: str = "host0", image: str = "debian-12") -> float:
+    return REGISTRY.get_sample_value("egress_kvm_image_imports_total",
+                                     {"host": host, "image": image, "result": result}) or 0.0
+
+
+async def test_image_imports_count_downloads_by_result(image_url: str) -> None:
+    """What the EgressKvmImageImportFailing alert watches: a failing download counts as an error, a
+    successful one as a success, a cache hit as neither."""
+    broken, _ = fake_kvm_provider(images={"debian-12": {"url": image_url + ".missing", "format": "qcow2"}},
+                                  precache=False)
+    ok_before, err_before = imports("success"), imports("error")
+    try:
+        with pytest.raises(Exception, match="HTTP 404"):
+            await create_waiting(broken, request("proxy-broken"))
+    finally:
+        await broken.close()
+    assert (imports("success"), imports("error")) == (ok_before, err_before + 1)
+    provider, _ = fake_kvm_provider(images={"debian-12": {"url": image_url, "format": "qcow2"}},
+                                    precache=False)
+    try:
+        await create_waiting(provider, request("proxy-one"))
+        await create_waiting(provider, request("proxy-two", uid="uid-2"))  # cached: no import
+    finally:
+        await provider.close()
+    assert (imports("success"), imports("error")) == (ok_before + 1, err_before + 1)

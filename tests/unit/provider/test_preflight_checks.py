@@ -1,9 +1,12 @@
 """Preflight's failure branches against an in-process SSH server (asyncssh) and a scripted libvirtd.
 
-The SSH server is real SSH on loopback: key login, stream-local forwarding (which it can refuse the way
-`AllowStreamLocalForwarding no` does), and exec of `ip` (which it can refuse, or answer as a host without
-`ip` or with a non-bridge device). Forwarded connections reach a unix socket served by the rpc tests'
-FakeServer, which speaks libvirt's wire protocol and can stay silent (a daemon that stopped answering).
+The SSH server is real SSH on loopback: key login, stream-local forwarding (which it can refuse as
+"administratively prohibited", or answer with OpenSSH's bare "open failed", which OpenSSH gives both under
+`AllowStreamLocalForwarding no` and for a socket it cannot open), and exec of the commands preflight
+sends: `ip`, `test -c /dev/kvm`, `stat`/`id` (exec it can refuse, or answer as a host without `ip`,
+without /dev/kvm, or with a non-bridge device). Forwarded connections reach a unix socket served by the
+rpc tests' FakeServer, which speaks libvirt's wire protocol and can stay silent (a daemon that stopped
+answering).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ import pytest
 
 from egress_kvm.config import parse_providers
 from egress_kvm.preflight import CHECKS, CheckResult, check_host, run_preflight
-from rpc.constants import StoragePoolState
-from rpc.types import StoragePool, StoragePoolGetInfoRet
+from egress_kvm.preflight.verdicts import PoolNeeds, Status
+from rpc.constants import ErrorCode, StoragePoolState
+from rpc.types import StoragePool, StoragePoolGetInfoRet, StorageVol
 
 GIB = 1024**3
 
@@ -56,16 +60,31 @@ class Host:
     pool_available: int = 40 * GIB
     link_kind: str | None = "bridge"  # `ip -d` linkinfo kind; None: the device does not exist
     has_ip: bool = True
+    has_kvm: bool = True
+    socket_open: bool = True  # False: sshd's connect to the socket fails (missing, or shut to the user)
+    socket_stat: str = "root libvirt 770"  # `stat -c '%U %G %a'`; "" when the socket does not exist
+    user_groups: str = "virt"
+    volumes: set[str] = field(default_factory=set)  # the pool's volume names
     port: int = 0
     servers: list[Any] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
 
     def run(self, command: str) -> tuple[int, str, str]:
+        """What a shell on the host answers to the commands preflight sends (and only those)."""
+        self.commands.append(command)
         argv = command.split()
+        if argv[:3] == ["test", "-c", "/dev/kvm"]:
+            return (0 if self.has_kvm else 1), "", ""
+        if argv[:1] == ["stat"]:
+            out = f"sock {self.socket_stat}\n" if self.socket_stat else ""
+            return 0, out + f"groups {self.user_groups}\n", ""
         if argv[:1] != ["ip"] or not self.has_ip:
             return 127, "", f"sh: 1: {argv[0]}: not found\n"
         dev = argv[-1]
         if self.link_kind is None:
             return 1, "", f'Device "{dev}" does not exist.\n'
+        if argv[:3] == ["ip", "-j", "neigh"]:
+            return 0, "[]", ""
         info = {"ifname": dev, "operstate": "UP", "linkinfo": {"info_kind": self.link_kind}}
         return 0, json.dumps([info]), ""
 
@@ -85,9 +104,13 @@ class _SshServer(asyncssh.SSHServer):
         return key.export_public_key() == self._key
 
     def unix_connection_requested(self, dest_path: str) -> bool:
-        if not self._host.forwarding:  # what sshd answers under AllowStreamLocalForwarding no
+        if not self._host.forwarding:  # an sshd that says "administratively prohibited" outright
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
                                             "open failed: administratively prohibited")
+        # OpenSSH's answer both when its connect(2) to the socket fails and under
+        # AllowStreamLocalForwarding no (seen on the lab's sshd, tests/integration/test_kvm_preflight.py)
+        if not self._host.socket_open:
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "open failed")
         return True  # asyncssh connects the channel to dest_path on this machine
 
     def session_requested(self) -> Any:
@@ -116,6 +139,11 @@ async def host(tmp_path: Path) -> AsyncIterator[tuple[Host, Path, Path]]:
     listener.setblocking(False)
     loop = asyncio.get_running_loop()
 
+    def volume_lookup(pool: StoragePool, name: str) -> StorageVol:
+        if name not in h.volumes:
+            raise fake_rpc.FakeError(ErrorCode.NO_STORAGE_VOL, f"Storage volume not found: {name}")
+        return StorageVol(pool.name, name, f"/pool/{name}")
+
     def handlers() -> dict[int, Callable[..., Any]]:
         silent = fake_rpc.NO_REPLY
         return {
@@ -124,6 +152,7 @@ async def host(tmp_path: Path) -> AsyncIterator[tuple[Host, Path, Path]]:
             84: lambda name: StoragePool(name, bytes(16)),  # storage_pool_lookup_by_name
             87: lambda pool: StoragePoolGetInfoRet(h.pool_state, 50 * GIB, 50 * GIB - h.pool_available,
                                                    h.pool_available),
+            95: volume_lookup,  # storage_vol_lookup_by_name
         }
 
     async def accept_loop() -> None:
@@ -152,13 +181,13 @@ async def host(tmp_path: Path) -> AsyncIterator[tuple[Host, Path, Path]]:
         listener.close()
 
 
-def config_for(h: Host, key: Path, known_hosts: Path, *, hosts: int = 1) -> Any:
+def config_for(h: Host, key: Path, known_hosts: Path, *, hosts: int = 1, domain_type: str = "kvm") -> Any:
     return parse_providers([{"name": "kvm-t", "type": "kvm", "kvm": {
         "sshKeyFile": str(key), "knownHostsFile": str(known_hosts),
         "images": {"d": {"url": "http://127.0.0.1:1/d.qcow2"}},
         "machineTypes": {"small": {"vcpus": 1, "memoryMiB": 512}},
         "hosts": [{"name": f"h{i}", "address": f"127.0.0.1:{h.port}", "user": "virt", "bridge": "br0",
-                   "socket": h.socket_path} for i in range(hosts)]}}])
+                   "socket": h.socket_path, "domainType": domain_type} for i in range(hosts)]}}])
 
 
 async def preflight(h: Host, key: Path, known_hosts: Path, *,
@@ -184,7 +213,8 @@ async def test_refused_stream_local_forwarding_fails_and_says_what_to_set(
     h = host[0]
     h.forwarding = False
     r = await preflight(*host)
-    assert status(r) == {"ssh": True, "forwarding": False, "libvirt": None, "pool": None, "bridge": None}
+    assert status(r) == {"ssh": True, "forwarding": False, "libvirt": None, "pool": None,
+                         "commands": True, "kvm": True, "bridge": True}  # exec checks still run
     assert "refuses stream-local forwarding" in r["forwarding"].detail
     assert "AllowStreamLocalForwarding yes for user virt" in r["forwarding"].detail
     assert r["libvirt"].detail == "skipped: forwarding failed"
@@ -195,7 +225,8 @@ async def test_a_libvirtd_that_stops_answering_is_a_fail_not_a_traceback(
     h = host[0]
     h.libvirt_answers = False
     r = await preflight(*host, time_limit=0.5)
-    assert status(r) == {"ssh": True, "forwarding": True, "libvirt": False, "pool": None, "bridge": None}
+    assert status(r) == {"ssh": True, "forwarding": True, "libvirt": False, "pool": None,
+                         "commands": True, "kvm": True, "bridge": True}
     assert "did not answer" in r["libvirt"].detail and "connect_get_lib_version" in r["libvirt"].detail
 
 
@@ -207,8 +238,9 @@ async def test_one_host_failing_mid_check_does_not_stop_the_others(host: tuple[H
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("egress_kvm.preflight.check_host", _with_time_limit(check_host, 0.5))
         results = await run_preflight(config, emit=lambda res: seen.append(res.line()))
-    assert {r.host for r in results} == {"h0", "h1"}
-    assert [ln.split()[0] for ln in seen] == ["PASS", "PASS", "FAIL", "SKIP", "SKIP"] * 2
+    assert {r.host for r in results} == {None, "h0", "h1"}  # None: the image check, once per provider
+    host_lines = [ln.split()[0] for ln in seen if ln.split()[1] != "kvm-t"]
+    assert host_lines == ["PASS", "PASS", "FAIL", "SKIP", "PASS", "PASS", "PASS"] * 2
 
 
 def _with_time_limit(fn: Any, limit: float) -> Any:
@@ -231,8 +263,9 @@ async def test_run_preflight_reports_an_unforeseen_error_per_host_and_goes_on(
     monkeypatch.setattr("egress_kvm.preflight.check_host", flaky)
     results = await run_preflight(config_for(h, key, known_hosts, hosts=2))
     assert calls == ["h0", "h1"]
-    assert results[0].line() == "FAIL kvm-t/h0 checks: preflight could not finish: RuntimeError: boom"
-    assert [r.ok for r in results[1:]] == [True] * len(CHECKS)
+    per_host = [r for r in results if r.host is not None]
+    assert per_host[0].line() == "FAIL kvm-t/h0 checks: preflight could not finish: RuntimeError: boom"
+    assert [r.ok for r in per_host[1:]] == [True] * len(CHECKS)
 
 
 @pytest.mark.parametrize(("state", "available", "needle"), [
@@ -244,19 +277,77 @@ async def test_pool_inactive_or_full_fails(host: tuple[Host, Path, Path], state:
     h = host[0]
     h.pool_state, h.pool_available = state, available
     r = await preflight(*host)
-    assert status(r) == {"ssh": True, "forwarding": True, "libvirt": True, "pool": False, "bridge": True}
+    assert status(r) == {**dict.fromkeys(CHECKS, True), "pool": False}
     assert needle in r["pool"].detail
 
 
-@pytest.mark.parametrize(("setup", "needle"), [
-    (lambda h: setattr(h, "link_kind", "dummy"), "'br0' exists but is a dummy device, not a bridge"),
-    (lambda h: setattr(h, "link_kind", None), "bridge 'br0' not found on the host"),
-    (lambda h: setattr(h, "has_ip", False), "`ip` is not on virt's PATH on the host"),
-    (lambda h: setattr(h, "exec_allowed", False), "the host refuses command execution"),
+@pytest.mark.parametrize(("setup", "failing", "needle"), [
+    (lambda h: setattr(h, "link_kind", "dummy"), {"bridge": False},
+     "'br0' exists but is a dummy device, not a bridge"),
+    (lambda h: setattr(h, "link_kind", None), {"bridge": False}, "bridge 'br0' not found on the host"),
+    (lambda h: setattr(h, "has_ip", False), {"commands": False, "bridge": None},
+     "`ip` is not on virt's PATH on the host"),
+    (lambda h: setattr(h, "exec_allowed", False), {"commands": False, "kvm": None, "bridge": None},
+     "the host refuses command execution"),
 ])
-async def test_bridge_check_failures(host: tuple[Host, Path, Path], setup: Callable[[Host], None],
-                                     needle: str) -> None:
+async def test_exec_and_bridge_check_failures(host: tuple[Host, Path, Path], setup: Callable[[Host], None],
+                                              failing: dict[str, bool | None], needle: str) -> None:
     setup(host[0])
     r = await preflight(*host)
-    assert status(r) == {"ssh": True, "forwarding": True, "libvirt": True, "pool": True, "bridge": False}
-    assert needle in r["bridge"].detail
+    assert status(r) == {**dict.fromkeys(CHECKS, True), **failing}
+    problems = [x.detail for x in r.values() if x.ok is False]
+    assert len(problems) == 1 and needle in problems[0]  # said once, by the first check it breaks
+
+
+@pytest.mark.parametrize(("socket_stat", "groups", "failing", "needle"), [
+    ("root libvirt 770", "virt users", {"forwarding": None, "libvirt": False},
+     "virt is not in group 'libvirt', which owns"),
+    ("root libvirt 770", "virt libvirt", {"forwarding": False, "libvirt": None},
+     "sshd refused to forward to"),
+    ("", "virt libvirt", {"forwarding": None, "libvirt": False},
+     "does not exist on the host: is libvirtd (or virtqemud) running"),
+])
+async def test_open_failed_is_told_apart_by_the_socket_s_group_and_mode(
+        host: tuple[Host, Path, Path], socket_stat: str, groups: str, failing: dict[str, bool | None],
+        needle: str) -> None:
+    """OpenSSH answers a refused forward and a failed connect(2) alike; `stat` + `id` over exec decide."""
+    h = host[0]
+    h.socket_open, h.socket_stat, h.user_groups = False, socket_stat, groups
+    r = await preflight(*host)
+    assert status(r) == {**dict.fromkeys(CHECKS, True), **failing, "pool": None}
+    problems = [x.detail for x in r.values() if x.ok is False]
+    assert len(problems) == 1 and needle in problems[0]
+    if "not in group" in needle:
+        assert problems[0].endswith("sudo usermod -aG libvirt virt")
+
+
+@pytest.mark.parametrize(("domain_type", "has_kvm", "expected"), [
+    ("kvm", True, Status.PASS), ("kvm", False, Status.FAIL), ("qemu", True, Status.WARN),
+    ("qemu", False, Status.WARN),
+])
+async def test_dev_kvm_against_the_domain_type(host: tuple[Host, Path, Path], domain_type: str,
+                                               has_kvm: bool, expected: Status) -> None:
+    h, key, known_hosts = host
+    h.has_kvm = has_kvm
+    entry = config_for(h, key, known_hosts, domain_type=domain_type).providers[0]
+    results = {x.check: x for x in await check_host(entry.name, entry.kvm, entry.kvm.hosts[0], time_limit=5)}
+    assert results["kvm"].status is expected
+    assert "test -c /dev/kvm" in h.commands
+
+
+async def test_the_pool_must_hold_a_base_and_n_overlays(host: tuple[Host, Path, Path]) -> None:
+    h, key, known_hosts = host
+    entry = config_for(h, key, known_hosts).providers[0]  # diskSizeGb 10 (the default)
+    h.pool_available = 41 * GIB
+    for vms, ok in ((3, True), (4, False)):
+        needs = PoolNeeds(base_bytes=5 * GIB, base_label="d", vms=vms, disk_size_gb=10)
+        got = {x.check: x for x in await check_host(entry.name, entry.kvm, entry.kvm.hosts[0], time_limit=5,
+                                                       needs=needs)}
+        assert got["pool"].ok is ok, got["pool"].detail
+    assert "base 'd' (5.0 GiB) + 4 VM(s) at diskSizeGb 10" in got["pool"].detail
+    assert "need 45.0 GiB" in got["pool"].detail
+    h.volumes.add("base-d.qcow2")  # the base is imported already: only the overlays need room
+    got = {x.check: x for x in await check_host(entry.name, entry.kvm, entry.kvm.hosts[0], time_limit=5,
+                                                   needs=needs)}
+    assert got["pool"].ok, got["pool"].detail
+    assert "base 'd' (already in the pool) + 4 VM(s)" in got["pool"].detail

@@ -245,7 +245,7 @@ async def test_dropped_connection_is_transient_then_redialled_after_backoff(logs
         hv.set_unreachable("host0")
         with pytest.raises(TransientError, match="unreachable"):
             await provider.get(NAME, "host0")
-        with pytest.raises(TransientError, match="next dial in"):
+        with pytest.raises(TransientError, match="re-dialling with backoff"):
             await provider.get(NAME, "host0")  # within the backoff: no new dial
         assert hv.dials.count("host0") == 4
         assert logs.lines("libvirt host dial failed")[0]["error"].endswith("connection refused")
@@ -456,7 +456,9 @@ async def test_rpc_counts_for_create_and_get() -> None:
         await provider.get(NAME, "host0")
         assert h.calls == ["domain_lookup_by_name", "domain_get_metadata", "domain_get_state",
                            "domain_interface_addresses"]
-        assert len(create_calls) == 13, create_calls  # no sha256 configured: the marker's size is read
+        # No sha256 configured: the marker's size is read; the pool is refreshed before its space counts.
+        assert len(create_calls) == 14, create_calls
+        assert create_calls.index("storage_pool_refresh") < create_calls.index("storage_pool_get_info")
         h.calls.clear()
         await provider.create(request())  # already there and running: a Get's worth of calls
         assert h.calls == ["domain_lookup_by_name", "domain_get_metadata", "domain_get_state",

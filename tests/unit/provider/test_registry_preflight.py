@@ -76,6 +76,8 @@ def test_preflight_reports_an_unreachable_host(tmp_path: Path, capsys: pytest.Ca
     assert run_cli(["preflight", "--providers-config", str(f)]) == 1
     out = capsys.readouterr()
     lines = out.out.splitlines()
-    assert lines[0].startswith("FAIL kvm-a/h0 ssh: ")
-    assert [ln.split()[0] for ln in lines[1:]] == ["SKIP"] * 4
-    assert "1 check(s) failed" in out.err
+    assert lines[0] == "FAIL kvm-a image d: image 'd': nothing listens at http://127.0.0.1:1/d.qcow2 " \
+                       "(connection refused)"
+    assert lines[1] == "FAIL kvm-a/h0 ssh: nothing listens on 127.0.0.1:1: is sshd running, and on port 1?"
+    assert [ln.split()[0] for ln in lines[2:]] == ["SKIP"] * 6
+    assert "2 check(s) failed" in out.err

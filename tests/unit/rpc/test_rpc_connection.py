@@ -1003,3 +1003,26 @@ async def test_malformed_lifecycle_event_is_dropped_and_fails_only_its_subscript
         assert client.is_connected
     await next_call(server, 317)  # still deregistered on exit
     await client.close()
+
+
+async def test_a_drain_failing_with_its_stream_leaves_no_unretrieved_exception(server: FakeServer) -> None:
+    """A dropped connection fails the stream and the buffer drain at once: the upload raises the stream's
+    error and the drain's BrokenPipeError is retrieved too (it logged "Task exception was never
+    retrieved" at ERROR, 40 s after a drop in the fault campaign). The autouse fixture in
+    tests/conftest.py fails this test on any such log line."""
+    server.handlers[208] = lambda vol, offset, length, flags: server.reading.clear()
+    client = await open_client(server)
+
+    async def broken_drain() -> None:  # the link dropped: every stream fails, and so does the drain
+        for serial, stream in list(client._core.streams.items()):
+            stream._fail(rpc.ConnectionLost("connection lost: Broken pipe"))
+            waiter = client._stream_waiters.get(serial)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        raise BrokenPipeError(32, "Broken pipe")
+
+    client._link.drain = broken_drain  # type: ignore[method-assign]
+    with pytest.raises(rpc.ConnectionLost, match="Broken pipe"):
+        await client.storage_vol_upload(VOL, 0, 0, 0, b"\0" * (64 << 20), timeout=15)
+    server.reading.set()
+    await client.close()

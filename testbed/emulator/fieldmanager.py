@@ -1,0 +1,448 @@
+"""Field ownership (`metadata.managedFields`) and server-side apply, as the real server's field manager
+does it where kubectl and a controller can observe it.
+
+A field set is a set of paths; a path is a tuple of structured-merge-diff's elements: `f:<field>`,
+`k:{"type":"Ready"}` (an item of a map list, by its keys), `v:<json>` (an item of a set list). A path
+that is a prefix of another in the same set is a member (serialized with `.`), as the real server
+writes `fieldsV1`. Lists follow the CRD schema's `x-kubernetes-list-type` (`map` with its
+`x-kubernetes-list-map-keys`, `set`, else atomic); for built-ins, which have no schema here, lists of
+objects that all carry a `name` are maps keyed by name, `metadata.finalizers` is a set and
+`metadata.ownerReferences` a map keyed by uid.
+
+- Every write records who changed what: create, update and the non-apply patches give the writer (the
+  `fieldManager` parameter, else the User-Agent's product, as the real server) the fields whose values
+  it changed, operation `Update`, and take them from everyone else.
+- Apply (`application/apply-patch+yaml`) makes the applied configuration's fields the manager's
+  `Apply` set, merges it into the object (map lists by key), removes fields this manager applied
+  before and no longer applies (unless someone else owns them), and refuses, 409 Conflict with one
+  `FieldManagerConflict` cause per field, to change a value another manager owns, unless `force=true`,
+  which takes the field over.
+- Status writes are recorded with `subresource: status`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from testbed.emulator.errors import ApiError
+
+Obj = dict[str, Any]
+Path = tuple[str, ...]
+MISSING: Any = object()
+# Never owned: identity and server-set metadata (the real server strips these from field sets too).
+_SKIP_META = {"name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
+              "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink", "managedFields"}
+
+
+class Operation(Enum):
+    APPLY = "Apply"
+    UPDATE = "Update"
+
+
+@dataclass
+class Entry:
+    manager: str
+    operation: Operation
+    api_version: str
+    subresource: str = ""
+    time: str = ""
+    paths: set[Path] = field(default_factory=set)
+
+    @property
+    def ident(self) -> tuple[str, Operation, str]:
+        return (self.manager, self.operation, self.subresource)
+
+    def shown(self) -> str:
+        """How a conflict names the manager (apiserver's printManager)."""
+        text = json.dumps(self.manager)
+        if self.subresource:
+            text += f" with subresource {json.dumps(self.subresource)}"
+        if self.operation is Operation.UPDATE:
+            text += f" using {self.api_version}"
+        return text
+
+
+def manager_from_user_agent(user_agent: str) -> str:
+    """The real server's default manager: the User-Agent up to its first `/`, at most 128 characters."""
+    return (user_agent.split("/", 1)[0] or "unknown")[:128]
+
+
+# --- field sets -------------------------------------------------------------------------------------
+
+
+def _child_schema(schema: Obj | None, name: str) -> Obj | None:
+    if not isinstance(schema, dict):
+        return None
+    props = schema.get("properties") or {}
+    if name in props:
+        return props[name]
+    extra = schema.get("additionalProperties")
+    return extra if isinstance(extra, dict) else None
+
+
+def _list_keys(schema: Obj | None, path: Path, value: list[Any]) -> list[str] | str | None:
+    """Map keys for a map list, "set" for a set list, None for an atomic list."""
+    if isinstance(schema, dict) and "x-kubernetes-list-type" in schema:
+        kind = schema["x-kubernetes-list-type"]
+        if kind == "map":
+            return list(schema.get("x-kubernetes-list-map-keys") or [])
+        return "set" if kind == "set" else None
+    if path == ("f:metadata", "f:finalizers"):
+        return "set"
+    if path == ("f:metadata", "f:ownerReferences"):
+        return ["uid"]
+    if schema is None and value and all(isinstance(v, dict) and "name" in v for v in value):
+        return ["name"]  # a built-in's named list (containers, env, volumes...), as its strategic merge key
+    return None
+
+
+def _key_element(item: Obj, keys: list[str]) -> str:
+    return "k:" + json.dumps({k: item.get(k) for k in keys}, separators=(",", ":"), sort_keys=True)
+
+
+def _walk(value: Any, schema: Obj | None, path: Path, out: set[Path]) -> None:
+    if isinstance(value, dict) and value:
+        if path:
+            out.add(path)
+        for k, v in value.items():
+            _walk(v, _child_schema(schema, k), (*path, f"f:{k}"), out)
+        return
+    if isinstance(value, list) and value:
+        keys = _list_keys(schema, path, value)
+        item_schema = schema.get("items") if isinstance(schema, dict) else None
+        if keys == "set":
+            out.add(path)
+            for v in value:
+                out.add((*path, "v:" + json.dumps(v, separators=(",", ":"), sort_keys=True)))
+            return
+        if isinstance(keys, list) and keys and all(isinstance(v, dict) for v in value):
+            out.add(path)
+            for item in value:
+                element = (*path, _key_element(item, keys))
+                out.add(element)
+                for k, v in item.items():
+                    _walk(v, _child_schema(item_schema, k), (*element, f"f:{k}"), out)
+            return
+    out.add(path)  # a scalar, an empty object or list, an atomic list
+
+
+def field_set(obj: Obj, schema: Obj | None, *, subresource: str = "",
+              status_subresource: bool = False) -> set[Path]:
+    """Every path the object sets, without identity and server-set metadata; with a status subresource,
+    only `.status` for a status write and everything but `.status` for a write to the main resource."""
+    out: set[Path] = set()
+    for k, v in obj.items():
+        if k in ("apiVersion", "kind"):
+            continue
+        if status_subresource and (k == "status") != (subresource == "status"):
+            continue
+        if k == "metadata" and isinstance(v, dict):
+            meta = {mk: mv for mk, mv in v.items() if mk not in _SKIP_META}
+            if meta:
+                _walk(meta, None, ("f:metadata",), out)
+            continue
+        _walk(v, _child_schema(schema, k), (f"f:{k}",), out)
+    return out
+
+
+def _leaves(paths: set[Path]) -> set[Path]:
+    prefixes = {p[:i] for p in paths for i in range(1, len(p))}
+    return {p for p in paths if p not in prefixes}
+
+
+def _keyed(item: Any, keys: Obj) -> bool:
+    """Whether a map list's item is the one these key values name."""
+    return isinstance(item, dict) and all(item.get(k) == v for k, v in keys.items())
+
+
+def value_at(obj: Any, path: Path) -> Any:
+    cur = obj
+    for element in path:
+        kind, _, rest = element.partition(":")
+        if kind == "f" and isinstance(cur, dict) and rest in cur:
+            cur = cur[rest]
+        elif kind == "k" and isinstance(cur, list):
+            keys = json.loads(rest)
+            cur = next((i for i in cur if _keyed(i, keys)), MISSING)
+            if cur is MISSING:
+                return MISSING
+        elif kind == "v" and isinstance(cur, list):
+            v = json.loads(rest)
+            if v not in cur:
+                return MISSING
+            cur = v
+        else:
+            return MISSING
+    return cur
+
+
+# --- fieldsV1 ------------------------------------------------------------------------------------------
+
+
+def to_fields_v1(paths: set[Path]) -> Obj:
+    tree: Obj = {}
+    prefixes = {p[:i] for p in paths for i in range(1, len(p))}
+    for p in sorted(paths):
+        node = tree
+        for element in p:
+            node = node.setdefault(element, {})
+        if p in prefixes:
+            node["."] = {}
+    return tree
+
+
+def from_fields_v1(tree: Obj, prefix: Path = ()) -> set[Path]:
+    out: set[Path] = set()
+    for element, sub in (tree or {}).items():
+        if element == ".":
+            out.add(prefix)
+            continue
+        path = (*prefix, element)
+        if not sub or set(sub) == {"."}:
+            out.add(path)
+        else:
+            out |= from_fields_v1(sub, path)
+    return out
+
+
+def entries(meta: Obj) -> list[Entry]:
+    out = []
+    for m in meta.get("managedFields") or []:
+        if not isinstance(m, dict) or not m.get("manager"):
+            continue
+        try:
+            op = Operation(m.get("operation", "Update"))
+        except ValueError:
+            continue
+        out.append(Entry(m["manager"], op, m.get("apiVersion", ""), m.get("subresource", ""),
+                         m.get("time", ""), from_fields_v1(m.get("fieldsV1") or {})))
+    return out
+
+
+def serialize(items: list[Entry]) -> list[Obj]:
+    out = []
+    for e in items:
+        m: Obj = {"manager": e.manager, "operation": e.operation.value, "apiVersion": e.api_version,
+                  "time": e.time, "fieldsType": "FieldsV1", "fieldsV1": to_fields_v1(e.paths)}
+        if e.subresource:
+            m["subresource"] = e.subresource
+        out.append(m)
+    return out
+
+
+# --- the two operations -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Change:
+    """Who writes and how; `applied` is the applied configuration's field set for an Apply."""
+
+    manager: str
+    operation: Operation = Operation.UPDATE
+    subresource: str = ""
+    applied: frozenset[Path] = frozenset()
+    taken: frozenset[Path] = frozenset()  # fields an Apply with force took from other managers
+    # managedFields a patch wrote itself (kubectl's client-side to server-side apply migration does): the
+    # ownership the change is recorded on top of, instead of the stored one.
+    base: list[Obj] | None = field(default=None, compare=False)
+
+
+def conflicts(live: Obj, applied: Obj, applied_paths: set[Path], owners: list[Entry], *, manager: str,
+              subresource: str) -> list[tuple[Entry, Path]]:
+    """Fields the applied configuration sets to another value than the live one, owned by someone else."""
+    found = []
+    for path in sorted(_leaves(applied_paths)):
+        live_value = value_at(live, path)
+        if live_value is MISSING or live_value == value_at(applied, path):
+            continue
+        for e in owners:
+            if (e.manager, e.operation, e.subresource) == (manager, Operation.APPLY, subresource):
+                continue
+            if path in e.paths:
+                found.append((e, path))
+    return found
+
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def last_applied_fields(live: Obj, schema: Obj | None) -> set[Path]:
+    """The fields of the client-side apply annotation: those a `kubectl` apply may take without conflict."""
+    text = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
+    try:
+        last = json.loads(text) if text else None
+    except ValueError:
+        return set()
+    return field_set(last, schema) if isinstance(last, dict) else set()
+
+
+def conflict_error(found: list[tuple[Entry, Path]]) -> ApiError:
+    """409 as apiserver's NewConflictError words it."""
+    causes = [{"reason": "FieldManagerConflict", "message": f"conflict with {e.shown()}",
+               "field": path_text(p)} for e, p in found]
+    if len(found) == 1:
+        e, p = found[0]
+        message = f"Apply failed with 1 conflict: conflict with {e.shown()}: {path_text(p)}"
+    else:
+        by_manager: dict[str, list[str]] = {}
+        for e, p in found:
+            by_manager.setdefault(e.shown(), []).append(path_text(p))
+        lines = []
+        for shown in sorted(by_manager):
+            lines.append(f"conflicts with {shown}:")
+            lines += [f"- {p}" for p in by_manager[shown]]
+        message = f"Apply failed with {len(found)} conflicts: " + "\n".join(lines)
+    return ApiError(409, "Conflict", message, {"causes": causes})
+
+
+def path_text(path: Path) -> str:
+    """structured-merge-diff's Path.String(): `.spec.port`, `.status.conditions[type="Ready"]`."""
+    out = ""
+    for element in path:
+        kind, _, rest = element.partition(":")
+        if kind == "f":
+            out += f".{rest}"
+        elif kind == "k":
+            out += "[" + ",".join(f"{k}={json.dumps(v)}" for k, v in json.loads(rest).items()) + "]"
+        else:
+            out += f"[={rest}]"
+    return out
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """What an Apply removes: `fields` (leaves and list items this manager applied before, applies no
+    more, and nobody else owns), and `holders`, objects that held such fields, removed once empty."""
+
+    fields: frozenset[Path]
+    holders: frozenset[Path]
+
+
+def dropped_paths(before: set[Path], applied: set[Path], others: set[Path]) -> Dropped:
+    kept = applied | others
+    leaves = _leaves(before)
+    gone = {p for p in before - kept if p in leaves or p[-1][:2] in ("k:", "v:")}
+    holders = {p for p in before - kept - gone if len(p) > 1}
+    return Dropped(frozenset(gone), frozenset(holders))
+
+
+def merge_applied(live: Obj, applied: Obj, *, applied_paths: set[Path], dropped: Dropped) -> Obj:
+    """The live object with the applied configuration's fields set, and what `dropped` says removed."""
+    out = copy.deepcopy(live)
+    for path in sorted(_leaves(applied_paths), key=len):
+        _set(out, path, copy.deepcopy(value_at(applied, path)))
+    for path in sorted(dropped.fields, key=len, reverse=True):
+        _remove(out, path)
+    for path in sorted(dropped.holders, key=len, reverse=True):
+        if value_at(out, path) in ({}, []):
+            _remove(out, path)
+    return out
+
+
+def _set(obj: Obj, path: Path, value: Any) -> None:
+    cur: Any = obj
+    for i, element in enumerate(path):
+        last = i == len(path) - 1
+        kind, _, rest = element.partition(":")
+        if kind == "f":
+            if last:
+                cur[rest] = value
+                return
+            nxt = path[i + 1]
+            if rest not in cur or not isinstance(cur[rest], dict | list):
+                cur[rest] = [] if nxt[0] in "kv" else {}
+            cur = cur[rest]
+        elif kind == "k":
+            keys = json.loads(rest)
+            item = next((x for x in cur if _keyed(x, keys)), None)
+            if item is None:
+                item = dict(keys)
+                cur.append(item)
+            if last:
+                item.clear()
+                item.update(value)
+                return
+            cur = item
+        else:
+            v = json.loads(rest)
+            if v not in cur:
+                cur.append(v)
+            return
+
+
+def _remove(obj: Obj, path: Path) -> None:
+    parent = value_at(obj, path[:-1]) if len(path) > 1 else obj
+    kind, _, rest = path[-1].partition(":")
+    if kind == "f" and isinstance(parent, dict):
+        parent.pop(rest, None)
+    elif kind == "k" and isinstance(parent, list):
+        keys = json.loads(rest)
+        parent[:] = [x for x in parent if not _keyed(x, keys)]
+    elif kind == "v" and isinstance(parent, list):
+        v = json.loads(rest)
+        parent[:] = [x for x in parent if x != v]
+
+
+def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api_version: str,
+           status_subresource: bool, now: str) -> list[Obj]:
+    """`new`'s managedFields after `change`: the writer's entry gains what it changed (Update) or is the
+    applied set (Apply); other entries lose what it took and every entry loses fields that are gone.
+    When nothing but times would change, the old list is kept as it was."""
+    old_meta = (old or {}).get("metadata") or {}
+    if change.base is not None:
+        old_meta = {**old_meta, "managedFields": change.base}
+    before = entries(old_meta)
+    sub = change.subresource
+    new_paths = field_set(new, schema, subresource=sub, status_subresource=status_subresource)
+    # Everything set on the object, main resource and status, to drop fields that no longer exist.
+    everywhere = field_set(new, schema) if status_subresource else new_paths
+    if change.operation is Operation.APPLY:
+        taken = set(change.applied) & everywhere
+        taken_from_others = set(change.taken)
+    else:
+        old_paths = field_set(old, schema, subresource=sub, status_subresource=status_subresource) \
+            if old else set()
+        leaves = _leaves(new_paths)
+        taken = {p for p in new_paths if p not in old_paths
+                 or (p in leaves and value_at(old, p) != value_at(new, p))}
+        taken_from_others = taken
+    ident = (change.manager, change.operation, sub)
+    after: list[Entry] = []
+    mine: Entry | None = None
+    for e in before:
+        e = Entry(e.manager, e.operation, e.api_version, e.subresource, e.time, set(e.paths))
+        if e.ident == ident:
+            mine = e
+            continue
+        e.paths = _settle(e.paths - taken_from_others, everywhere)
+        if e.paths:
+            after.append(e)
+    if change.operation is Operation.APPLY:
+        paths = taken
+    else:
+        paths = _settle((mine.paths if mine else set()) | taken, everywhere)
+    if paths:
+        unchanged = mine is not None and mine.paths == paths and mine.api_version == api_version
+        after.append(Entry(change.manager, change.operation, api_version, sub,
+                           mine.time if unchanged and mine else now, paths))
+    result = serialize(after)
+    if _without_times(result) == _without_times(old_meta.get("managedFields") or []):
+        return copy.deepcopy(old_meta.get("managedFields") or [])
+    return result
+
+
+def _settle(paths: set[Path], everywhere: set[Path]) -> set[Path]:
+    """Only fields the object still has; an object or list whose owned fields all went elsewhere is no
+    longer owned (it would read as owning the whole value)."""
+    paths = paths & everywhere
+    leaves = _leaves(everywhere)
+    holding = {q[:i] for q in paths for i in range(1, len(q))}
+    return {p for p in paths if p in leaves or p in holding}
+
+
+def _without_times(items: list[Obj]) -> list[str]:
+    return sorted(json.dumps({k: v for k, v in m.items() if k != "time"}, sort_keys=True) for m in items)

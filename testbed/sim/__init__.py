@@ -1,0 +1,1 @@
+"""A simulated libvirt hypervisor host (docs/lab.md, "Simulated hosts")."""

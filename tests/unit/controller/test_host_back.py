@@ -1,0 +1,39 @@
+"""A returning host re-queues its Proxies at once (issue 13 item 9): a delete pending while the host was
+down completes within seconds of the host answering again, not after the per-Proxy backoff grown during
+the outage; and no countdown is frozen into status."""
+
+from __future__ import annotations
+
+import asyncio
+
+from egress_kvm.controller.queue import Backoff
+
+from .conftest import eventually
+from .fakekube import FakeKube
+from .proxyserver import MiniProxy
+from .test_lifecycle import KEY, phase
+from .test_with_kvm_provider import PROVIDER, boot, instance_volumes, kvm, kvm_spec
+
+_ = kvm  # the fixture
+
+
+async def test_a_delete_pending_on_a_dead_host_completes_once_it_answers(
+        kube: FakeKube, kvm, proxy_server: MiniProxy, make_controller) -> None:
+    provider, hv = kvm
+    h = hv["host0"]
+    c = make_controller({PROVIDER: provider}, transient_backoff=Backoff(60.0, 300.0))
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    name = await boot(kube, h)
+    await eventually(lambda: phase(kube) == "Ready", what="Ready")
+
+    hv.set_unreachable("host0")
+    kube.delete(KEY)
+    await eventually(lambda: c.queue.failures(KEY) >= 1, what="the delete failed on the dead host")
+    message = kube.status(KEY)["message"]
+    assert "unreachable" in message and "next dial in" not in message  # nothing that would freeze
+    await asyncio.sleep(0.2)
+    assert KEY in kube.objects and name in h.domains  # waiting on a 60 s backoff
+
+    hv.set_unreachable("host0", False)
+    await eventually(lambda: KEY not in kube.objects, what="deleted once the host answers")
+    assert name not in h.domains and instance_volumes(h, name) == set()
