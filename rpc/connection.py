@@ -362,8 +362,14 @@ class Connection:
         return stream
 
     def stream_write(self, stream: Stream, chunk: bytes | memoryview) -> None:
-        """Send one STREAM/CONTINUE packet: header + data in one buffer (the one copy this layer makes)."""
-        self._link.write(self._core.send_stream_data(stream, len(chunk)) + chunk)
+        """Send one STREAM/CONTINUE packet. Data backed by immutable bytes goes out as the second part of
+        one vectored write, uncopied (uvloop may hold it until the socket takes it); anything mutable is
+        copied now, since its owner may reuse the buffer as soon as this returns."""
+        header = self._core.send_stream_data(stream, len(chunk))
+        if type(chunk) is bytes or (type(chunk) is memoryview and type(chunk.obj) is bytes):
+            self._link.write_parts(header, chunk)
+        else:
+            self._link.write(header + chunk)
 
     def stream_finish(self, stream: Stream) -> None:
         self._link.write(self._core.finish_stream(stream))

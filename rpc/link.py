@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, cast
 
 from .errors import ConnectionLost
@@ -67,7 +67,7 @@ class BaseLink:
         self.description = description
         self._on_close = on_close
         self._closed = False
-        self._batch: list[bytes] = []
+        self._batch: list[bytes | memoryview] = []
         self._dirty = False
         self._flush_scheduled = False
         self._loop = asyncio.get_running_loop()
@@ -106,13 +106,36 @@ class BaseLink:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
+    def write_parts(self, head: bytes, body: bytes | memoryview) -> None:
+        """Write one whole packet given as two parts (a stream packet's header and its data), in order,
+        without joining them where the transport can write both at once (uvloop's vectored write)."""
+        if not self._dirty and not self._batch:
+            try:
+                self._raw_writelines((head, body))
+            except Exception as e:
+                raise ConnectionLost(f"connection to {self.description} lost: {e or type(e).__name__}") from e
+            self._dirty = True
+            return
+        self._batch.append(head)
+        self._batch.append(body)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _raw_writelines(self, parts: Sequence[bytes | memoryview]) -> None:
+        """Write several buffers in order; a link whose transport writes vectors overrides this."""
+        self._raw_write(b"".join(parts))
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         batch, self._batch = self._batch, []
         self._dirty = False
         if batch:
             with contextlib.suppress(Exception):  # a dead link: the receiver hears of it
-                self._raw_write(batch[0] if len(batch) == 1 else b"".join(batch))
+                if len(batch) == 1:
+                    self._raw_write(batch[0])  # type: ignore[arg-type]
+                else:
+                    self._raw_writelines(batch)
 
     def write_buffer_size(self) -> int:
         raise NotImplementedError
@@ -211,6 +234,13 @@ class UnixLink(BaseLink, _FlowControl, asyncio.Protocol):
         if self._transport.is_closing():
             raise ConnectionLost(f"connection to {self.description} is closed")
         self._transport.write(data)
+
+    def _raw_writelines(self, parts: Sequence[bytes | memoryview]) -> None:
+        # uvloop writes the parts with one writev and no join; the default loop joins them (one copy).
+        assert self._transport is not None
+        if self._transport.is_closing():
+            raise ConnectionLost(f"connection to {self.description} is closed")
+        self._transport.writelines(parts)
 
     def write_buffer_size(self) -> int:
         self._flush()

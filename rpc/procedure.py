@@ -7,12 +7,13 @@ here, and a server side (tests, the fake daemon) uses decode_args / encode_ret.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import ProtocolError
-from .xdr import Struct, decode_all
+from .xdr import Decoded, Struct, decode_all
 
 
 def one(value: Any) -> Any:
@@ -57,13 +58,38 @@ class Procedure:
         return tuple(decode_all(self.args.dec_values, payload, what=what))
 
     def decode_ret(self, payload: bytes) -> Any:
-        ret = self.ret
-        if ret is None:
+        # On every call's path: the codec's compiled dec and the error prefix are looked up once per
+        # procedure (_ret_decoder), not per reply (docs/performance.md).
+        try:
+            dec, what = self._ret_dec  # type: ignore[attr-defined]
+        except AttributeError:
+            dec, what = self._ret_decoder()
+        if dec is None:
             if payload:
-                raise ProtocolError(f"{self.name} reply: {len(payload)} unexpected trailing bytes")
+                raise ProtocolError(f"{what}: {len(payload)} unexpected trailing bytes")
             return None
-        fields = ret.fields
-        return decode_all((fields[0][1] if len(fields) == 1 else ret).dec, payload, what=f"{self.name} reply")
+        try:
+            value, pos = dec(payload, 0)
+        except ProtocolError as e:
+            raise ProtocolError(f"{what}: {e}") from None
+        except (struct.error, IndexError):
+            raise ProtocolError(f"{what}: truncated") from None
+        if pos != len(payload):
+            raise ProtocolError(f"{what}: {len(payload) - pos} unexpected trailing bytes")
+        return value
+
+    def _ret_decoder(self) -> tuple[Callable[[bytes, int], Decoded] | None, str]:
+        """The reply's decoder (a one-field ret decodes to the field itself), compiled, and its name."""
+        ret = self.ret
+        what = f"{self.name} reply"
+        if ret is None:
+            pair: tuple[Callable[[bytes, int], Decoded] | None, str] = (None, what)
+        else:
+            codec = ret.fields[0][1] if len(ret.fields) == 1 else ret
+            codec._ensure()  # a Struct's compiled dec replaces the compiling one on first use
+            pair = (codec.dec, what)
+        object.__setattr__(self, "_ret_dec", pair)  # frozen: a cache, not state
+        return pair
 
     def encode_ret(self, value: Any) -> bytes:
         """The reply payload for `value` (what a server sends); used by tests and the fake server."""

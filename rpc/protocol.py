@@ -176,6 +176,8 @@ _OK = int(MessageStatus.OK)
 _CALL_HEADER = struct.Struct(">IIIiiII")
 #: the largest call payload a packet can carry
 _MAX_CALL_PAYLOAD = MESSAGE_MAX + LEN_SIZE - MIN_PACKET
+#: the largest packet, length word included
+_MAX_PACKET = MESSAGE_MAX + LEN_SIZE
 
 
 @dataclass(slots=True)
@@ -477,6 +479,28 @@ class ClientProtocol:
         if not data:
             where = "" if self._decoder.at_boundary() else " in the middle of a packet"
             return self.close(ConnectionLost(f"connection closed by {self.description}{where}"))
+        # The commonest read of all: exactly one REPLY/OK to a plain call, nothing buffered before it.
+        # Its header is read with one unpack and matched without building a Header or Packet; anything
+        # else (or any doubt) takes the general path below, which checks every field.
+        if self._tracer is None and len(data) >= MIN_PACKET and type(data) is bytes:
+            length, prog, vers, proc, type_, serial, status = _CALL_HEADER.unpack_from(data)
+            if (
+                length == len(data)
+                and length <= _MAX_PACKET
+                and type_ == _REPLY
+                and status == _OK
+                and prog == REMOTE_PROGRAM
+                and vers == 1
+                and self._decoder.at_boundary()
+            ):
+                call = self._pending.get(serial)
+                if call is not None and call.plain and call.proc.number == proc:
+                    del self._pending[serial]
+                    try:
+                        value = call.proc.decode_ret(data[MIN_PACKET:])
+                    except ProtocolError as e:
+                        return [CallFailed(serial, call.token, e)]
+                    return [CallDone(serial, call.token, value)]
         try:
             packets = self._decoder.feed(data)
         except ProtocolError as e:
@@ -718,6 +742,7 @@ class ClientProtocol:
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             stream._fail(lost())
+            self._summarise(stream.serial)  # its trace summary, or the data it moved is never traced
             events.append(StreamChanged(stream))
         subs, self._subs = self._subs, {}
         for callback_id in subs:

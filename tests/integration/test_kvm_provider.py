@@ -175,8 +175,11 @@ async def guest_run(info: Any, name: str, script: str, *, limit: float = 60.0) -
 
 
 async def wait_until(check: Callable[[], bool], limit: float, what: str) -> None:
+    """Poll `check` in a thread: the checks run virsh, and `domifaddr --source agent` can block for
+    seconds on a stopped agent; on the loop that starves the libvirt client, whose server then drops it
+    on keepalive (what proxied_get below already avoids)."""
     deadline = time.monotonic() + limit
-    while not check():
+    while not await asyncio.to_thread(check):
         assert time.monotonic() < deadline, f"timed out waiting for: {what}"
         await asyncio.sleep(1)
 

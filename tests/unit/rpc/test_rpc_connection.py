@@ -470,6 +470,46 @@ async def test_upload_from_async_iterable_coalesces_small_pieces(server: FakeSer
     await client.close()
 
 
+def test_an_upload_whose_source_reuses_its_buffer_sends_what_each_piece_held() -> None:
+    """On uvloop a stream packet's data may wait in the transport after stream_write returns (it is not
+    copied when it is immutable bytes); a source that refills one bytearray must still be sent as it
+    was at each yield, so mutable data is copied when written."""
+    import uvloop
+
+    from rpc.client import Client
+    from rpc.link import UnixLink
+
+    async def main() -> None:
+        server = FakeServer()
+        server.handlers[208] = lambda vol, offset, length, flags: None
+        await server.start()
+        loop = asyncio.get_running_loop()
+        _, link = await loop.create_unix_connection(
+            lambda: UnixLink(description="fake"), sock=server.client_sock
+        )
+        client = Client(link)
+        await client._handshake(uri="test:///default", keepalive_interval=None, keepalive_count=5)
+        buf = bytearray(STREAM_CHUNK)
+
+        async def pieces() -> AsyncIterator[bytearray]:
+            for i in range(6):
+                buf[:] = bytes([i + 1]) * len(buf)
+                yield buf
+
+        server.reading.clear()  # the daemon is slow: the client's packets wait in its transport
+        collector = asyncio.create_task(collect_upload(server))
+        upload = asyncio.create_task(client.storage_vol_upload(VOL, 0, 0, 0, pieces()))
+        await asyncio.sleep(0.1)
+        server.reading.set()
+        await asyncio.wait_for(upload, 10)
+        got, _ = await collector
+        assert got == b"".join(bytes([i + 1]) * STREAM_CHUNK for i in range(6))
+        await client.close()
+        await server.stop()
+
+    uvloop.run(main())
+
+
 async def test_unasked_stream_error_ends_a_blocked_upload_at_once(server: FakeServer) -> None:
     def start(vol: rpc.StorageVol, offset: int, length: int, flags: int) -> None:
         server.reading.clear()  # like a daemon whose disk is full: it stops draining the socket

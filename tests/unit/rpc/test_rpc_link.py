@@ -97,3 +97,15 @@ async def test_upload_chunking_is_exact_and_full_sized(sizes: list[int]) -> None
     assert all(0 < len(c) <= STREAM_CHUNK for c in out)
     direct = [bytes(c) async for c in _chunks(b"".join(pieces))]
     assert direct == out
+
+
+async def test_a_two_part_packet_keeps_its_place_among_whole_packets() -> None:
+    w, r = Writer(), Reader()
+    link = Link(r, w, description="t")
+    link.write_parts(b"H1", memoryview(b"body1"))  # alone in its turn: out at once
+    assert b"".join(w.writes) == b"H1body1"
+    link.write(b"call")
+    link.write_parts(b"H2", b"body2")  # queued behind the call, parts adjacent
+    link.write(b"end")
+    await asyncio.sleep(0)
+    assert b"".join(w.writes) == b"H1body1callH2body2end"

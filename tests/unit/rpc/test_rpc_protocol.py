@@ -409,6 +409,20 @@ def test_the_trace_has_one_record_per_packet_with_header_fields_and_never_a_payl
     assert [(r.program, r.procedure) for r in records[-2:]] == [("KEEPALIVE", "PING"), ("KEEPALIVE", "PONG")]
 
 
+def test_a_stream_cut_by_the_connections_end_still_gets_its_trace_summary() -> None:
+    records: list[PacketTrace] = []
+    p = client(tracer=records.append)
+    s_up, d_up = p.send_call(UPLOAD, (VOL, 0, 0, 0), now=0, timeout=5)
+    p.receive_data(reply_to(d_up, None), now=0)
+    up = p.stream(s_up)
+    assert up is not None
+    for _ in range(7):
+        p.send_stream_data(up, 1000)
+    p.receive_data(b"", now=1)  # the daemon went away mid-upload
+    summary = [r for r in records if r.type == "STREAM" and r.direction is Direction.OUT]
+    assert [(r.serial, r.packets, r.length) for r in summary] == [(s_up, 7, 7 * 1028)]
+
+
 def test_a_tracer_that_raises_does_not_break_the_protocol() -> None:
     def boom(_: PacketTrace) -> None:
         raise RuntimeError("tracer bug")
