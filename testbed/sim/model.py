@@ -52,6 +52,16 @@ DOMAIN_SHUTOFF_CRASHED = 3
 METADATA_ELEMENT = 2  # VIR_DOMAIN_METADATA_ELEMENT
 
 
+
+STOCK_NWFILTERS = (
+    "allow-arp", "allow-dhcp", "allow-dhcp-server", "allow-dhcpv6", "allow-dhcpv6-server",
+    "allow-incoming-ipv4", "allow-incoming-ipv6", "allow-ipv4", "allow-ipv6", "clean-traffic",
+    "clean-traffic-gateway", "no-arp-ip-spoofing", "no-arp-mac-spoofing", "no-arp-spoofing",
+    "no-ip-multicast", "no-ip-spoofing", "no-ipv6-multicast", "no-ipv6-spoofing", "no-mac-broadcast",
+    "no-mac-spoofing", "no-other-l2-traffic", "no-other-rarp-traffic", "qemu-announce-self",
+    "qemu-announce-self-rarp",
+)
+
 class Lifecycle(enum.IntEnum):
     """virDomainEventType: what a lifecycle event says happened."""
 
@@ -477,6 +487,11 @@ class Hypervisor:
                             t.DomainIPAddr(type_=IPAddrType.IPV4, addr=e["dst"], prefix=0),)))
             return tuple(out)
         raise lv_error(ErrorCode.ARGUMENT_UNSUPPORTED, f"unsupported address source {source}")
+
+    def connect_list_nwfilters(self, maxnames: int) -> tuple[str, ...]:
+        """The stock filters libvirt 9.0's nwfilter driver defines (what preflight looks for); the
+        simulator lists them but applies none: its guests are processes, not NICs on a bridge."""
+        return STOCK_NWFILTERS[:maxnames]
 
     def connect_list_all_domains(self, need_results: int = 1, flags: int = 0) -> t.ConnectListAllDomainsRet:
         doms = tuple(d.handle() for d in self.domains.values())
