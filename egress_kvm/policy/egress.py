@@ -39,6 +39,11 @@ DEFAULT_CLUSTER_CIDRS: tuple[str, ...] = (
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")  # 0.x.y.z reaches the local host on Linux
+#: Special-purpose ranges Python's `is_reserved` leaves out and no public service lives in: IETF protocol
+#: assignments, benchmarking, IPv6 site-local (deprecated, still routed on old LANs), Teredo (tunnels
+#: to an obfuscated IPv4 the policy cannot see) and the discard prefix.
+_SPECIAL = tuple(ipaddress.ip_network(n) for n in (
+    "192.0.0.0/24", "198.18.0.0/15", "fec0::/10", "2001::/32", "100::/64"))
 _METADATA = (ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"))
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"^(\*\.)?{_LABEL}(\.{_LABEL})*$")
@@ -161,13 +166,16 @@ def address_class(address: Address, cluster: Sequence[Network]) -> Verdict:
         address = address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1 on the wire
     elif isinstance(address, ipaddress.IPv6Address) and address in _NAT64:
         address = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)  # a NAT64 gateway forwards to it
+    elif isinstance(address, ipaddress.IPv6Address) and address.sixtofour is not None:
+        address = address.sixtofour  # 2002:7f00:1:: is relayed to 127.0.0.1
     if address in _METADATA:
         return Verdict.METADATA
     if address.is_loopback:
         return Verdict.LOOPBACK
     if address.is_link_local:
         return Verdict.LINK_LOCAL
-    if address.is_unspecified or address.is_multicast or address.is_reserved or address in _THIS_NETWORK:
+    if (address.is_unspecified or address.is_multicast or address.is_reserved or address in _THIS_NETWORK
+            or any(address in net for net in _SPECIAL if net.version == address.version)):
         return Verdict.UNSPECIFIED
     if any(address in net for net in cluster if net.version == address.version):
         return Verdict.CLUSTER

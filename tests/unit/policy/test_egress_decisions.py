@@ -32,6 +32,16 @@ ip = ipaddress.ip_address
     ("::ffff:127.0.0.1", Verdict.LOOPBACK),  # v4-mapped: the same host on the wire
     ("64:ff9b::a9fe:a9fe", Verdict.METADATA),  # NAT64 of 169.254.169.254
     ("64:ff9b::cb00:7107", Verdict.ALLOWED),  # NAT64 of 203.0.113.7
+    ("2002:7f00:1::", Verdict.LOOPBACK),  # 6to4 of 127.0.0.1
+    ("2002:a9fe:a9fe::1", Verdict.METADATA),  # 6to4 of 169.254.169.254
+    ("2002:a00:1::", Verdict.CLUSTER),  # 6to4 of 10.0.0.1
+    ("2002:cb00:7107::", Verdict.ALLOWED),  # 6to4 of 203.0.113.7
+    ("2001:0:4136:e378:8000:63bf:3fff:fdd2", Verdict.UNSPECIFIED),  # Teredo: the client is hidden
+    ("192.0.0.8", Verdict.UNSPECIFIED),  # IETF protocol assignments
+    ("198.18.0.1", Verdict.UNSPECIFIED),  # benchmarking
+    ("198.19.255.254", Verdict.UNSPECIFIED),
+    ("fec0::1", Verdict.UNSPECIFIED),  # site-local
+    ("100::1", Verdict.UNSPECIFIED),  # discard prefix
     ("169.254.169.254", Verdict.METADATA),
     ("fd00:ec2::254", Verdict.METADATA),
     ("169.254.1.1", Verdict.LINK_LOCAL),
