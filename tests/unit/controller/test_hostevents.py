@@ -1,0 +1,82 @@
+"""Host lifecycle events drive reconciles (issue 9 item 1): which Proxy an event concerns (a table over
+the cached Proxies' status), and the controller over the real KvmProvider and the fake libvirt: a VM
+destroyed or paused behind the operator's back is repaired on the event, with no probe, refresh or
+resync to wake it."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from fakes import FakeHypervisors
+
+from egress_kvm.controller.hostevents import keys_for
+from egress_kvm.providers.kvm import KvmProvider
+
+from .conftest import eventually
+from .fakekube import FakeKube
+from .proxyserver import MiniProxy
+from .test_lifecycle import KEY, phase
+from .test_with_kvm_provider import PROVIDER, boot, kvm, kvm_spec  # noqa: F401 - kvm is a fixture
+
+
+def px(name: str, **status: object) -> tuple[tuple[str, str], dict]:
+    return ("ns", name), {"status": status}
+
+
+A = {"name": "proxy-a", "zone": "host0", "provider": "p"}
+CACHE = [
+    px("one", instance=A),
+    px("replacing", instance={"name": "proxy-new", "zone": "host1", "provider": "p"},
+       previousInstance={"name": "proxy-old", "zone": "host0", "provider": "p"}),
+    px("legacy", instance={"name": "proxy-l", "zone": "host0"}),  # written before `provider` existed
+    px("other-provider", instance={"name": "proxy-a", "zone": "host0", "provider": "q"}),
+    px("no-status"),
+    (("ns", "not-in-cache-any-more"), None),
+]
+
+
+@pytest.mark.parametrize(("provider", "zone", "name", "keys"), [
+    ("p", "host0", "proxy-a", ["one"]),
+    ("q", "host0", "proxy-a", ["other-provider"]),
+    ("p", "host1", "proxy-a", []),  # the same name on another zone is not that instance
+    ("p", "host0", "proxy-old", ["replacing"]),  # the instance a replacement retires
+    ("p", "host1", "proxy-new", ["replacing"]),
+    ("p", "host0", "proxy-l", ["legacy"]),
+    ("p", "host0", "proxy-someone-elses", []),  # another cluster's, or nobody's: no Proxy records it
+    ("p", "host0", None, ["one", "replacing", "legacy"]),  # every Proxy on the zone (after a gap)
+])
+def test_keys_for(provider: str, zone: str, name: str | None, keys: list[str]) -> None:
+    got = keys_for(provider=provider, zone=zone, name=name, proxies=CACHE)
+    assert [k[1] for k in got] == keys
+
+
+def lines(buf: io.StringIO, msg: str) -> list[dict]:
+    return [r for r in map(json.loads, buf.getvalue().splitlines()) if r.get("msg") == msg]
+
+
+async def test_destroyed_and_paused_vms_are_repaired_on_their_events(
+        kube: FakeKube, kvm: tuple[KvmProvider, FakeHypervisors], proxy_server: MiniProxy, make_controller,
+        logs: io.StringIO) -> None:
+    provider, hv = kvm
+    h = hv["host0"]
+    # probes at their real pace (a refresh about once a minute) and no resync within the test: only the
+    # event can wake the reconcile that restarts the VM.
+    make_controller({PROVIDER: provider}, probe_time_scale=1.0)
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    name = await boot(kube, h)
+    await eventually(lambda: phase(kube) == "Ready")
+    await eventually(lambda: len(h.listeners) == 1, what="the controller follows host0's events")
+
+    h.domain_destroy_flags(h.domains[name].handle(), 0)  # virsh destroy
+    await eventually(lambda: kube.reasons("px1").count("Restarted") == 1, what="restarted on the event")
+    assert h.domains[name].id != -1
+    [line] = lines(logs, "instance event; reconciling its Proxy")
+    assert (line["proxy"], line["instance"], line["change"], line["detail"]) == (
+        "default/px1", name, "Stopped", "destroyed")
+
+    h.pause(name)  # virsh suspend
+    await eventually(lambda: h.domains[name].state == 1, what="resumed on the event")
+    assert [r["change"] for r in lines(logs, "instance event; reconciling its Proxy")] == ["Stopped", "Paused"]
+    await eventually(lambda: phase(kube) == "Ready", what="Ready again")
