@@ -80,6 +80,43 @@ def test_step2_fetch_through_the_vms_proxy(step):
     assert "egress-kvm-lab" in via  # tinyproxy as the user-data configured it, not a stray default
 
 
+def test_step2b_a_destroyed_vm_is_restarted_on_its_lifecycle_event(step):
+    """Issue 9 item 3: `virsh destroy` of the Ready Proxy's VM. The operator hears libvirt's lifecycle
+    event (its subscription on the host connection), reconciles that Proxy at once and starts the VM;
+    the Proxy is Ready again. Printed: the time from the destroy to the operator's first reaction (the
+    reconcile the event triggered) and to the domain running again; target <= 2 s, not asserted (timed
+    tests are not allowed). Asserted: the reaction came from the event, not a probe, refresh or resync."""
+    name = step.status(FIRST)["instance"]["name"]
+    subscribed = step.log_msgs("lifecycle events subscribed", host="host0")
+    assert subscribed, "the operator has no lifecycle-event subscription on host0"
+    before = len(step.log_msgs("instance event; reconciling its Proxy", proxy=f"default/{FIRST}"))
+    restarted_before = step.log_msgs("KVM domain ensured running", name=name)
+    t_destroy = time.time()
+    labmod.virsh(step.lab, "host0", "destroy", name)
+
+    def reacted() -> list[dict]:
+        recs = step.log_msgs("instance event; reconciling its Proxy", proxy=f"default/{FIRST}")
+        return recs[before:]
+    [event_line, *_] = wait_until(reacted, timeout=60, what="the operator's reaction to the destroy",
+                                  interval=0.1)
+    assert (event_line["instance"], event_line["change"], event_line["detail"]) == (name, "Stopped", "destroyed")
+    started = wait_until(lambda: step.log_msgs("KVM domain ensured running", name=name)[len(restarted_before):],
+                         timeout=60, what="the VM started again", interval=0.1)
+    # The start came from the reconcile the event queued: logged after the event line (a probe needs
+    # three failures in a row before it would have re-queued the Proxy).
+    assert started[0]["ts"] >= event_line["ts"]
+    reaction_s = event_line["ts"] - t_destroy
+    started_s = started[0]["ts"] - t_destroy
+    print(f"\nevents-driven repair: destroy -> operator reaction {reaction_s:.2f}s, -> domain started "
+          f"{started_s:.2f}s (target <= 2 s; shared 2-core machine, noisy)")
+    assert "running" in labmod.virsh(step.lab, "host0", "domstate", name)
+    st = step.wait_ready(FIRST)
+    assert st["instance"]["name"] == name  # the same VM, started again, not a new one
+    reasons = step.kubectl("get", "events", "--field-selector", f"involvedObject.name={FIRST}",
+                           "-o", "jsonpath={.items[*].reason}").stdout.split()
+    assert "Restarted" in reasons, reasons
+
+
 def test_step3_second_proxy_reuses_the_cached_base(step):
     downloads = image_downloads(step.lab)
     step.kubectl.apply(step.proxy(SECOND))
