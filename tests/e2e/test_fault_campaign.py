@@ -10,7 +10,7 @@ faults injected where they hurt. Scenarios run in order on one stack and build o
    Proxy converges without anyone running `virsh pool-refresh`, after one quota backoff step (60 s).
 4. SSH dropped mid-Create (every session on host0 killed, three times while the Proxy is created).
 5. Drift: one VM destroyed and one undefined with its volumes deleted behind the operator's back: both
-   are started/recreated.
+   are started/recreated, on their lifecycle events.
 6. One host unreachable (host1's link down) while the other keeps serving (a delete on host0 completes),
    and a Proxy deleted while its host is down: once the link is back it is gone, its VM and volumes too.
 7. Restart storm: five operator SIGKILLs (and restarts) over creates and deletes on both hosts.
@@ -215,11 +215,15 @@ def test_5_vm_destroyed_and_vm_undefined_behind_the_operators_back(step):
     a = step.status("camp-a")["instance"]["name"]
     c = step.status("camp-c")["instance"]["name"]
     labmod.virsh(step.lab, "host0", "destroy", a)
-    labmod.virsh(step.lab, "host0", "destroy", c)
+    # Undefined while running, its volumes deleted, then destroyed: the domain is gone the moment it stops.
+    # (Destroyed first, the operator, told by the lifecycle event, may start it again before the undefine.)
     labmod.virsh(step.lab, "host0", "undefine", c, "--nvram")
     for v in (f"{c}.qcow2", f"{c}-seed.iso"):
         labmod.virsh(step.lab, "host0", "vol-delete", "--pool", "default", v)
+    labmod.virsh(step.lab, "host0", "destroy", c)
     converge(step, "VM destroyed + VM undefined")
+    for name in ("camp-a", "camp-c"):  # repaired on the lifecycle events, not at a probe or resync
+        assert step.log_msgs("instance event; reconciling its Proxy", proxy=f"default/{name}")
 
 
 def test_6_host_unreachable_while_the_other_serves_and_a_delete_while_down(step):

@@ -17,8 +17,9 @@ from egress_kvm.providers.kvm import KvmProvider
 from .conftest import eventually
 from .fakekube import FakeKube
 from .proxyserver import MiniProxy
-from .test_lifecycle import KEY, phase
-from .test_with_kvm_provider import PROVIDER, boot, kvm, kvm_spec  # noqa: F401 - kvm is a fixture
+from .test_lifecycle import phase
+from .test_with_kvm_provider import PROVIDER, boot, kvm_spec
+from .test_with_kvm_provider import kvm as kvm  # the fixture, reused
 
 
 def px(name: str, **status: object) -> tuple[tuple[str, str], dict]:
@@ -78,5 +79,6 @@ async def test_destroyed_and_paused_vms_are_repaired_on_their_events(
 
     h.pause(name)  # virsh suspend
     await eventually(lambda: h.domains[name].state == 1, what="resumed on the event")
-    assert [r["change"] for r in lines(logs, "instance event; reconciling its Proxy")] == ["Stopped", "Paused"]
+    changes = [r["change"] for r in lines(logs, "instance event; reconciling its Proxy")]
+    assert changes == ["Stopped", "Paused"]
     await eventually(lambda: phase(kube) == "Ready", what="Ready again")

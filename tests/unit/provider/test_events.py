@@ -77,9 +77,12 @@ class Sink:
 
 
 async def until(check, what: str) -> None:  # type: ignore[no-untyped-def]
-    async with asyncio.timeout(5):
-        while not check():
-            await asyncio.sleep(0.01)
+    """Wait until check() is truthy; the limit is a safety net, not an assertion about speed."""
+    for _ in range(500):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def watcher_tasks() -> list[asyncio.Task[object]]:
