@@ -5,6 +5,7 @@ resync to wake it."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 
@@ -82,3 +83,24 @@ async def test_destroyed_and_paused_vms_are_repaired_on_their_events(
     changes = [r["change"] for r in lines(logs, "instance event; reconciling its Proxy")]
     assert changes == ["Stopped", "Paused"]
     await eventually(lambda: phase(kube) == "Ready", what="Ready again")
+
+
+async def test_watches_follow_a_providers_reload_and_end_with_the_controller(kube: FakeKube,
+                                                                             make_controller) -> None:
+    from fakes import fake_kvm_provider
+
+    old, old_hv = fake_kvm_provider(hosts=["host0"], cluster_id="c1")
+    new, new_hv = fake_kvm_provider(hosts=["host0"], cluster_id="c1")
+    try:
+        c = make_controller({PROVIDER: old})
+        await eventually(lambda: len(old_hv["host0"].listeners) == 1, what="the first provider watched")
+        c.update_providers({PROVIDER: new}, "h2")
+        await eventually(lambda: len(new_hv["host0"].listeners) == 1, what="the new provider watched")
+        # The replaced provider is closed by the process a minute later; its watch ends now.
+        await eventually(lambda: old_hv["host0"].listeners == [], what="the replaced provider unwatched")
+        await c.stop(timeout=1.0)
+        assert new_hv["host0"].listeners == []
+        assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("lifecycle events ")]
+    finally:
+        await old.close()
+        await new.close()
