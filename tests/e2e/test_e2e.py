@@ -95,6 +95,7 @@ def test_step2b_a_destroyed_vm_is_restarted_on_its_lifecycle_event(step):
     restarted_before = step.log_msgs("KVM domain ensured running", name=name)
     t_destroy = time.time()
     labmod.virsh(step.lab, "host0", "destroy", name)
+    t_returned = time.time()  # libvirt's destroy (QEMU stopped and reaped) takes seconds on a loaded machine
 
     def reacted() -> list[dict]:
         recs = step.log_msgs("instance event; reconciling its Proxy", proxy=f"default/{FIRST}")
@@ -111,8 +112,9 @@ def test_step2b_a_destroyed_vm_is_restarted_on_its_lifecycle_event(step):
     assert started[0]["ts"] >= event_line["ts"]
     reaction_s = event_line["ts"] - t_destroy
     started_s = started[0]["ts"] - t_destroy
-    print(f"\nevents-driven repair: destroy -> operator reaction {reaction_s:.2f}s, -> domain started "
-          f"{started_s:.2f}s (target <= 2 s; shared 2-core machine, noisy)")
+    print(f"\nevents-driven repair: virsh destroy called -> operator reaction {reaction_s:.2f}s "
+          f"({event_line['ts'] - t_returned:+.2f}s from virsh's return), -> domain started {started_s:.2f}s "
+          "(target <= 2 s; shared 2-core machine, noisy)")
     assert "running" in labmod.virsh(step.lab, "host0", "domstate", name)
     st = step.wait_ready(FIRST)
     assert st["instance"]["name"] == name  # the same VM, started again, not a new one
