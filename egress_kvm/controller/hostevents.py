@@ -36,3 +36,12 @@ def keys_for(*, provider: str, zone: str, name: str | None, proxies: Iterable[tu
                 out.append(key)
                 break
     return out
+
+
+def wakes_now(*, failures: int, restarts: int) -> bool:
+    """Whether an instance event reconciles its Proxy at once. Not while its reconciles are failing
+    (`failures`: the operator's own cleanup of a failed create sends STOPPED/UNDEFINED events, and
+    reconciling on them would retry at once, defeating the backoff) nor while it is in a restart loop
+    (`restarts` since it was last Ready: a guest that dies at boot would be started again on each STOPPED
+    event, defeating the growing restart delay). Those keys are already scheduled by their backoff."""
+    return failures == 0 and restarts == 0

@@ -41,7 +41,7 @@ from egress_kvm.providers.base import (
 
 from .gc import Collected, collect_orphans
 from .health import Prober
-from .hostevents import keys_for
+from .hostevents import keys_for, wakes_now
 from .outcome import Result, Retry
 from .queue import QUOTA_BACKOFF, TRANSIENT_BACKOFF, QueueShutDown, WorkQueue
 from .reconciler import Reconciler, Timings
@@ -311,11 +311,17 @@ class Controller:
             self.log.v(1).info("lifecycle events resumed; re-queueing the host's Proxies",
                                provider=event.provider, zone=event.zone, proxies=len(keys))
         else:
-            keys = self._zone_keys(event.provider, event.zone, event.name)
-            for key in keys:
-                self.log.v(1).info("instance event; reconciling its Proxy", proxy=f"{key[0]}/{key[1]}",
-                                   provider=event.provider, zone=event.zone, instance=event.name,
-                                   change=event.change.value, detail=event.detail)
+            keys = []
+            for key in self._zone_keys(event.provider, event.zone, event.name):
+                failures, restarts = self.queue.failures(key), self.reconciler.memory.peek(key).restarts
+                woken = wakes_now(failures=failures, restarts=restarts)
+                msg = "instance event; reconciling its Proxy" if woken else \
+                    "instance event; its Proxy is backing off, reconciled on its schedule"
+                self.log.v(1).info(msg, proxy=f"{key[0]}/{key[1]}", provider=event.provider, zone=event.zone,
+                                   instance=event.name, change=event.change.value, detail=event.detail,
+                                   failures=failures, restarts=restarts)
+                if woken:
+                    keys.append(key)
         for key in keys:
             self.queue.add(key)
 

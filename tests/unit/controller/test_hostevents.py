@@ -12,14 +12,15 @@ import json
 import pytest
 from fakes import FakeHypervisors
 
-from egress_kvm.controller.hostevents import keys_for
+from egress_kvm.backoff import Backoff
+from egress_kvm.controller.hostevents import keys_for, wakes_now
 from egress_kvm.providers.kvm import KvmProvider
 
 from .conftest import eventually
 from .fakekube import FakeKube
 from .proxyserver import MiniProxy
 from .test_lifecycle import phase
-from .test_with_kvm_provider import PROVIDER, boot, kvm_spec
+from .test_with_kvm_provider import KEY, PROVIDER, boot, kvm_spec
 from .test_with_kvm_provider import kvm as kvm  # the fixture, reused
 
 
@@ -54,6 +55,16 @@ def test_keys_for(provider: str, zone: str, name: str | None, keys: list[str]) -
     assert [k[1] for k in got] == keys
 
 
+@pytest.mark.parametrize(("failures", "restarts", "now"), [
+    (0, 0, True),  # a Ready (or healthy) Proxy's VM changed: repair at once
+    (1, 0, False),  # its reconciles are failing: our own cleanup's events must not bypass the backoff
+    (0, 1, False),  # started again since it was last Ready: a crash loop keeps its growing restart delay
+    (3, 2, False),
+])
+def test_wakes_now(failures: int, restarts: int, now: bool) -> None:
+    assert wakes_now(failures=failures, restarts=restarts) is now
+
+
 def lines(buf: io.StringIO, msg: str) -> list[dict]:
     return [r for r in map(json.loads, buf.getvalue().splitlines()) if r.get("msg") == msg]
 
@@ -65,7 +76,7 @@ async def test_destroyed_and_paused_vms_are_repaired_on_their_events(
     h = hv["host0"]
     # probes at their real pace (a refresh about once a minute) and no resync within the test: only the
     # event can wake the reconcile that restarts the VM.
-    make_controller({PROVIDER: provider}, probe_time_scale=1.0)
+    c = make_controller({PROVIDER: provider}, probe_time_scale=1.0)
     kube.create_proxy("px1", kvm_spec(proxy_server))
     name = await boot(kube, h)
     await eventually(lambda: phase(kube) == "Ready")
@@ -78,11 +89,36 @@ async def test_destroyed_and_paused_vms_are_repaired_on_their_events(
     assert (line["proxy"], line["instance"], line["change"], line["detail"]) == (
         "default/px1", name, "Stopped", "destroyed")
 
+    # Ready again (a VM stopping again before that is in a restart loop: restarted on its growing delay)
+    await eventually(lambda: phase(kube) == "Ready" and c.reconciler.memory.peek(KEY).restarts == 0,
+                     what="Ready again")
     h.pause(name)  # virsh suspend
     await eventually(lambda: h.domains[name].state == 1, what="resumed on the event")
     changes = [r["change"] for r in lines(logs, "instance event; reconciling its Proxy")]
     assert changes == ["Stopped", "Paused"]
     await eventually(lambda: phase(kube) == "Ready", what="Ready again")
+
+
+async def test_an_event_does_not_bypass_a_failing_proxys_backoff(
+        kube: FakeKube, kvm: tuple[KvmProvider, FakeHypervisors], proxy_server: MiniProxy, make_controller,
+        logs: io.StringIO) -> None:
+    provider, hv = kvm
+    h = hv["host0"]
+    c = make_controller({PROVIDER: provider}, probe_time_scale=1.0, transient_backoff=Backoff(3600, 3600))
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    name = await boot(kube, h)
+    await eventually(lambda: phase(kube) == "Ready")
+    await eventually(lambda: len(h.listeners) == 1, what="the controller follows host0's events")
+    key = KEY
+    c.queue.add_rate_limited(key)  # as after a failed reconcile: retried in an hour
+
+    h.domain_destroy_flags(h.domains[name].handle(), 0)
+    backing_off = "instance event; its Proxy is backing off, reconciled on its schedule"
+    await eventually(lambda: lines(logs, backing_off), what="the event heard")
+    [line] = lines(logs, backing_off)
+    assert (line["instance"], line["failures"]) == (name, 1)
+    assert lines(logs, "instance event; reconciling its Proxy") == []
+    assert key not in c.queue.processing() and len(c.queue) == 0 and key in c.queue.pending_delayed()
 
 
 async def test_watches_follow_a_providers_reload_and_end_with_the_controller(kube: FakeKube,
