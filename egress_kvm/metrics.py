@@ -166,6 +166,13 @@ LIBVIRT_RPC_DURATION = Histogram(
     "egress_kvm_libvirt_rpc_duration_seconds", "libvirt RPC round-trip time per procedure.",
     ["host", "method", "result"], registry=REGISTRY,
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 30))
+LIBVIRT_EVENTS = Counter(
+    "egress_kvm_libvirt_events_total", "Domain lifecycle events received, per host and event kind.",
+    ["host", "event"], registry=REGISTRY)
+LIBVIRT_EVENTS_SUBSCRIBED = Gauge(
+    "egress_kvm_libvirt_events_subscribed",
+    "1 while the host delivers lifecycle events, 0 while drift is found by polling only.",
+    ["host"], registry=REGISTRY)
 IMAGE_BYTES_FETCHED = Counter(
     "egress_kvm_image_bytes_fetched_total", "Base image bytes streamed into host pools.",
     ["host", "image"], registry=REGISTRY)

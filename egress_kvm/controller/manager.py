@@ -29,10 +29,19 @@ from egress_kvm.backoff import Backoff
 from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj, ProxyStore, key_of
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.policy.policies import EgressPolicies
-from egress_kvm.providers.base import EvictsImages, Provider, ReportsHostBack
+from egress_kvm.providers.base import (
+    Closable,
+    EventsResumed,
+    EvictsImages,
+    InstanceEvent,
+    Provider,
+    ReportsHostBack,
+    WatchesInstances,
+)
 
 from .gc import Collected, collect_orphans
 from .health import Prober
+from .hostevents import keys_for, wakes_now
 from .outcome import Result, Retry
 from .queue import QUOTA_BACKOFF, TRANSIENT_BACKOFF, QueueShutDown, WorkQueue
 from .reconciler import Reconciler, Timings
@@ -82,6 +91,8 @@ class Controller:
         self._running_since: dict[Key, float] = {}  # key -> monotonic start of its reconcile in flight
         self._gc_failing: set[tuple[str, str]] = set()  # (provider, zone) whose GC listing failed last
         self._listened: set[int] = set()  # id() of providers whose host-back events we hear
+        self._watches: dict[int, tuple[Provider, Closable]] = {}  # id(provider) -> its lifecycle-event watch
+        self._unwatching: set[asyncio.Task[None]] = set()
         self._listen_for_hosts(providers)
 
     # --- what the process calls ----------------------------------------------------------------------
@@ -121,6 +132,8 @@ class Controller:
             self.prober.policies = egress
         self.reconciler.set_providers(providers, providers_hash)
         self._listen_for_hosts(providers)
+        if self._tasks and not self._stopping:
+            self._watch_instances(providers)
         self._enqueue_all()
 
     def healthy(self) -> bool:
@@ -147,6 +160,7 @@ class Controller:
             t.add_done_callback(self._task_done)
         self.log.info("controller started", workers=self.workers, resyncPeriod=self.resync_period,
                       gcInterval=self.gc_interval)
+        self._watch_instances(self.reconciler.providers)
         self._enqueue_all()
         try:
             await self._stopped.wait()
@@ -264,18 +278,51 @@ class Controller:
     def _host_back(self, provider: str, zone: str) -> None:
         """A host answers again: its Proxies are reconciled now (status, pending deletes), their backoff
         grown during the outage forgotten."""
-        keys = []
-        for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict
-            status = (self.store.get(key) or {}).get("status") or {}
-            for field in ("instance", "previousInstance"):
-                ref = status.get(field) or {}
-                if ref.get("zone") == zone and ref.get("provider", provider) in (provider, ""):
-                    keys.append(key)
-                    break
+        keys = self._zone_keys(provider, zone, None)
         self.log.info("host answers again; re-queueing its Proxies", provider=provider, zone=zone,
                       proxies=len(keys))
         for key in keys:
             self.queue.forget(key)
+            self.queue.add(key)
+
+    def _zone_keys(self, provider: str, zone: str, name: str | None) -> list[Key]:
+        return keys_for(provider=provider, zone=zone, name=name,
+                        proxies=((k, self.store.get(k)) for k in self.store.keys()))  # noqa: SIM118
+
+    # --- lifecycle events (hostevents.py, providers/kvm/watch.py) -------------------------------------
+
+    def _watch_instances(self, providers: Mapping[str, Provider]) -> None:
+        """Follow the providers' instance events (one watch per provider object); stop following those
+        no longer in use (a reload's replaced providers, closed later by the process)."""
+        current = {id(p): p for p in providers.values()}
+        for pid in [pid for pid in self._watches if pid not in current]:
+            _, handle = self._watches.pop(pid)
+            task = asyncio.get_running_loop().create_task(handle.close(), name="unwatch replaced provider")
+            self._unwatching.add(task)
+            task.add_done_callback(self._unwatching.discard)
+        for pid, provider in current.items():
+            if pid not in self._watches and isinstance(provider, WatchesInstances):
+                self._watches[pid] = (provider, provider.watch_instances(self._instance_event))
+
+    def _instance_event(self, event: InstanceEvent | EventsResumed) -> None:
+        """A host reported drift (or a gap in its reports): reconcile the Proxies concerned now."""
+        if isinstance(event, EventsResumed):
+            keys = self._zone_keys(event.provider, event.zone, None)
+            self.log.v(1).info("lifecycle events resumed; re-queueing the host's Proxies",
+                               provider=event.provider, zone=event.zone, proxies=len(keys))
+        else:
+            keys = []
+            for key in self._zone_keys(event.provider, event.zone, event.name):
+                failures, restarts = self.queue.failures(key), self.reconciler.memory.peek(key).restarts
+                woken = wakes_now(failures=failures, restarts=restarts)
+                msg = "instance event; reconciling its Proxy" if woken else \
+                    "instance event; its Proxy is backing off, reconciled on its schedule"
+                self.log.v(1).info(msg, proxy=f"{key[0]}/{key[1]}", provider=event.provider, zone=event.zone,
+                                   instance=event.name, change=event.change.value, detail=event.detail,
+                                   failures=failures, restarts=restarts)
+                if woken:
+                    keys.append(key)
+        for key in keys:
             self.queue.add(key)
 
     def _enqueue_all(self) -> None:
@@ -305,6 +352,9 @@ class Controller:
             return
         self._stopping = True
         self.queue.shutdown()
+        watches, self._watches = list(self._watches.values()), {}
+        await asyncio.gather(*(handle.close() for _, handle in watches), *self._unwatching,
+                             return_exceptions=True)
         workers = [t for t in self._tasks if t.get_name().startswith("reconcile worker")]
         others = [t for t in self._tasks if t not in workers]
         for t in others:

@@ -151,6 +151,56 @@ class EvictsImages(Protocol):
     async def evict_unused_images(self, *, grace: float) -> list[str]: ...
 
 
+class InstanceChange(enum.StrEnum):
+    """What a host said happened to an instance behind the controller's back (a lifecycle event,
+    reduced to what calls for a reconcile: providers/kvm/events.py holds the table)."""
+
+    STOPPED = "Stopped"  # shut off: destroyed, shut down, QEMU died, saved, migrated away
+    PAUSED = "Paused"  # suspended by someone, on an I/O error, by a watchdog
+    CRASHED = "Crashed"  # the guest panicked
+    UNDEFINED = "Undefined"  # its definition is gone
+    PM_SUSPENDED = "PMSuspended"  # the guest suspended itself (to RAM or disk)
+    OTHER = "Other"  # an event kind this operator does not know: reconcile, to be safe
+
+
+@dataclass(frozen=True)
+class InstanceEvent:
+    """A host reports a change to instance `name` on `zone`. Only a hint: the reconcile it triggers reads
+    the instance fresh (level-triggered), so a lost or duplicated event costs latency, never correctness."""
+
+    provider: str
+    zone: str
+    name: str
+    change: InstanceChange
+    detail: str = ""  # the host's own word for why (e.g. "destroyed"), for logs
+
+
+@dataclass(frozen=True)
+class EventsResumed:
+    """Events of `zone` flow again after a gap (a re-dial, a consumer that fell behind): whatever happened
+    meanwhile was not reported, so every Proxy on that zone is worth a reconcile."""
+
+    provider: str
+    zone: str
+
+
+EventSink = Callable[[InstanceEvent | EventsResumed], None]
+
+
+class Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class WatchesInstances(Protocol):
+    """A provider that can push instance changes as they happen (libvirt lifecycle events), so drift is
+    repaired at once instead of at the next probe failure or resync. Polling stays the fallback: a
+    provider that cannot deliver events for a zone just sends none. The returned handle stops watching;
+    the provider's own `close` stops it too."""
+
+    def watch_instances(self, sink: EventSink) -> Closable: ...
+
+
 @runtime_checkable
 class ReportsHostBack(Protocol):
     """A provider that tells when a host answers again after failed dials: `listener(provider, zone)`."""

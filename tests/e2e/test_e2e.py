@@ -8,6 +8,8 @@ each prints its duration (`pytest -s` shows them, and the session ends with a su
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 import urllib.request
 from pathlib import Path
@@ -80,6 +82,75 @@ def test_step2_fetch_through_the_vms_proxy(step):
     assert "egress-kvm-lab" in via  # tinyproxy as the user-data configured it, not a stray default
 
 
+def test_step2b_a_destroyed_vm_is_restarted_on_its_lifecycle_event(step):
+    """Issue 9 item 3: `virsh destroy` of the Ready Proxy's VM. The operator hears libvirt's lifecycle
+    event (its subscription on the host connection), reconciles that Proxy at once and starts the VM;
+    the Proxy is Ready again. Printed: the time from the destroy to the operator's first reaction (the
+    reconcile the event triggered) and to the domain running again; target <= 2 s, not asserted (timed
+    tests are not allowed). Asserted: the reaction came from the event, not a probe, refresh or resync."""
+    name = step.status(FIRST)["instance"]["name"]
+    subscribed = step.log_msgs("lifecycle events subscribed", host="host0")
+    assert subscribed, "the operator has no lifecycle-event subscription on host0"
+    before = len(step.log_msgs("instance event; reconciling its Proxy", proxy=f"default/{FIRST}"))
+    restarted_before = step.log_msgs("KVM domain ensured running", name=name)
+    ready_before = len(step.phases_logged(FIRST))
+    t_destroy = time.time()
+    labmod.virsh(step.lab, "host0", "destroy", name)
+    t_returned = time.time()  # libvirt's destroy (QEMU stopped and reaped) takes seconds on a loaded machine
+
+    def reacted() -> list[dict]:
+        recs = step.log_msgs("instance event; reconciling its Proxy", proxy=f"default/{FIRST}")
+        return recs[before:]
+    [event_line, *_] = wait_until(reacted, timeout=60, what="the operator's reaction to the destroy",
+                                  interval=0.1)
+    assert (event_line["instance"], event_line["change"], event_line["detail"]) == (
+        name, "Stopped", "destroyed")
+    started = wait_until(
+        lambda: step.log_msgs("KVM domain ensured running", name=name)[len(restarted_before):],
+        timeout=60, what="the VM started again", interval=0.1)
+    # The start came from the reconcile the event queued: logged after the event line (a probe needs
+    # three failures in a row before it would have re-queued the Proxy).
+    assert started[0]["ts"] >= event_line["ts"]
+    reaction_s = event_line["ts"] - t_destroy
+    started_s = started[0]["ts"] - t_destroy
+    print(f"\nevents-driven repair: virsh destroy called -> operator reaction {reaction_s:.2f}s "
+          f"({event_line['ts'] - t_returned:+.2f}s from virsh's return), -> domain started {started_s:.2f}s "
+          "(target <= 2 s; shared 2-core machine, noisy)")
+    assert "running" in labmod.virsh(step.lab, "host0", "domstate", name)
+    # Ready again after the restart (not the Ready status written before it): the next step's event
+    # wakes only a Proxy that is not in a restart loop.
+    wait_until(lambda: step.phases_logged(FIRST)[ready_before:].count("Ready"), timeout=300,
+               what="Ready again after the restart", interval=1)
+    st = step.wait_ready(FIRST)
+    assert st["instance"]["name"] == name  # the same VM, started again, not a new one
+    reasons = step.kubectl("get", "events", "--field-selector", f"involvedObject.name={FIRST}",
+                           "-o", "jsonpath={.items[*].reason}").stdout.split()
+    assert "Restarted" in reasons, reasons
+
+
+def test_step2c_a_paused_vm_is_resumed_on_its_event(step):
+    """Issue 9 item 2: `virsh suspend` of the Ready Proxy's VM; the event queues the Proxy, the reconcile
+    resumes the same QEMU process (same domain id, `running (unpaused)`), and the Proxy is Ready again."""
+    name = step.status(FIRST)["instance"]["name"]
+    dom_id = labmod.virsh(step.lab, "host0", "domid", name).strip()
+    before = len(step.log_msgs("instance event; reconciling its Proxy", proxy=f"default/{FIRST}"))
+    t0 = time.time()
+    labmod.virsh(step.lab, "host0", "suspend", name)
+    [line, *_] = wait_until(
+        lambda: step.log_msgs("instance event; reconciling its Proxy", proxy=f"default/{FIRST}")[before:],
+        timeout=60, what="the operator's reaction to the suspend", interval=0.1)
+    assert (line["instance"], line["change"], line["detail"]) == (name, "Paused", "paused")
+    resumed = wait_until(lambda: step.log_msgs("KVM domain resumed", name=name), timeout=60,
+                         what="the VM resumed", interval=0.1)
+    assert resumed[0]["ts"] >= line["ts"] and resumed[0]["pausedReason"] == "user"
+    print(f"\npause repaired: suspend -> operator reaction {line['ts'] - t0:.2f}s, -> resumed "
+          f"{resumed[0]['ts'] - t0:.2f}s")
+    state = labmod.virsh(step.lab, "host0", "domstate", "--reason", name)
+    assert "running (unpaused)" in state, state
+    assert labmod.virsh(step.lab, "host0", "domid", name).strip() == dom_id  # the same process
+    step.wait_ready(FIRST)
+
+
 def test_step3_second_proxy_reuses_the_cached_base(step):
     downloads = image_downloads(step.lab)
     step.kubectl.apply(step.proxy(SECOND))
@@ -88,6 +159,82 @@ def test_step3_second_proxy_reuses_the_cached_base(step):
     assert st["instance"]["name"] != step.status(FIRST)["instance"]["name"]
     assert len(step.log_msgs("fetching base image into host pool", host="host0")) == 1
     assert image_downloads(step.lab) == downloads  # the lab's image server saw no second GET
+
+
+def test_step3b_a_vm_undefined_with_its_volumes_gone_is_recreated(step):
+    """Issue 9 item 2: the second Proxy's VM undefined and its overlay and seed deleted behind the
+    operator's back (undefined while running, the volumes deleted, then destroyed: the domain is gone the
+    moment it stops, so the operator never sees it half-removed). The events queue the Proxy; it is
+    recreated under the same name with a `Recreated` Warning Event, boots and is Ready again."""
+    name = step.status(SECOND)["instance"]["name"]
+    before = len(step.log_msgs("instance event; reconciling its Proxy", proxy=f"default/{SECOND}"))
+    labmod.virsh(step.lab, "host0", "undefine", name, "--nvram")
+    for vol in (f"{name}.qcow2", f"{name}-seed.iso"):
+        labmod.virsh(step.lab, "host0", "vol-delete", "--pool", "default", vol)
+    labmod.virsh(step.lab, "host0", "destroy", name)
+    lines = wait_until(
+        lambda: [r for r in step.log_msgs("instance event; reconciling its Proxy", proxy=f"default/{SECOND}")
+                 [before:] if r["change"] == "Stopped"],
+        timeout=60, what="the operator's reaction to the destroy", interval=0.2)
+    assert lines[0]["instance"] == name
+    wait_until(lambda: name in domains(step.lab, "host0"), timeout=120, what="the VM recreated", interval=0.5)
+    assert {f"{name}.qcow2", f"{name}-seed.iso"} <= set(volumes(step.lab, "host0"))
+    st = step.wait_ready(SECOND)
+    assert st["instance"]["name"] == name
+    events = step.kubectl("get", "events", "--field-selector", f"involvedObject.name={SECOND}",
+                          "-o", "json").stdout
+    recreated = [e for e in json.loads(events)["items"] if e["reason"] == "Recreated"]
+    assert recreated and recreated[0]["type"] == "Warning" and name in recreated[0]["message"], recreated
+
+
+def test_step3c_a_new_ip_from_dhcp_is_followed_by_status(step):
+    """Issue 9 item 2: the second Proxy's VM gets another address from the LAN's DHCP server (the guest,
+    through its agent, releases its lease and asks dnsmasq for a free address of the range); status.ip
+    and the endpoint follow, and the Proxy is Ready on the new address. No lifecycle event says so:
+    the failing probes of the old address (or the prober's refresh) queue the reconcile."""
+    old = step.status(SECOND)
+    name = old["instance"]["name"]
+    leases = Path(step.lab.hosts[0].dnsmasq_leases).read_text()
+    base = old["ip"].rsplit(".", 1)[0]
+    new_ip = next(f"{base}.{i}" for i in range(199, 99, -1) if f" {base}.{i} " not in leases)
+    # The running dhclient (ifupdown's, with its pid and lease files) releases the lease, so dnsmasq
+    # forgets it; a new one asks for `new_ip` (DHCP option 50), which dnsmasq grants when it is free.
+    script = ("set -e; dev=$(ip -o -4 addr show | awk '$2 != \"lo\" {print $2; exit}'); "
+              "running=$(ps -o args= -C dhclient | head -1); test -n \"$running\"; $running -r; "
+              "cp /etc/dhcp/dhclient.conf /run/e2e-dhclient.conf; "
+              f"echo 'send dhcp-requested-address {new_ip};' >> /run/e2e-dhclient.conf; "
+              "dhclient -4 -cf /run/e2e-dhclient.conf -pf /run/e2e-dhclient.pid "
+              "-lf /run/e2e-dhclient.leases $dev </dev/null >/dev/null 2>&1; ip -o -4 addr show dev $dev")
+    # (dhclient stays as a daemon: its output goes to /dev/null, or the agent would wait for the pipe.)
+    code, out = guest_run(step.lab, name, script)
+    assert code == 0 and new_ip in out, out
+    t0 = time.monotonic()
+    st = wait_until(
+        lambda: (s := step.status(SECOND)).get("ip") == new_ip and s.get("phase") == "Ready" and s,
+        timeout=300, what=f"status.ip {new_ip} and Ready", interval=2)
+    print(f"\nIP change {old['ip']} -> {new_ip}: status followed, Ready again after "
+          f"{time.monotonic() - t0:.1f}s")
+    assert new_ip in st["endpoint"] and st["instance"]["name"] == name
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://{new_ip}:3128"}))
+    with opener.open(step.lab.http_target, timeout=30) as resp:
+        assert resp.read().decode() == step.lab.http_target_body
+
+
+def guest_run(lab: labmod.LabInfo, name: str, script: str, *, limit: float = 120.0) -> tuple[int, str]:
+    """Run a bash script in the guest through its agent (guest-exec): exit code and stdout."""
+    start = json.dumps({"execute": "guest-exec", "arguments": {
+        "path": "/bin/bash", "arg": ["-c", script], "capture-output": True}})
+    pid = json.loads(labmod.virsh(lab, "host0", "qemu-agent-command", name, start))["return"]["pid"]
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        status = json.loads(labmod.virsh(lab, "host0", "qemu-agent-command", name, json.dumps(
+            {"execute": "guest-exec-status", "arguments": {"pid": pid}})))["return"]
+        if status.get("exited"):
+            out = base64.b64decode(status.get("out-data", "")).decode()
+            err = base64.b64decode(status.get("err-data", "")).decode()
+            return int(status.get("exitcode", -1)), out + err
+        time.sleep(1)
+    raise AssertionError(f"guest script did not finish within {limit}s: {script}")
 
 
 def test_step4_unknown_machine_type_fails_then_a_fixed_spec_is_ready(step):

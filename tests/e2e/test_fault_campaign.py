@@ -10,7 +10,7 @@ faults injected where they hurt. Scenarios run in order on one stack and build o
    Proxy converges without anyone running `virsh pool-refresh`, after one quota backoff step (60 s).
 4. SSH dropped mid-Create (every session on host0 killed, three times while the Proxy is created).
 5. Drift: one VM destroyed and one undefined with its volumes deleted behind the operator's back: both
-   are started/recreated.
+   are started/recreated, on their lifecycle events.
 6. One host unreachable (host1's link down) while the other keeps serving (a delete on host0 completes),
    and a Proxy deleted while its host is down: once the link is back it is gone, its VM and volumes too.
 7. Restart storm: five operator SIGKILLs (and restarts) over creates and deletes on both hosts.
@@ -214,12 +214,18 @@ def test_4_ssh_dropped_mid_create(step):
 def test_5_vm_destroyed_and_vm_undefined_behind_the_operators_back(step):
     a = step.status("camp-a")["instance"]["name"]
     c = step.status("camp-c")["instance"]["name"]
+    heard = "instance event; reconciling its Proxy"
+    before = {p: len(step.log_msgs(heard, proxy=f"default/{p}")) for p in ("camp-a", "camp-c")}
     labmod.virsh(step.lab, "host0", "destroy", a)
-    labmod.virsh(step.lab, "host0", "destroy", c)
+    # Undefined while running, its volumes deleted, then destroyed: the domain is gone the moment it stops.
+    # (Destroyed first, the operator, told by the lifecycle event, may start it again before the undefine.)
     labmod.virsh(step.lab, "host0", "undefine", c, "--nvram")
     for v in (f"{c}.qcow2", f"{c}-seed.iso"):
         labmod.virsh(step.lab, "host0", "vol-delete", "--pool", "default", v)
+    labmod.virsh(step.lab, "host0", "destroy", c)
     converge(step, "VM destroyed + VM undefined")
+    for p, vm in (("camp-a", a), ("camp-c", c)):  # repaired on this scenario's events (not a probe/resync)
+        assert vm in [r["instance"] for r in step.log_msgs(heard, proxy=f"default/{p}")[before[p]:]], p
 
 
 def test_6_host_unreachable_while_the_other_serves_and_a_delete_while_down(step):

@@ -12,6 +12,7 @@ Every call is also appended to `FakeHypervisor.calls` for counting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterable, Callable, Sequence
@@ -56,6 +57,8 @@ class FakeHypervisor(Hypervisor):
         self.exec_log: list[list[str]] = []
         self.fail: dict[str, LibvirtError] = {}  # method -> error raised once on its next call
         self.sessions: list[FakeSession] = []
+        self.events_refused = False  # registering for lifecycle events fails as on a daemon without it
+        self.next_callback = 0
 
     def drop_connections(self, reason: str = "connection reset by peer") -> None:
         """The SSH connections die now (the provider hears of it like from asyncssh's connection_lost)."""
@@ -64,6 +67,65 @@ class FakeHypervisor(Hypervisor):
                 s.lost = reason
                 for cb in s.callbacks:
                     cb(reason)
+                for sub in s.subscriptions:
+                    sub.wake()
+
+
+class FakeLifecycleEvents:
+    """`lifecycle_events()` over the model's listeners, shaped like rpc's LifecycleSubscription: the
+    registration is a call (so `hyp.fail` can refuse it, and `hyp.events_refused` refuses every one, as a
+    daemon without the procedure), the stream ends with ConnectionLost when the session drops."""
+
+    def __init__(self, client: FakeLibvirtClient) -> None:
+        self._client = client
+        self._queue: list[t.LifecycleEvent] = []
+        self._wake = asyncio.Event()
+        self.callback_id = 0
+
+    async def __aenter__(self) -> FakeLifecycleEvents:
+        hyp = self._client.hyp
+
+        def register() -> int:
+            if hyp.events_refused:
+                raise lv_error(39, "unknown procedure: 316", domain=7)
+            hyp.next_callback += 1
+            self.callback_id = hyp.next_callback
+            hyp.listeners.append(self._on_event)
+            self._client._session.subscriptions.append(self)
+            return self.callback_id
+        await self._call_register(register)
+        return self
+
+    async def _call_register(self, fn: Callable[[], int]) -> None:
+        await self._client._call("connect_domain_event_callback_register_any", (0, None), fn)
+
+    async def __aexit__(self, *exc: object) -> None:
+        hyp = self._client.hyp
+        if self._on_event in hyp.listeners:
+            hyp.listeners.remove(self._on_event)
+        with contextlib.suppress(ValueError):
+            self._client._session.subscriptions.remove(self)
+
+    def _on_event(self, dom: Domain, event: Any, detail: int) -> None:
+        self._queue.append(t.LifecycleEvent(callback_id=self.callback_id, dom=dom.handle(), event=int(event),
+                                            detail=detail))
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def __aiter__(self) -> FakeLifecycleEvents:
+        return self
+
+    async def __anext__(self) -> t.LifecycleEvent:
+        while True:
+            if self._queue:
+                return self._queue.pop(0)
+            if self._client._session.lost is not None:
+                raise ConnectionLost(f"connection to fake {self._client.hyp.name} lost: "
+                                     f"{self._client._session.lost}")
+            self._wake.clear()
+            await self._wake.wait()
 
 
 class _Download:
@@ -120,6 +182,11 @@ class FakeLibvirtClient:
 
     async def close(self) -> None:
         self._session.lost = self._session.lost or "closed by the client"
+        for sub in self._session.subscriptions:
+            sub.wake()
+
+    def lifecycle_events(self) -> FakeLifecycleEvents:
+        return FakeLifecycleEvents(self)
 
     async def _call(self, method: str, args: tuple[Any, ...], fn: Any) -> Any:
         await asyncio.sleep(0)  # a real call always yields to the loop
@@ -279,6 +346,7 @@ class FakeSession:
         self.hyp = hyp
         self.lost: str | None = None
         self.callbacks: list[Any] = []
+        self.subscriptions: list[FakeLifecycleEvents] = []
         self.libvirt = FakeLibvirtClient(hyp, self, observer)
 
     def on_close(self, callback: Any) -> None:
@@ -313,6 +381,8 @@ class FakeSession:
 
     async def close(self) -> None:
         self.lost = self.lost or "closed"
+        for sub in self.subscriptions:
+            sub.wake()
 
 
 class FakeHypervisors:

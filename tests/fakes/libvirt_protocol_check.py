@@ -6,7 +6,7 @@ provider's optional capabilities (the manager checks them with isinstance) are h
 from __future__ import annotations
 
 import rpc
-from egress_kvm.providers.base import EvictsImages, ReportsHostBack
+from egress_kvm.providers.base import EvictsImages, ReportsHostBack, WatchesInstances
 from egress_kvm.providers.kvm.libvirt_api import LibvirtApi
 from egress_kvm.providers.kvm.provider import KvmProvider
 from egress_kvm.providers.kvm.session import Session, SshSession
@@ -37,3 +37,6 @@ def evicts(provider: KvmProvider) -> EvictsImages:  # the manager's GC pass call
 def reports_host_back(provider: KvmProvider) -> ReportsHostBack:
     return provider
 
+
+def watches_instances(provider: KvmProvider) -> WatchesInstances:  # the manager follows its events
+    return provider

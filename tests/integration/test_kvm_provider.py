@@ -472,3 +472,52 @@ async def test_a_control_character_in_placement_image_leaves_nothing(lab: Any, l
         await provider.close()
         for vol in (naming.marker_volume(base), base):
             virsh_ok(info, "vol-delete", "--pool", "default", vol)
+
+
+async def test_lifecycle_events_reach_the_provider_and_a_redial_re_registers(lab: Any, logs: Logs) -> None:
+    """Issue 9 item 1 on the host: `virsh suspend` and `virsh destroy` of our domain arrive through the
+    provider's watch as InstanceEvents (libvirt's wire format: REGISTER_ANY, then proc 318 messages);
+    after the SSH session is killed, the watch registers again on the new connection (the gap reported
+    as EventsResumed) and the next destroy arrives too."""
+    from egress_kvm.providers.base import EventsResumed, InstanceChange, InstanceEvent
+
+    info = lab
+    clean_leftovers(info)
+    provider = provider_for(info, cluster_id=f"it-ev-{uuid.uuid4().hex[:6]}")
+    name = "proxy-it-events"
+    got: list[Any] = []
+    before = session_sshd_pids(info)
+    try:
+        await create_waiting(provider, request(provider, name, info))  # defined and started; no boot needed
+        handle = provider.watch_instances(got.append)
+        def subscribed() -> int:
+            return sum(r["host"] == "host0" for r in logs.lines("lifecycle events subscribed"))
+        await wait_until(lambda: subscribed() == 1, 60, "the subscription")
+
+        def ours() -> list[Any]:
+            return [e for e in got if isinstance(e, InstanceEvent) and e.name == name]
+        await asyncio.to_thread(virsh, info, "suspend", name)
+        await asyncio.to_thread(virsh, info, "destroy", name)
+        await wait_until(lambda: len(ours()) >= 2, 30, "the suspend and destroy events")
+        assert [(e.zone, e.change, e.detail) for e in ours()] == [
+            ("host0", InstanceChange.PAUSED, "paused"), ("host0", InstanceChange.STOPPED, "destroyed")]
+        assert not [e for e in got if isinstance(e, EventsResumed)]
+
+        # The SSH session dies: the watch re-dials, registers again, and reports the gap.
+        await provider.start(name, "host0")
+        for pid in session_sshd_pids(info) - before:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        await wait_until(lambda: subscribed() == 2, 60, "re-registration")
+        assert any(isinstance(e, EventsResumed) and e.zone == "host0" for e in got)
+        got.clear()
+        await asyncio.to_thread(virsh, info, "destroy", name)
+        await wait_until(lambda: len(ours()) >= 1, 30, "the destroy event on the new connection")
+        assert (ours()[0].change, ours()[0].detail) == (InstanceChange.STOPPED, "destroyed")
+        print(f"\nlifecycle events: {len(logs.lines('lifecycle event'))} delivered, "
+              f"{subscribed()} registrations on host0")
+        await handle.close()
+        await provider.delete(name, "host0")
+    finally:
+        await provider.close()
+        clean_leftovers(info)

@@ -81,6 +81,10 @@ class Host:
         name = current_instance.get()
         return self._log.with_values(name=name) if name else self._log
 
+    def retry_in(self) -> float:
+        """Seconds until the backoff allows the next dial (0 when it may dial now)."""
+        return max(self._retry_at - self._clock(), 0.0)
+
     @property
     def connected(self) -> bool:
         return self._session is not None and self._session.closed_reason is None

@@ -24,7 +24,23 @@ class VolumeChunks(Protocol):
     def __aiter__(self) -> AsyncIterator[bytes]: ...
 
 
+class LifecycleEvents(Protocol):
+    """`async with lv.lifecycle_events() as events: async for ev in events: ...`: registration on entry
+    (a LibvirtError when the daemon refuses it), deregistration on exit; the iterator raises
+    ConnectionLost when the connection goes and EventsLost when the consumer fell behind."""
+
+    async def __aenter__(self) -> LifecycleStream: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+class LifecycleStream(Protocol):
+    def __aiter__(self) -> AsyncIterator[t.LifecycleEvent]: ...
+
+
 class LibvirtApi(Protocol):
+    def lifecycle_events(self, /) -> LifecycleEvents: ...
+
     async def node_get_free_memory(self, /) -> int: ...
 
     async def connect_list_all_domains(self, need_results: int, flags: int,

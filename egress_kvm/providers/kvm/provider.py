@@ -32,6 +32,7 @@ from egress_kvm.policy.egress import Policy, Purpose
 from egress_kvm.policy.policies import configured_image_policy, url_image_policy
 from egress_kvm.providers.base import (
     CreateRequest,
+    EventSink,
     Instance,
     NotOwned,
     PermanentError,
@@ -65,6 +66,7 @@ from .images import BaseImage, ImageCache, ImportLimits, delete_volume, lookup_v
 from .imports import Importer
 from .placement import ImageSource
 from .session import Dialer, DialOptions, ssh_dial
+from .watch import HostWatcher, Watchers
 
 GIB = 1024**3
 MIB = 1024**2
@@ -138,6 +140,7 @@ class KvmProvider:
             reserve=int(config.pool_reserve_gb * GIB)))
         self._importer = Importer(log=self._log)
         self._base_used: dict[str, dict[str, float]] = {}  # host -> URL base volume -> last use (monotonic)
+        self._watchers: list[Watchers] = []  # lifecycle event watchers handed out (closed with the provider)
 
     # -- Provider interface ---------------------------------------------------------------------
 
@@ -270,12 +273,24 @@ class KvmProvider:
             evicted += [f"{host.name}/{v}" for v in done]
         return evicted
 
+    def watch_instances(self, sink: EventSink) -> Watchers:
+        """Follow every host's lifecycle events into `sink` (watch.py) until the handle or the provider is
+        closed."""
+        watchers = Watchers([HostWatcher(h, provider=self.name, sink=sink, log=self._log)
+                             for h in self._hosts.values()])
+        self._watchers.append(watchers)
+        watchers.start()
+        return watchers
+
     def on_host_back(self, listener: Callable[[str, str], None]) -> None:
         """`listener(provider name, zone)` when a host answers again after failed dials (hosts.py)."""
         for host in self._hosts.values():
             host.on_back(lambda zone: listener(self.name, zone))
 
     async def close(self) -> None:
+        for watchers in self._watchers:
+            await watchers.close()
+        self._watchers.clear()
         await self._importer.close()
         for host in self._hosts.values():
             with contextlib.suppress(Exception):

@@ -1,0 +1,47 @@
+"""Which Proxies a host's instance event concerns: a pure lookup over the Proxies the controller caches.
+
+An event names a domain on a zone of a provider. It is ours when a Proxy of this cluster records that
+instance (`status.instance`, or `status.previousInstance` while a replacement runs) on that provider and
+zone: instance names hash the Proxy's UID, so another cluster's domain on a shared host (or a domain of
+nobody's) matches no Proxy here, and costs nothing but this lookup (no RPC). The reconcile the event
+triggers reads the domain and its metadata fresh, as always, so a wrong match would cost one reconcile,
+never an action on someone else's VM. Status written before a create records the name, so even a VM
+whose create is still running is found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from egress_kvm.kube.interfaces import Key, Obj
+
+INSTANCE_FIELDS = ("instance", "previousInstance")
+
+
+def keys_for(*, provider: str, zone: str, name: str | None, proxies: Iterable[tuple[Key, Obj | None]]
+             ) -> list[Key]:
+    """The keys whose recorded instances run on `provider`/`zone` and, given `name`, are named so (None:
+    every Proxy on that zone). A reference without `provider` (written before the field existed) matches
+    any provider."""
+    out: list[Key] = []
+    for key, obj in proxies:
+        status = (obj or {}).get("status") or {}
+        for field in INSTANCE_FIELDS:
+            ref = status.get(field) or {}
+            if not isinstance(ref, dict) or ref.get("zone") != zone:
+                continue
+            if ref.get("provider", provider) not in (provider, ""):
+                continue
+            if name is None or ref.get("name") == name:
+                out.append(key)
+                break
+    return out
+
+
+def wakes_now(*, failures: int, restarts: int) -> bool:
+    """Whether an instance event reconciles its Proxy at once. Not while its reconciles are failing
+    (`failures`: the operator's own cleanup of a failed create sends STOPPED/UNDEFINED events, and
+    reconciling on them would retry at once, defeating the backoff) nor while it is in a restart loop
+    (`restarts` since it was last Ready: a guest that dies at boot would be started again on each STOPPED
+    event, defeating the growing restart delay). Those keys are already scheduled by their backoff."""
+    return failures == 0 and restarts == 0

@@ -1,0 +1,148 @@
+"""Lifecycle events of one host, for as long as the provider watches: one subscription per connection.
+
+A `HostWatcher` is one task per host. It takes the host's shared session (dialling it if needed, on the
+host's own backoff), registers for lifecycle events of all domains on that connection
+(CONNECT_DOMAIN_EVENT_CALLBACK_REGISTER_ANY, one registration), and hands each event that matters
+(events.py's table) to the sink as an `InstanceEvent`. Registrations belong to a connection, so when the
+link drops (or the host's session is re-dialled for any reason) the stream ends with ConnectionLost and
+the watcher registers again on the next session; events of the gap are unknown, so the sink then hears
+`EventsResumed` and the controller reconciles that host's Proxies once.
+
+A host that refuses the registration (an old or restricted daemon: a LibvirtError) is watched by
+polling only (the prober, its refresh and the resync, as before) until its next re-dial, when the
+registration is tried again; the `egress_kvm_libvirt_events_subscribed` gauge shows which hosts are in
+that state. Which domains are ours is not decided here (no RPC per event): names that cannot be an
+instance's are dropped, and the controller maps the rest to Proxies by the instances their status
+records, which only this cluster's Proxies have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from egress_kvm.backoff import Backoff
+from egress_kvm.log import Logger
+from egress_kvm.metrics import LIBVIRT_EVENTS, LIBVIRT_EVENTS_SUBSCRIBED
+from egress_kvm.providers.base import EventSink, EventsResumed, InstanceEvent, TransientError
+from rpc.errors import EventsLost, LibvirtError
+from rpc.types import LifecycleEvent
+
+from . import events, naming
+from .hosts import LINK_ERRORS, Host
+from .session import Session
+
+#: Floor and cap of the wait between subscription attempts that fail on a session that was just dialled.
+RETRY_INITIAL = 0.5
+RETRY_MAX = 30.0
+#: How often a watcher whose connection refused events looks whether the host has a new connection.
+REFUSED_RECHECK = 5.0
+
+
+class HostWatcher:
+    def __init__(self, host: Host, *, provider: str, sink: EventSink, log: Logger) -> None:
+        self.host = host
+        self.provider = provider
+        self._sink = sink
+        self._log = log.with_values(host=host.name)
+        self._backoff = Backoff(RETRY_INITIAL, RETRY_MAX)
+        self._task: asyncio.Task[None] | None = None
+        self.subscriptions = 0  # registrations made (one per connection): the tests read it
+        self.refused: str | None = None  # why the current session delivers no events (None: it does)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"lifecycle events {self.provider}/{self.host.name}")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        LIBVIRT_EVENTS_SUBSCRIBED.labels(self.host.name).set(0)
+
+    async def _run(self) -> None:
+        refused_on: Session | None = None  # the connection that refused the registration
+        while True:
+            try:
+                session = await self.host.session()
+            except TransientError:  # unreachable: the host's own backoff says when to dial again
+                await asyncio.sleep(max(self.host.retry_in(), RETRY_INITIAL))
+                continue
+            if session is refused_on:  # polling only, until the host's session is a new one
+                await asyncio.sleep(REFUSED_RECHECK)
+                continue
+            try:
+                await self._follow(session)
+            except asyncio.CancelledError:
+                raise
+            except LibvirtError as exc:
+                refused_on = session
+                self.refused = f"{exc.message} (libvirt {exc.code_name})"
+                LIBVIRT_EVENTS_SUBSCRIBED.labels(self.host.name).set(0)
+                self._log.info("lifecycle events refused by the host; drift is found by polling",
+                               error=self.refused)
+                continue
+            except LINK_ERRORS as exc:
+                self._log.v(1).info("lifecycle events stream ended; re-registering on the next connection",
+                                    reason=str(exc) or type(exc).__name__)
+            except Exception as exc:  # a bug here must not end the watch: log it, and try again later
+                self._log.error(exc, "lifecycle events watcher failed; retrying")
+            LIBVIRT_EVENTS_SUBSCRIBED.labels(self.host.name).set(0)
+            await asyncio.sleep(self._backoff.next())
+
+    async def _follow(self, session: Session) -> None:
+        async with session.libvirt.lifecycle_events() as stream:
+            self.subscriptions += 1
+            self.refused = None
+            self._backoff.reset()
+            LIBVIRT_EVENTS_SUBSCRIBED.labels(self.host.name).set(1)
+            self._log.v(1).info("lifecycle events subscribed", subscription=self.subscriptions)
+            if self.subscriptions > 1:  # what happened between the two connections went unreported
+                self._sink(EventsResumed(provider=self.provider, zone=self.host.name))
+            while True:
+                try:
+                    async for ev in stream:
+                        self._deliver(ev)
+                    return  # the subscription was closed under us: register again
+                except EventsLost as exc:
+                    self._log.info("lifecycle events lost; reconciling the host's Proxies", error=str(exc))
+                    self._sink(EventsResumed(provider=self.provider, zone=self.host.name))
+
+    def _deliver(self, ev: LifecycleEvent) -> None:
+        LIBVIRT_EVENTS.labels(self.host.name, events.event_name(ev.event)).inc()
+        change = events.classify(ev.event, ev.detail)
+        name = ev.dom.name
+        detail = events.detail_name(ev.event, ev.detail)
+        if change is None or not _instance_like(name):
+            self._log.v(2).info("lifecycle event ignored", name=name, event=events.event_name(ev.event),
+                                detail=detail)
+            return
+        self._log.v(1).info("lifecycle event", name=name, event=events.event_name(ev.event), detail=detail,
+                            change=change.value)
+        self._sink(InstanceEvent(provider=self.provider, zone=self.host.name, name=name, change=change,
+                                 detail=detail))
+
+
+def _instance_like(name: str) -> bool:
+    try:
+        naming.check_instance_name(name)
+    except ValueError:
+        return False
+    return True
+
+
+class Watchers:
+    """Every host's watcher of one provider: the handle `KvmProvider.watch_instances` returns."""
+
+    def __init__(self, watchers: list[HostWatcher]) -> None:
+        self.watchers = watchers
+
+    def start(self) -> None:
+        for w in self.watchers:
+            w.start()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(w.close() for w in self.watchers))

@@ -1,0 +1,198 @@
+"""Lifecycle events through the provider (issue 9 item 1), over the fake libvirt: the table of what
+matters, one subscription per connection, re-registration after a drop, the polling fallback when the
+host refuses, and no task left behind."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fakes import fake_kvm_provider
+from provider_helpers import LogCapture, request
+
+from egress_kvm.metrics import LIBVIRT_EVENTS, LIBVIRT_EVENTS_SUBSCRIBED
+from egress_kvm.providers.base import EventsResumed, InstanceChange, InstanceEvent
+from egress_kvm.providers.kvm import events, watch
+from rpc.constants import DomainEventType as E
+
+NAME = "proxy-abc"
+P = "kvm-test"  # the fake providers file's entry
+
+# (event, detail) -> the change it reports (None: no reconcile). libvirt's numbers, written out.
+TABLE = [
+    (E.DEFINED, 0, None),  # our own define
+    (E.DEFINED, 1, None),
+    (E.UNDEFINED, 0, InstanceChange.UNDEFINED),
+    (E.UNDEFINED, 1, InstanceChange.UNDEFINED),  # renamed away
+    (E.STARTED, 0, None),  # our own start
+    (E.STARTED, 4, None),
+    (E.SUSPENDED, 0, InstanceChange.PAUSED),  # virsh suspend
+    (E.SUSPENDED, 1, None),  # migration: libvirt's own job
+    (E.SUSPENDED, 2, InstanceChange.PAUSED),  # I/O error
+    (E.SUSPENDED, 3, InstanceChange.PAUSED),  # watchdog
+    (E.SUSPENDED, 4, None),  # restored
+    (E.SUSPENDED, 5, None),  # from snapshot
+    (E.SUSPENDED, 6, InstanceChange.PAUSED),  # API error
+    (E.SUSPENDED, 7, None),  # post-copy
+    (E.SUSPENDED, 8, InstanceChange.PAUSED),  # post-copy failed
+    (E.RESUMED, 0, None),  # our own resume
+    (E.STOPPED, 0, InstanceChange.STOPPED),  # shut down
+    (E.STOPPED, 1, InstanceChange.STOPPED),  # virsh destroy
+    (E.STOPPED, 2, InstanceChange.STOPPED),  # crashed
+    (E.STOPPED, 5, InstanceChange.STOPPED),  # QEMU failed
+    (E.SHUTDOWN, 0, None),  # a STOPPED follows
+    (E.PMSUSPENDED, 0, InstanceChange.PM_SUSPENDED),
+    (E.CRASHED, 0, InstanceChange.CRASHED),
+    (42, 0, InstanceChange.OTHER),  # a kind libvirt may add later
+]
+
+
+@pytest.mark.parametrize(("event", "detail", "change"), TABLE)
+def test_classify(event: int, detail: int, change: InstanceChange | None) -> None:
+    assert events.classify(event, detail) is change
+
+
+def test_names_are_bounded_and_readable() -> None:
+    assert events.event_name(E.STOPPED) == "stopped" and events.event_name(99) == "event-99"
+    assert events.detail_name(E.STOPPED, 1) == "destroyed"
+    assert events.detail_name(E.SUSPENDED, 2) == "I/O error"
+    assert events.detail_name(E.STOPPED, 77) == "detail 77" and events.detail_name(99, 0) == "detail 0"
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.got: list[InstanceEvent | EventsResumed] = []
+        self.changed = asyncio.Event()
+
+    def __call__(self, ev: InstanceEvent | EventsResumed) -> None:
+        self.got.append(ev)
+        self.changed.set()
+
+    async def wait(self, n: int) -> list[InstanceEvent | EventsResumed]:
+        async with asyncio.timeout(5):
+            while len(self.got) < n:
+                self.changed.clear()
+                await self.changed.wait()
+        return self.got
+
+
+async def until(check, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Wait until check() is truthy; the limit is a safety net, not an assertion about speed."""
+    for _ in range(500):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def watcher_tasks() -> list[asyncio.Task[object]]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("lifecycle events ")]
+
+
+@pytest.fixture
+async def running():  # type: ignore[no-untyped-def]
+    provider, hv = fake_kvm_provider(hosts=["host0", "host1"], cluster_id="c1")
+    await provider.create(request())
+    yield provider, hv
+    await provider.close()
+
+
+async def test_destroy_suspend_undefine_reach_the_sink_ours_only(running, logs: LogCapture) -> None:  # type: ignore[no-untyped-def]
+    provider, hv = running
+    h = hv["host0"]
+    sink = Sink()
+    handle = provider.watch_instances(sink)
+    await until(lambda: len(h.listeners) == 1 and len(hv["host1"].listeners) == 1, "both subscribed")
+    assert h.calls.count("connect_domain_event_callback_register_any") == 1  # one per connection
+    assert LIBVIRT_EVENTS_SUBSCRIBED.labels("host0")._value.get() == 1
+    before = LIBVIRT_EVENTS.labels("host0", "stopped")._value.get()
+
+    dom = h.domains[NAME].handle()
+    h.domain_suspend(dom)  # virsh suspend
+    h.domain_resume(dom)  # not drift: no event to the sink
+    h.domain_destroy_flags(h.domains[NAME].handle(), 0)  # virsh destroy
+    got = await sink.wait(2)
+    assert got == [InstanceEvent(P, "host0", NAME, InstanceChange.PAUSED, "paused"),
+                   InstanceEvent(P, "host0", NAME, InstanceChange.STOPPED, "destroyed")]
+    assert LIBVIRT_EVENTS.labels("host0", "stopped")._value.get() == before + 1
+    assert LIBVIRT_EVENTS.labels("host0", "resumed")._value.get() >= 1  # counted, not delivered
+    [line] = [r for r in logs.lines("lifecycle event") if r["change"] == "Stopped"]
+    assert (line["host"], line["name"], line["detail"]) == ("host0", NAME, "destroyed")
+
+    # A domain whose name cannot be an instance's is not passed on (no RPC spent on it either).
+    h.calls.clear()
+    h.domain_define_xml(h.domain_get_xml_desc(h.domains[NAME].handle(), 0).replace(NAME, "Not_Ours", 1))
+    h.domain_undefine_flags(h.domains["Not_Ours"].handle(), 0)
+    h.domain_undefine_flags(h.domains[NAME].handle(), 0)
+    got = await sink.wait(3)
+    assert got[2] == InstanceEvent(P, "host0", NAME, InstanceChange.UNDEFINED, "removed")
+    assert h.calls == []
+    await handle.close()
+    assert LIBVIRT_EVENTS_SUBSCRIBED.labels("host0")._value.get() == 0
+    assert h.listeners == []  # deregistered
+
+
+async def test_a_drop_re_registers_on_the_new_connection_and_reports_the_gap(running) -> None:  # type: ignore[no-untyped-def]
+    provider, hv = running
+    h = hv["host0"]
+    sink = Sink()
+    provider.watch_instances(sink)
+    await until(lambda: len(h.listeners) == 1, "subscribed")
+    h.drop_connections()
+    got = await sink.wait(1)
+    assert got == [EventsResumed(P, "host0")]  # re-dialled, registered again: the gap is reported
+    assert h.calls.count("connect_domain_event_callback_register_any") == 2
+    assert len(h.listeners) == 1  # the old registration went with its connection
+    h.domain_destroy_flags(h.domains[NAME].handle(), 0)
+    got = await sink.wait(2)
+    assert got[1].change is InstanceChange.STOPPED  # type: ignore[union-attr]
+
+
+async def test_a_host_that_refuses_events_is_polled_until_its_next_connection(  # type: ignore[no-untyped-def]
+        running, logs: LogCapture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watch, "REFUSED_RECHECK", 0.05)
+    provider, hv = running
+    h = hv["host0"]
+    h.events_refused = True
+    sink = Sink()
+    provider.watch_instances(sink)
+    await until(lambda: logs.lines("lifecycle events refused by the host; drift is found by polling"),
+                "the refusal logged")
+    [line] = logs.lines("lifecycle events refused by the host; drift is found by polling")
+    assert line["host"] == "host0" and "unknown procedure" in line["error"]
+    assert LIBVIRT_EVENTS_SUBSCRIBED.labels("host0")._value.get() == 0
+    h.domain_destroy_flags(h.domains[NAME].handle(), 0)
+    await asyncio.sleep(0.05)
+    assert sink.got == []  # nothing: the reconcile's polling (probes, resync) finds the drift
+    assert h.calls.count("connect_domain_event_callback_register_any") == 1  # not retried on this connection
+    assert (await provider.get(NAME, "host0")) is not None  # the provider works as before
+
+    h.events_refused = False  # e.g. libvirtd upgraded: the next connection registers
+    h.drop_connections()
+    await until(lambda: len(h.listeners) == 1, "registered on the new connection")
+    assert LIBVIRT_EVENTS_SUBSCRIBED.labels("host0")._value.get() == 1
+
+
+async def test_an_unreachable_host_is_watched_once_it_answers(logs: LogCapture) -> None:
+    provider, hv = fake_kvm_provider(hosts=["host0"], cluster_id="c1")
+    hv.set_unreachable("host0")
+    sink = Sink()
+    try:
+        provider.watch_instances(sink)
+        await until(lambda: logs.lines("libvirt host dial failed"), "a failed dial")
+        assert hv["host0"].listeners == []
+        hv.set_unreachable("host0", False)
+        await until(lambda: len(hv["host0"].listeners) == 1, "subscribed after the host came back")
+    finally:
+        await provider.close()
+
+
+async def test_close_leaves_no_task_and_no_registration() -> None:
+    provider, hv = fake_kvm_provider(hosts=["host0", "host1"], cluster_id="c1")
+    provider.watch_instances(Sink())
+    provider.watch_instances(Sink())  # a second watch (e.g. a new leader term): closed too
+    await until(lambda: all(len(hv[n].listeners) == 2 for n in ("host0", "host1")), "subscribed")
+    assert len(watcher_tasks()) == 4
+    await provider.close()
+    assert watcher_tasks() == []
+    assert all(hv[n].listeners == [] for n in ("host0", "host1"))
