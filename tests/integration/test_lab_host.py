@@ -165,3 +165,39 @@ def assert_nothing_left(layout: LabLayout, hosts, pids=()) -> None:  # type: ign
     assert not [p for p in pids if procs.alive(p)]
     assert not layout.state_dir.exists()
     assert not authorized_keys_path(layout).exists()
+
+
+def test_small_pool_fills_grows_outside_libvirt_and_goes_with_the_lab(own_lab, tmp_path):
+    """`up(small_pool_mib=)`: the pool is a tmpfs of that size (a volume too big fails with ENOSPC);
+    growing it is a remount that libvirt sees only after a refresh; `up` reuses the lab only with the pool
+    size it asks for; `down` leaves nothing."""
+    from testbed.lab.pool import set_pool_size
+
+    state = tmp_path / "state"
+    info = lab.up(state_dir=state, index=INDEX, hosts=1, image=False, small_pool_mib=64)
+    try:
+        assert info.hosts[0].pool_mib == 64 and lab.LabInfo.load(state).hosts[0].pool_mib == 64
+
+        def capacity() -> str:
+            out = lab.virsh(info, "host0", "pool-info", "default", "--bytes")
+            return out.split("Capacity:")[1].split()[0]
+        assert capacity() == str(64 * 2**20)
+        full = lab.host_run(info, "host0", ["virsh", "-c", "qemu:///system", "vol-create-as", "default",
+                                            "big.raw", "100M"], check=False)
+        assert full.returncode != 0 and "No space left on device" in full.stderr, full.stderr
+        set_pool_size(info, "host0", 256)
+        assert capacity() == str(64 * 2**20)  # libvirt has not looked again: space freed outside it
+        lab.virsh(info, "host0", "pool-refresh", "default")
+        assert capacity() == str(256 * 2**20)
+        lab.virsh(info, "host0", "vol-create-as", "default", "big.raw", "100M")
+        assert lab.LabInfo.load(state).hosts[0].pool_mib == 256
+        pid = info.hosts[0].libvirtd_pid
+        assert lab.up(state_dir=state, index=INDEX, hosts=1, image=False,
+                      small_pool_mib=256).hosts[0].libvirtd_pid == pid  # reused: the size it asked for
+        plain = lab.up(state_dir=state, index=INDEX, hosts=1, image=False)  # another pool: rebuilt
+        assert plain.hosts[0].libvirtd_pid != pid and plain.hosts[0].pool_mib == 0
+        assert "pool_mib" not in (state / "lab.json").read_text()
+        assert int(capacity()) > 256 * 2**20
+    finally:
+        lab.down(state)
+    assert_nothing_left(LabLayout.make(index=INDEX, hosts=1, state_dir=state), info.hosts)
