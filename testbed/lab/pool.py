@@ -22,7 +22,7 @@ from pathlib import Path
 from testbed.lab import host as host_mod
 from testbed.lab.info import LabInfo
 from testbed.lab.layout import POOL, POOL_PATH, HostLayout
-from testbed.lab.procs import LabError, run
+from testbed.lab.procs import LabError, run, wait_for
 
 MIN_MIB = 16
 MAX_MIB = 64 * 1024
@@ -59,7 +59,11 @@ def apply(host: HostLayout, mib: int | None) -> None:
     mounted = _mounted(host)
     if mib is None:
         if mounted:
-            run(host_mod.host_argv(host, ["umount", POOL_PATH]))
+            # a QEMU just destroyed may hold its disk open a moment longer: "target is busy" until then
+            def unmounted() -> bool:
+                umount = run(host_mod.host_argv(host, ["umount", POOL_PATH]), check=False)
+                return umount.returncode == 0 or not _mounted(host)
+            wait_for(unmounted, timeout=30, interval=0.5, what=f"{host.name}: small pool unmounted")
             run(host_mod.virsh_argv(host, "pool-refresh", POOL))
     elif mounted:
         # no refresh: space freed outside libvirt, which keeps its old figures until someone refreshes
