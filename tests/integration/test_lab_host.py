@@ -7,6 +7,7 @@ dirs, apart from the shared session lab that other tests use.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -198,6 +199,29 @@ def test_small_pool_fills_grows_outside_libvirt_and_goes_with_the_lab(own_lab, t
         assert plain.hosts[0].libvirtd_pid != pid and plain.hosts[0].pool_mib == 0
         assert "pool_mib" not in (state / "lab.json").read_text()
         assert int(capacity()) > 256 * 2**20
+        small = lab.up(state_dir=state, index=INDEX, hosts=1, image=False, small_pool_mib=64)  # rebuilt
+        lab.virsh(small, "host0", "vol-create-as", "default", "kept.raw", "8M")  # down must not need it gone
+        # a process holding a pool file open, as a QEMU does its disk: it would keep the tmpfs alive
+        lab.host_run(small, "host0", ["sh", "-c", "(exec 3</var/lib/libvirt/images/kept.raw; sleep 600) "
+                                      "</dev/null >/dev/null 2>&1 &"])
+        mnt_ns = os.stat(f"/proc/{small.hosts[0].libvirtd_pid}/ns/mnt").st_ino  # where the tmpfs lives
+        inside = in_mount_namespace(mnt_ns)
+        assert len(inside) >= 3, inside  # libvirtd, sshd, the holder (at least)
     finally:
         lab.down(state)
-    assert_nothing_left(LabLayout.make(index=INDEX, hosts=1, state_dir=state), info.hosts)
+    assert_nothing_left(LabLayout.make(index=INDEX, hosts=1, state_dir=state), small.hosts,
+                        [small.hosts[0].libvirtd_pid, small.hosts[0].sshd_pid])
+    # the tmpfs goes with its mount namespace, and nothing that was in it is left
+    assert not set(inside) & set(in_mount_namespace(mnt_ns)), inside
+    assert not [m for m in Path("/proc/self/mountinfo").read_text().splitlines() if str(state) in m]
+
+
+def in_mount_namespace(inode: int) -> list[int]:
+    """The pids whose mount namespace is `inode`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                if os.stat(proc / "ns" / "mnt").st_ino == inode:
+                    found.append(int(proc.name))
+    return found
