@@ -197,14 +197,19 @@ def test_1_no_room_is_quota_exceeded_naming_pool_and_sizes_on_the_slow_backoff(s
     assert not [d for d in domains(step.lab, HOST) if d.startswith("proxy-")]  # nothing half-made
     assert not [v for v in volumes(step.lab, HOST) if v.startswith(m["vm"])]
     # the slow schedule: the retry is the quota backoff's first step
-    retries = [r for r in a.log_msgs("reconcile will be retried", proxy=f"default/{NAME}") if "backoff" in r]
-    assert retries and retries[-1]["backoff"] == "quota" and retries[-1]["retryIn"] == QUOTA_FIRST_STEP, \
-        retries
-    events = json.loads(a.kubectl("get", "events", "--field-selector", f"involvedObject.name={NAME}",
-                                  "-o", "json").stdout)["items"]
-    warned = [e["message"] for e in events
-              if (e.get("type"), e.get("reason")) == ("Warning", "QuotaExceeded")]
-    assert warned and QUOTA_MSG.match(f"out of capacity: {warned[0]}"), events
+    # (the status is written before the operator logs the retry and records the Event: wait for both)
+    retries = wait_until(lambda: [(r["backoff"], r["retryIn"]) for r in a.log_msgs(
+        "reconcile will be retried", proxy=f"default/{NAME}") if "backoff" in r], timeout=30,
+        what="the operator's retry line for A's Proxy")
+    assert retries == [("quota", QUOTA_FIRST_STEP)], retries
+
+    def warned() -> list[str]:
+        events = json.loads(a.kubectl("get", "events", "--field-selector", f"involvedObject.name={NAME}",
+                                      "-o", "json").stdout)["items"]
+        return [e["message"] for e in events
+                if (e.get("type"), e.get("reason")) == ("Warning", "QuotaExceeded")]
+    messages = wait_until(warned, timeout=30, what="a QuotaExceeded Warning Event on A's Proxy")
+    assert len(messages) == 1 and QUOTA_MSG.match(f"out of capacity: {messages[0]}"), messages
 
 
 def test_2_space_freed_both_clusters_same_name_get_their_own_vms(step):
