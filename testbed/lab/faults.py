@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.lab import host as host_mod
+from testbed.lab import pool as pool_mod
 from testbed.lab.info import LabInfo
 from testbed.lab.layout import SSH_USER, LabLayout
 from testbed.lab.lifecycle import _host_layout
@@ -170,16 +171,12 @@ def link_down(info: LabInfo, host_name: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def small_pool_dir(info: LabInfo, host_name: str, *, mib: int) -> Iterator[str]:
-    """The host's pool directory on a `mib`-MiB tmpfs (in the host's mount namespace; the pool must be
-    empty, and the caller empties it before leaving): a pool that can be filled without filling the
-    machine's disk. Yields the pool path as seen on the host."""
-    host = _host_layout(info, host_name)
-    target = "/var/lib/libvirt/images"
-    run(host_mod.host_argv(host, ["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0711", "tmpfs", target]))
+def small_pool(info: LabInfo, host_name: str, *, mib: int) -> Iterator[None]:
+    """The host's pool on a `mib`-MiB tmpfs (testbed/lab/pool.py; the pool must be empty, and the caller
+    empties it before leaving): a pool that can be filled without filling the machine's disk. Resize it
+    inside with `pool.set_pool_size(info, host_name, MIB)`."""
+    pool_mod.set_pool_size(info, host_name, mib)
     try:
-        run(host_mod.virsh_argv(host, "pool-refresh", "default"))
-        yield target
+        yield
     finally:
-        run(host_mod.host_argv(host, ["umount", "-l", target]), check=False)
-        run(host_mod.virsh_argv(host, "pool-refresh", "default"), check=False)
+        pool_mod.set_pool_size(info, host_name, None)

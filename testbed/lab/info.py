@@ -56,6 +56,7 @@ class HostInfo(_Items):
     pool_dir: str  # pool_path as the root namespace sees it (extra)
     http_target: str  # this host's own target, reachable from its VMs (extra)
     sim_control: str = ""  # a simulated host's control socket (testbed/sim/control.py); "" for a real one
+    pool_mib: int = 0  # the pool's tmpfs size (`lab up --small-pool`, testbed/lab/pool.py); 0: no tmpfs
 
 
 @dataclass
@@ -89,12 +90,16 @@ class LabInfo(_Items):
         return cls.from_dict(json.loads(path.read_text()))
 
     def to_dict(self) -> dict[str, Any]:
-        """A real lab's lab.json stays as it was before simulated labs: their fields only when set."""
+        """A real lab's lab.json stays as it was before simulated labs and small pools: their fields only
+        when set."""
         data = dataclasses.asdict(self)
         if not self.simulated:
             del data["simulated"]
             for h in data["hosts"]:
                 del h["sim_control"]
+        for h in data["hosts"]:
+            if not h["pool_mib"]:
+                del h["pool_mib"]
         return data
 
     def save(self, path: Path) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from egress_kvm.log import get_logger
 from testbed.lab import host as host_mod
 from testbed.lab import keys, manifests, web
+from testbed.lab import pool as pool_mod
 from testbed.lab.info import HostInfo, ImageInfo, LabInfo
 from testbed.lab.layout import (
     BRIDGE,
@@ -165,24 +166,34 @@ def _remove_state(state: Path) -> None:
 
 
 def up(state_dir: Path | str | None = None, index: int = 0, hosts: int = 1, image: bool = True, *,
-       simulated: bool = False, knobs: dict[str, Any] | None = None) -> LabInfo:
+       simulated: bool = False, knobs: dict[str, Any] | None = None, small_pool_mib: int | None = None,
+       ) -> LabInfo:
     """Bring the lab up (or reuse a healthy one) and return what lab.json says. `simulated`: testbed/sim's
-    daemon on each host instead of libvirtd, started with `knobs` (testbed/sim/knobs.py)."""
+    daemon on each host instead of libvirtd, started with `knobs` (testbed/sim/knobs.py).
+    `small_pool_mib`: every host's pool on a tmpfs of that size (testbed/lab/pool.py)."""
     _require_root()
     lab = LabLayout.make(index=check_index(index), hosts=hosts, state_dir=state_dir, simulated=simulated)
     if knobs:
         from testbed.sim.knobs import Knobs
 
         Knobs().update(knobs)  # a wrong name or value fails here, before anything is made
+    if small_pool_mib is not None:
+        if simulated:
+            raise ValueError("small pool: a simulated host has no pool filesystem; use the knob "
+                             "pool_capacity_bytes (--knobs)")
+        pool_mod.check_mib(small_pool_mib)
     with _index_lock(lab.index, simulated=simulated):
-        return _up_locked(lab, image=image, knobs=knobs)
+        return _up_locked(lab, image=image, knobs=knobs, small_pool_mib=small_pool_mib)
 
 
-def _up_locked(lab: LabLayout, *, image: bool, knobs: dict[str, Any] | None = None) -> LabInfo:
+def _up_locked(lab: LabLayout, *, image: bool, knobs: dict[str, Any] | None = None,
+               small_pool_mib: int | None = None) -> LabInfo:
     index, hosts = lab.index, lab.hosts
     if not problems(lab.state_dir):
         info = LabInfo.load(lab.state_dir)
-        if info.index == index and len(info.hosts) == hosts and info.simulated == lab.simulated:
+        same_pools = all(pool_mod.recorded_mib(h) == small_pool_mib for h in lab.all_hosts)
+        if (info.index == index and len(info.hosts) == hosts and info.simulated == lab.simulated
+                and same_pools):
             if knobs:
                 from testbed.sim.control import SimControl
 
@@ -209,6 +220,8 @@ def _up_locked(lab: LabLayout, *, image: bool, knobs: dict[str, Any] | None = No
                 h.dir.mkdir(parents=True, exist_ok=True)
                 h.sim_knobs.write_text(json.dumps(knobs) + "\n")
             host_mod.host_up(lab, h)
+            if small_pool_mib is not None:
+                pool_mod.apply(h, small_pool_mib)
             web.serve_target(h, index=lab.index)
         keys.write_known_hosts(lab)
         return _finish(lab, image=image)
@@ -254,6 +267,7 @@ def _host_info(h: host_mod.HostLayout) -> HostInfo:
         libvirtd_pid=read_pid(h.pidfile(h.hypervisor)) or 0, sshd_pid=read_pid(h.pidfile("sshd")) or 0,
         dnsmasq_leases=str(h.leases), pool_dir=str(h.pool_dir), http_target=web.target_url(h),
         sim_control=str(h.sim_control) if h.simulated else "",
+        pool_mib=pool_mod.recorded_mib(h) or 0,
     )
 
 

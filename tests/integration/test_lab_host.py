@@ -7,6 +7,7 @@ dirs, apart from the shared session lab that other tests use.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -165,3 +166,62 @@ def assert_nothing_left(layout: LabLayout, hosts, pids=()) -> None:  # type: ign
     assert not [p for p in pids if procs.alive(p)]
     assert not layout.state_dir.exists()
     assert not authorized_keys_path(layout).exists()
+
+
+def test_small_pool_fills_grows_outside_libvirt_and_goes_with_the_lab(own_lab, tmp_path):
+    """`up(small_pool_mib=)`: the pool is a tmpfs of that size (a volume too big fails with ENOSPC);
+    growing it is a remount that libvirt sees only after a refresh; `up` reuses the lab only with the pool
+    size it asks for; `down` leaves nothing."""
+    from testbed.lab.pool import set_pool_size
+
+    state = tmp_path / "state"
+    info = lab.up(state_dir=state, index=INDEX, hosts=1, image=False, small_pool_mib=64)
+    try:
+        assert info.hosts[0].pool_mib == 64 and lab.LabInfo.load(state).hosts[0].pool_mib == 64
+
+        def capacity() -> str:
+            out = lab.virsh(info, "host0", "pool-info", "default", "--bytes")
+            return out.split("Capacity:")[1].split()[0]
+        assert capacity() == str(64 * 2**20)
+        full = lab.host_run(info, "host0", ["virsh", "-c", "qemu:///system", "vol-create-as", "default",
+                                            "big.raw", "100M"], check=False)
+        assert full.returncode != 0 and "No space left on device" in full.stderr, full.stderr
+        set_pool_size(info, "host0", 256)
+        assert capacity() == str(64 * 2**20)  # libvirt has not looked again: space freed outside it
+        lab.virsh(info, "host0", "pool-refresh", "default")
+        assert capacity() == str(256 * 2**20)
+        lab.virsh(info, "host0", "vol-create-as", "default", "big.raw", "100M")
+        assert lab.LabInfo.load(state).hosts[0].pool_mib == 256
+        pid = info.hosts[0].libvirtd_pid
+        assert lab.up(state_dir=state, index=INDEX, hosts=1, image=False,
+                      small_pool_mib=256).hosts[0].libvirtd_pid == pid  # reused: the size it asked for
+        plain = lab.up(state_dir=state, index=INDEX, hosts=1, image=False)  # another pool: rebuilt
+        assert plain.hosts[0].libvirtd_pid != pid and plain.hosts[0].pool_mib == 0
+        assert "pool_mib" not in (state / "lab.json").read_text()
+        assert int(capacity()) > 256 * 2**20
+        small = lab.up(state_dir=state, index=INDEX, hosts=1, image=False, small_pool_mib=64)  # rebuilt
+        lab.virsh(small, "host0", "vol-create-as", "default", "kept.raw", "8M")  # down must not need it gone
+        # a process holding a pool file open, as a QEMU does its disk: it would keep the tmpfs alive
+        lab.host_run(small, "host0", ["sh", "-c", "(exec 3</var/lib/libvirt/images/kept.raw; sleep 600) "
+                                      "</dev/null >/dev/null 2>&1 &"])
+        mnt_ns = os.stat(f"/proc/{small.hosts[0].libvirtd_pid}/ns/mnt").st_ino  # where the tmpfs lives
+        inside = in_mount_namespace(mnt_ns)
+        assert len(inside) >= 3, inside  # libvirtd, sshd, the holder (at least)
+    finally:
+        lab.down(state)
+    assert_nothing_left(LabLayout.make(index=INDEX, hosts=1, state_dir=state), small.hosts,
+                        [small.hosts[0].libvirtd_pid, small.hosts[0].sshd_pid])
+    # the tmpfs goes with its mount namespace, and nothing that was in it is left
+    assert not set(inside) & set(in_mount_namespace(mnt_ns)), inside
+    assert not [m for m in Path("/proc/self/mountinfo").read_text().splitlines() if str(state) in m]
+
+
+def in_mount_namespace(inode: int) -> list[int]:
+    """The pids whose mount namespace is `inode`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                if os.stat(proc / "ns" / "mnt").st_ino == inode:
+                    found.append(int(proc.name))
+    return found

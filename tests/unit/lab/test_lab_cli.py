@@ -10,6 +10,12 @@ from egress_kvm.cli import build_parser
     (["lab", "up", "--index", "x"], "--index"),
     (["lab", "up", "--hosts", "0"], "--hosts"),
     (["lab", "down", "--index", "-1"], "--index"),
+    (["lab", "up", "--small-pool", "x"], "--small-pool"),
+    (["lab", "up", "--small-pool", "8"], "--small-pool"),
+    (["lab", "up", "--small-pool", "70000"], "--small-pool"),
+    (["lab", "pool", "--size", "big"], "--size"),
+    (["lab", "pool", "--size", "0"], "--size"),
+    (["lab", "pool"], "--size"),
 ])
 def test_bad_flag_values_name_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit):
@@ -20,12 +26,20 @@ def test_bad_flag_values_name_the_flag(argv, flag, capsys):
 def test_up_defaults():
     args = build_parser().parse_args(["lab", "up"])
     assert (args.index, args.hosts, args.no_image, args.state_dir) == (0, 1, False, None)
+    assert args.small_pool is None
+
+
+def test_small_pool_flags():
+    assert build_parser().parse_args(["lab", "up", "--small-pool", "1536"]).small_pool == 1536
+    args = build_parser().parse_args(["lab", "pool", "--index", "3", "--host", "host1", "--size", "16384"])
+    assert (args.index, args.host, args.size) == (3, "host1", "16384")
+    assert build_parser().parse_args(["lab", "pool", "--size", "none"]).size == "none"
 
 
 def test_lab_needs_a_subcommand(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["lab"])
-    assert "up|down|status" in capsys.readouterr().err
+    assert "up|down|status|pool" in capsys.readouterr().err
 
 
 def test_simulated_flags():
@@ -40,6 +54,7 @@ def test_simulated_flags():
     (["lab", "up", "--knobs", '{"boot_delay_s": 5}'], "--knobs: only a --simulated lab has knobs"),
     (["lab", "up", "--simulated", "--knobs", "[1]"], "--knobs: not a JSON object"),
     (["lab", "up", "--simulated", "--knobs", "{"], "--knobs: not a JSON object"),
+    (["lab", "up", "--simulated", "--small-pool", "64"], "--small-pool: a simulated host has no pool"),
 ])
 def test_bad_knobs_are_refused_naming_the_flag_before_anything_runs(argv, message, capsys):
     args = build_parser().parse_args(argv)
