@@ -1,0 +1,89 @@
+"""The fleet under chaos, reduced for CI (issue 8): the real operator process, the API emulator and 3
+simulated hypervisors behind real sshd (testbed/fleet), 100 Proxies applied at once while one host is
+killed and revived, the operator is SIGKILLed and restarted, 5% of libvirt calls fail transiently,
+another host's pool is filled and freed, and 10 Proxies are deleted mid-flight.
+
+Asserted (the invariants, never timings): every remaining Proxy is Ready with a running domain on its
+host, every deleted Proxy is gone, no host holds a domain or volume that no Proxy owns; then, after
+deleting every Proxy, every host is empty but for its base image. The checks print with their counts
+(`pytest -s`). bench/fleet.py --chaos is the full-size run (1,000 Proxies over 10 hosts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from testbed import lab as labmod
+from testbed.fleet import chaos, invariants
+from testbed.fleet.kube import FleetKube, proxy_doc
+from testbed.fleet.stack import IMAGE_KEY, FleetStack, StackConfig
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+PROXIES, HOSTS = 100, 3
+CONVERGE_WITHIN = 600  # a create that failed waits out its backoff; a host back from the dead re-dials
+PLAN = chaos.ChaosPlan(fail_rate=0.05, kill_hosts=1, kill_at=5, kill_for=30, operator_kills=(15,),
+                       fill_pool_at=3, free_pool_at=40, delete_share=0.1, delete_at=10, calm_at=45)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    reason = labmod.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    stack = FleetStack(tmp_path_factory.mktemp("fleet"),
+                       StackConfig(hosts=HOSTS, boot_delay_s=2.0, resync_period="60s", gc_interval="10s",
+                                   gc_grace_period="30s", index=int(os.environ.get("EGRESS_LAB_INDEX", "0"))))
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.close()
+        stack.down()
+        print(f"\nfleet logs: {stack.workdir}")
+
+
+async def run(stack: FleetStack) -> tuple[list[invariants.Check], invariants.Check, list[invariants.Check]]:
+    assert stack.lab is not None
+    names = [f"fleet-{i:03d}" for i in range(PROXIES)]
+    zones = {n: stack.host_names[i % HOSTS] for i, n in enumerate(names)}
+    targets = {h.name: h.http_target for h in stack.lab.hosts}
+    kube = FleetKube(stack.api_url, in_flight=16)
+    expected, deleted = set(names), set[str]()
+
+    def on_deleted(batch: list[str]) -> None:
+        expected.difference_update(batch)
+        deleted.update(batch)
+
+    try:
+        t0 = time.monotonic()
+        plan = asyncio.get_running_loop().create_task(chaos.run_plan(
+            PLAN, stack, kube, t0=t0, to_delete=names[::10], on_deleted=on_deleted))
+        await kube.create_all([proxy_doc(n, zone=zones[n], target=targets[zones[n]], interval_s=5,
+                                         image=IMAGE_KEY) for n in names])
+        await plan
+        print("\nchaos plan as run:\n  " + "\n  ".join(PLAN.log))
+        converged = await chaos.converge(stack, kube, expected=expected, deleted=deleted, zones=zones,
+                                         within=CONVERGE_WITHIN)
+        await kube.delete_all(sorted(expected))
+        empty, _ = await chaos.drain(stack, within=300)
+        snap = await chaos.snapshot(stack, kube, expected=set(), deleted=set(names), zones=zones)
+        return converged, empty, invariants.check(snap)
+    finally:
+        await kube.close()
+
+
+def test_fleet_chaos_invariants(fleet: FleetStack) -> None:
+    converged, empty, after = asyncio.run(run(fleet))
+    print("invariants after the chaos plan:\n  " + "\n  ".join(c.line() for c in converged))
+    print("after deleting every Proxy:\n  " + "\n  ".join(c.line() for c in [empty, *after]))
+    assert len(fleet.operators) == 2  # the plan's one SIGKILL happened and a new operator took over
+    assert [c.line() for c in converged if not c.ok] == []
+    assert {c.name: c.looked_at for c in converged}["expected Proxies on live hosts not Ready"] == 90
+    assert empty.ok, empty.line()
+    assert [c.line() for c in after if not c.ok] == []
+
