@@ -25,6 +25,8 @@ from typing import Any
 
 import aiohttp
 
+from testbed.fleet.measure import BENCH_AGENT
+
 GROUP, VERSION, PLURAL = "egressproxies.io", "v1alpha1", "proxies"
 NAMESPACE = "default"
 USER_DATA = "#cloud-config\n# egress-kvm fleet bench: the simulated guest serves its proxy on Port 3128\n"
@@ -106,7 +108,7 @@ class FleetKube:
     def __init__(self, api_url: str, *, in_flight: int = 32) -> None:
         self.base = f"{api_url}/apis/{GROUP}/{VERSION}"
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
-                                             headers={"User-Agent": "fleet-bench/1"})
+                                             headers={"User-Agent": f"{BENCH_AGENT}/1"})
         self.limit = asyncio.Semaphore(in_flight)
         self.recorder = Recorder()
         self._watch: asyncio.Task[None] | None = None

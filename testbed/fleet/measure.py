@@ -16,7 +16,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-OPERATOR_AGENT = "egress-kvm"
+BENCH_AGENT = "fleet-bench"  # the User-Agent product of testbed/fleet/kube.py's requests
+NOT_OPERATOR = frozenset({BENCH_AGENT, "kubectl"})
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -81,12 +82,14 @@ def parse_metrics(text: str) -> tuple[Counter[str], int]:
     return rpcs, reconciles
 
 
-def parse_requests(body: dict[str, Any], agent: str = OPERATOR_AGENT) -> tuple[Counter[str], Counter[str]]:
-    """The emulator's /debug/requests, the operator's rows only: writes and reads by verb and resource."""
+def parse_requests(body: dict[str, Any]) -> tuple[Counter[str], Counter[str]]:
+    """The emulator's /debug/requests without the bench's own and kubectl's rows (the operator's writes
+    carry its fieldManager, `egress-kvm`; its reads only kubernetes-asyncio's User-Agent): writes and
+    reads by verb and resource."""
     writes: Counter[str] = Counter()
     reads: Counter[str] = Counter()
     for row in body["requests"]:
-        if row["agent"] != agent:
+        if row["agent"] in NOT_OPERATOR:
             continue
         key = f"{row['method']}{' watch' if row['watch'] else ''} {row['resource']}" + \
               (f"/{row['subresource']}" if row["subresource"] else "")
