@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import signal
 import sys
 import tempfile
@@ -138,7 +139,8 @@ async def bench(args: argparse.Namespace, stack: FleetStack) -> list[str]:
         t0 = time.monotonic()
         plan_task = None
         if plan is not None:
-            victims = names[:: max(1, round(1 / plan.delete_share))]
+            # spread over every host (every tenth name would be one host's whole share with 10 hosts)
+            victims = sorted(random.Random(8).sample(names, round(len(names) * plan.delete_share)))
 
             def on_deleted(batch: list[str]) -> None:
                 expected.difference_update(batch)

@@ -9,7 +9,9 @@ them. The checks:
 - every deleted Proxy is gone from the API;
 - no host holds a domain named as ours (`proxy-...`) that no Proxy's instance or previousInstance names;
 - no host holds a volume that is neither a base image (`base-...`, with its marker) nor an overlay or
-  seed of an instance some Proxy names (a half-made or forgotten disk under any name counts).
+  seed of an instance some Proxy names (a half-made or forgotten disk under any name counts);
+- no host holds a base image without its marker: an import interrupted and left behind (the next import
+  of that image on that host would replace it, but if no Proxy needs it there any more, none comes).
 
 Each check reports how many it looked at and which failed, so a run prints counts, not just a verdict.
 """
@@ -25,6 +27,7 @@ from testbed.fleet.kube import ProxyView
 INSTANCE_PREFIX = "proxy-"  # egress_kvm.controller.naming.PREFIX
 VOLUME_SUFFIXES = (".qcow2", "-seed.iso")  # egress_kvm.providers.kvm.naming: overlay, seed
 BASE_PREFIX = "base-"
+MARKER_SUFFIX = ".sha256"  # egress_kvm.providers.kvm.naming.marker_volume: a base is finished once it has one
 
 
 @dataclass
@@ -86,7 +89,17 @@ def check(s: Snapshot) -> list[Check]:
         Check("deleted Proxies still in the API", len(s.deleted), not_gone),
         Check("domains no Proxy owns (leaked)", n_domains, leaked_domains),
         Check("volumes no Proxy owns (leaked)", len(all_volumes), leaked_volumes),
+        half_imported(s.hosts),
     ]
+
+
+def half_imported(hosts: dict[str, dict[str, Any]]) -> Check:
+    """Base images without their marker (checked when nothing imports: after convergence, after delete)."""
+    names = {h: {v["name"] for v in st["volumes"]} for h, st in hosts.items()}
+    bases = [(h, v) for h, vs in sorted(names.items()) for v in sorted(vs)
+             if v.startswith(BASE_PREFIX) and not v.endswith(MARKER_SUFFIX)]
+    return Check("base images without their marker (an interrupted import left behind)", len(bases),
+                 [f"{h}/{v}" for h, v in bases if v + MARKER_SUFFIX not in names[h]])
 
 
 def empty_hosts(hosts: dict[str, dict[str, Any]]) -> Check:

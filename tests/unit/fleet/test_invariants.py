@@ -64,6 +64,9 @@ CASES = [
      snap({"a": ProxyView(phase="Ready", ready=True, instance="proxy-a", zone="h0", previous="proxy-old")},
           hosts={"h0": host((("proxy-a", "running"), ("proxy-old", "running")),
                             ("proxy-a.qcow2", "proxy-old.qcow2")), "h1": host()}), {}),
+    ("a base image without its marker: an import interrupted and left behind",
+     snap({"a": READY}, hosts={"h0": CONVERGED_H0, "h1": host((), ("base-fleet.qcow2",))}),
+     {"base images without their marker (an interrupted import left behind)": ["h1/base-fleet.qcow2"]}),
     ("a domain not named as ours is not counted",
      snap({"a": READY}, hosts={"h0": host((("proxy-a", "running"), ("someone-elses", "running")),
                                           ("proxy-a.qcow2",)), "h1": host()}), {}),
@@ -80,7 +83,8 @@ def test_counts_what_it_looked_at() -> None:
     assert counts == {"expected Proxies on live hosts not Ready": 1,
                       "expected Proxies on live hosts without a running domain": 1,
                       "deleted Proxies still in the API": 2, "domains no Proxy owns (leaked)": 1,
-                      "volumes no Proxy owns (leaked)": 4}
+                      "volumes no Proxy owns (leaked)": 4,
+                      "base images without their marker (an interrupted import left behind)": 1}
 
 
 @pytest.mark.parametrize(("volume", "owner"), [("proxy-a.qcow2", "proxy-a"), ("proxy-a-seed.iso", "proxy-a"),
