@@ -64,6 +64,7 @@ class ProxyView:
     instance: str = ""
     zone: str = ""
     previous: str = ""
+    previous_zone: str = ""
     message: str = ""
 
     @classmethod
@@ -71,10 +72,10 @@ class ProxyView:
         st = obj.get("status") or {}
         healthy = any(c.get("type") == "Healthy" and c.get("status") == "True"
                       for c in st.get("conditions", []))
-        inst = st.get("instance") or {}
+        inst, prev = st.get("instance") or {}, st.get("previousInstance") or {}
         return cls(phase=st.get("phase", ""), ready=st.get("phase") == "Ready" and healthy,
-                   instance=inst.get("name", ""), zone=inst.get("zone", ""),
-                   previous=(st.get("previousInstance") or {}).get("name", ""), message=st.get("message", ""))
+                   instance=inst.get("name", ""), zone=inst.get("zone", ""), previous=prev.get("name", ""),
+                   previous_zone=prev.get("zone", ""), message=st.get("message", ""))
 
 
 @dataclass

@@ -13,9 +13,12 @@ from testbed.fleet.kube import ProxyView
 READY = ProxyView(phase="Ready", ready=True, instance="proxy-a", zone="h0")
 
 
-def host(domains: tuple[tuple[str, str], ...] = (), volumes: tuple[str, ...] = ()) -> dict[str, Any]:
+def host(domains: tuple[tuple[str, str], ...] = (), volumes: tuple[str | tuple[str, int], ...] = ()
+         ) -> dict[str, Any]:
+    """A simulator's state; a volume is a name (a marker then holds its digest: 64 bytes) or (name, size)."""
+    vols = [v if isinstance(v, tuple) else (v, 64 if v.endswith(".sha256") else 1) for v in volumes]
     return {"domains": [{"name": n, "state": s} for n, s in domains],
-            "volumes": [{"name": v} for v in volumes]}
+            "volumes": [{"name": n, "capacity": c} for n, c in vols]}
 
 
 CONVERGED_H0 = host((("proxy-a", "running"),),
@@ -28,6 +31,9 @@ def snap(proxies: dict[str, ProxyView], *, expected: frozenset[str] = frozenset(
     return Snapshot(proxies=proxies, expected=set(expected), deleted=set(deleted), alive_hosts=set(alive),
                     zones={"a": "h0", "b": "h1"},
                     hosts=hosts if hosts is not None else {"h0": CONVERGED_H0, "h1": host()})
+
+
+HALF = "half-imported base images (an interrupted import left behind)"
 
 
 def failures(s: Snapshot) -> dict[str, list[str]]:
@@ -61,15 +67,38 @@ CASES = [
                                "h1": host()}),
      {"volumes no Proxy owns (leaked)": ["h0/upload.tmp"]}),
     ("previousInstance owns its VM mid-replacement",
-     snap({"a": ProxyView(phase="Ready", ready=True, instance="proxy-a", zone="h0", previous="proxy-old")},
+     snap({"a": ProxyView(phase="Ready", ready=True, instance="proxy-a", zone="h0", previous="proxy-old",
+                          previous_zone="h0")},
           hosts={"h0": host((("proxy-a", "running"), ("proxy-old", "running")),
                             ("proxy-a.qcow2", "proxy-old.qcow2")), "h1": host()}), {}),
     ("a base image without its marker: an import interrupted and left behind",
      snap({"a": READY}, hosts={"h0": CONVERGED_H0, "h1": host((), ("base-fleet.qcow2",))}),
-     {"base images without their marker (an interrupted import left behind)": ["h1/base-fleet.qcow2"]}),
-    ("a domain not named as ours is not counted",
+     {HALF: ["h1/base-fleet.qcow2 (no marker)"]}),
+    ("a marker without its base", snap({"a": READY}, hosts={"h0": CONVERGED_H0, "h1": host((), (
+        "base-fleet.qcow2.sha256",))}), {HALF: ["h1/base-fleet.qcow2.sha256 (no base)"]}),
+    ("a marker created but its digest never written (an upload cut)",
+     snap({"a": READY}, hosts={"h0": CONVERGED_H0, "h1": host((), ("base-fleet.qcow2",
+                                                                   ("base-fleet.qcow2.sha256", 0)))}),
+     {HALF: ["h1/base-fleet.qcow2.sha256 (0 bytes, no digest)"]}),
+    ("a domain under any name is counted (the fleet's hosts are ours alone)",
      snap({"a": READY}, hosts={"h0": host((("proxy-a", "running"), ("someone-elses", "running")),
-                                          ("proxy-a.qcow2",)), "h1": host()}), {}),
+                                          ("proxy-a.qcow2",)), "h1": host()}),
+     {"domains no Proxy owns (leaked)": ["h0/someone-elses"]}),
+    ("a Proxy's instance name owns it on its own host only: a copy on another host is a leak",
+     snap({"a": READY}, hosts={"h0": CONVERGED_H0,
+                               "h1": host((("proxy-a", "shutoff"),), ("proxy-a.qcow2", "proxy-a-seed.iso"))}),
+     {"domains no Proxy owns (leaked)": ["h1/proxy-a"],
+      "volumes no Proxy owns (leaked)": ["h1/proxy-a.qcow2", "h1/proxy-a-seed.iso"]}),
+    ("a previousInstance owns its VM on its own zone only",
+     snap({"a": ProxyView(phase="Ready", ready=True, instance="proxy-a", zone="h0", previous="proxy-old",
+                          previous_zone="h0")},
+          hosts={"h0": CONVERGED_H0, "h1": host((("proxy-old", "running"),), ("proxy-old.qcow2",))}),
+     {"domains no Proxy owns (leaked)": ["h1/proxy-old"],
+      "volumes no Proxy owns (leaked)": ["h1/proxy-old.qcow2"]}),
+    ("a Ready Proxy whose status names another host than its placement",
+     snap({"a": ProxyView(phase="Ready", ready=True, instance="proxy-a", zone="h1")},
+          hosts={"h0": host(), "h1": CONVERGED_H0}),
+     {"expected Proxies on live hosts without a running domain": ["a"]}),
 ]
 
 
@@ -83,8 +112,7 @@ def test_counts_what_it_looked_at() -> None:
     assert counts == {"expected Proxies on live hosts not Ready": 1,
                       "expected Proxies on live hosts without a running domain": 1,
                       "deleted Proxies still in the API": 2, "domains no Proxy owns (leaked)": 1,
-                      "volumes no Proxy owns (leaked)": 4,
-                      "base images without their marker (an interrupted import left behind)": 1}
+                      "volumes no Proxy owns (leaked)": 4, HALF: 2}
 
 
 @pytest.mark.parametrize(("volume", "owner"), [("proxy-a.qcow2", "proxy-a"), ("proxy-a-seed.iso", "proxy-a"),
