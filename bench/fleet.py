@@ -38,6 +38,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from egress_kvm.operator.flags import parse_duration  # noqa: E402
 from testbed.fleet import chaos, invariants  # noqa: E402
 from testbed.fleet.kube import FleetKube, proxy_doc  # noqa: E402
 from testbed.fleet.measure import Sample, percentile, proc_stat, sample  # noqa: E402
@@ -64,6 +65,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.proxies < 1 or args.hosts < 1 or args.hosts > 16:
         p.error("--proxies must be >= 1 and --hosts 1..16")
+    try:
+        args.resync_seconds = parse_duration(args.resync_period)
+    except ValueError as exc:
+        p.error(f"--resync-period: {exc}")
+    if args.resync_seconds <= 0 or args.steady_window <= 0:
+        p.error("--resync-period and --steady-window must be > 0 (the rates divide by them)")
     if args.proxies > 250 * args.hosts:
         p.error(f"--proxies {args.proxies}: a simulated host holds at most 250 running guests (its /24)")
     return args
@@ -79,8 +86,7 @@ class Sampler:
     def __init__(self, stack: FleetStack) -> None:
         self.stack = stack
         self.peak_rss = 0
-        self.cpu_dead = 0.0  # CPU seconds of operator processes that have exited (chaos restarts)
-        self._seen: dict[int, float] = {}
+        self._seen: dict[int, float] = {}  # pid -> its last CPU seconds (kept after it exits)
 
     def poll(self) -> None:
         for op in self.stack.operators:
@@ -190,8 +196,7 @@ async def bench(args: argparse.Namespace, stack: FleetStack) -> list[str]:
             await asyncio.sleep(args.steady_window)
             steady = (await take()).minus(s0)
             hour = 3600 / args.steady_window
-            resync = float(args.resync_period.rstrip("s")) if args.resync_period.endswith("s") else 60.0
-            per_resync = steady.rpcs / n * resync / args.steady_window
+            per_resync = steady.rpcs / n * args.resync_seconds / args.steady_window
             out += [f"steady state: a {args.steady_window:.0f} s window after all Ready "
                     f"(--resync-period {args.resync_period}), extrapolated",
                     row("libvirt RPCs per Proxy per hour (operator / hosts)",
@@ -219,7 +224,11 @@ async def bench(args: argparse.Namespace, stack: FleetStack) -> list[str]:
             t_conv = time.monotonic() - t0
             out += [f"chaos: {len(names)} Proxies over {len(hosts)} hosts, boot delay {args.boot_delay:g} s, "
                     f"RTT {args.rtt_ms:g} ms; created in {t_applied:.1f} s", "  plan as run:"]
-            out += [f"    {line}" for line in plan.log]  # type: ignore[union-attr]
+            assert plan is not None
+            out += [f"    {line}" for line in plan.log]
+            gaps = chaos.missing(plan, hosts, plan.effects)
+            out.append("  every planned fault took effect" if not gaps else
+                       "  FAULTS WITHOUT EFFECT (the run proves less): " + "; ".join(gaps))
             out += [f"  converged {t_conv:.1f} s after the first create ({t_conv - t_chaos:.1f} s after the "
                     f"plan ended)" if all(c.ok for c in checks) else
                     f"  NOT converged {t_conv:.0f} s after the first create",
