@@ -279,9 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.start()
         lines = asyncio.run(bench(args, stack))
     finally:
-        stack.close()
-        if not args.keep_lab:
-            stack.down()
+        stack.teardown(keep_lab=args.keep_lab)
     print(f"fleet bench {started}, lab index {config.index}, load average at start {load0}, at end {load()}")
     print("\n".join(lines))
     print(f"logs: {workdir}")

@@ -70,6 +70,7 @@ class Process:
         self._log.close()
 
     def stop(self, *, timeout: float = 60) -> int:
+        """SIGTERM, then SIGKILL after `timeout`; a process already gone (killed, exited) is only reaped."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -126,16 +127,28 @@ class FleetStack:
         self.start_operator()
 
     def close(self) -> None:
-        for op in self.operators:
-            if op.running():
-                op.stop()
-        if self.emulator is not None and self.emulator.running():
-            self.emulator.stop()
+        """Stop every process this stack started, each one even if stopping another failed."""
+        errors: list[BaseException] = []
+        for p in [*self.operators, *([self.emulator] if self.emulator is not None else [])]:
+            try:
+                p.stop()
+            except Exception as exc:  # the others must still be stopped; the first is raised below
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
     def down(self) -> None:
         """Remove the simulated lab (close() first)."""
         if self.lab is not None:
             labmod.down(self.lab.state_dir)
+
+    def teardown(self, *, keep_lab: bool = False) -> None:
+        """close(), then down() (unless keep_lab) even when close() failed: no process, no netns left."""
+        try:
+            self.close()
+        finally:
+            if not keep_lab:
+                self.down()
 
     # -- the hosts --------------------------------------------------------------------------------
 

@@ -44,9 +44,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
         stack.start()
         yield stack
     finally:
-        stack.close()
-        stack.down()
         print(f"\nfleet logs: {stack.workdir}")
+        stack.teardown()
 
 
 async def run(stack: FleetStack) -> tuple[list[invariants.Check], invariants.Check, list[invariants.Check]]:
