@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from testbed.fleet import stack as stack_mod
+from testbed import lab as labmod
 from testbed.fleet.stack import FleetStack, StackConfig
 
 
@@ -27,7 +27,7 @@ class FakeProcess:
 def test_teardown_stops_every_process_and_removes_the_lab_even_when_one_stop_fails(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log: list[str] = []
-    monkeypatch.setattr(stack_mod.labmod, "down", lambda state_dir: log.append(f"down {state_dir}"))
+    monkeypatch.setattr(labmod, "down", lambda state_dir: log.append(f"down {state_dir}"))
     s = FleetStack(tmp_path, StackConfig(index=6))
     s.lab = SimpleNamespace(state_dir="/run/lab6")  # type: ignore[assignment]
     stuck = FakeProcess(log, "operator-1", fails=True)
