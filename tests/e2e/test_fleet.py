@@ -28,8 +28,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 PROXIES, HOSTS = 100, 3
 CONVERGE_WITHIN = 600  # a create that failed waits out its backoff; a host back from the dead re-dials
-PLAN = chaos.ChaosPlan(fail_rate=0.05, kill_hosts=1, kill_at=5, kill_for=30, operator_kills=(15,),
-                       fill_pool_at=3, free_pool_at=40, delete_share=0.1, delete_at=10, calm_at=45)
+
+
+def chaos_plan() -> chaos.ChaosPlan:
+    """A fresh plan per run: it records what its faults did (a rerun must not see the last run's)."""
+    return chaos.ChaosPlan(fail_rate=0.05, kill_hosts=1, kill_at=5, kill_for=30, operator_kills=(15,),
+                           fill_pool_at=3, free_pool_at=40, delete_share=0.1, delete_at=10, calm_at=45)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +52,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
         stack.teardown()
 
 
-async def run(stack: FleetStack) -> tuple[list[invariants.Check], invariants.Check, list[invariants.Check]]:
+async def run(stack: FleetStack, plan: chaos.ChaosPlan
+              ) -> tuple[list[invariants.Check], invariants.Check, list[invariants.Check]]:
     assert stack.lab is not None
     names = [f"fleet-{i:03d}" for i in range(PROXIES)]
     zones = {n: stack.host_names[i % HOSTS] for i, n in enumerate(names)}
@@ -62,12 +67,12 @@ async def run(stack: FleetStack) -> tuple[list[invariants.Check], invariants.Che
 
     try:
         t0 = time.monotonic()
-        plan = asyncio.get_running_loop().create_task(chaos.run_plan(
-            PLAN, stack, kube, t0=t0, to_delete=names[::10], on_deleted=on_deleted))
+        plan_task = asyncio.get_running_loop().create_task(chaos.run_plan(
+            plan, stack, kube, t0=t0, to_delete=names[::10], on_deleted=on_deleted))
         await kube.create_all([proxy_doc(n, zone=zones[n], target=targets[zones[n]], interval_s=5,
                                          image=IMAGE_KEY) for n in names])
-        await plan
-        print("\nchaos plan as run:\n  " + "\n  ".join(PLAN.log))
+        await plan_task
+        print("\nchaos plan as run:\n  " + "\n  ".join(plan.log))
         converged = await chaos.converge(stack, kube, expected=expected, deleted=deleted, zones=zones,
                                          within=CONVERGE_WITHIN)
         await kube.delete_all(sorted(expected))
@@ -79,12 +84,13 @@ async def run(stack: FleetStack) -> tuple[list[invariants.Check], invariants.Che
 
 
 def test_fleet_chaos_invariants(fleet: FleetStack) -> None:
-    converged, empty, after = asyncio.run(run(fleet))
+    plan = chaos_plan()
+    converged, empty, after = asyncio.run(run(fleet, plan))
     print("invariants after the chaos plan:\n  " + "\n  ".join(c.line() for c in converged))
     print("after deleting every Proxy:\n  " + "\n  ".join(c.line() for c in [empty, *after]))
     # the chaos happened and hit something: the host kill stopped guests, the operator exited by our
     # SIGKILL, the pool read full, transient failures were answered (chaos.missing, a table in unit tests)
-    assert chaos.missing(PLAN, fleet.host_names, PLAN.effects) == [], PLAN.effects
+    assert chaos.missing(plan, fleet.host_names, plan.effects) == [], plan.effects
     assert len(fleet.operators) == 2 and fleet.operator.running()
     assert [c.line() for c in converged if not c.ok] == []
     assert {c.name: c.looked_at for c in converged}["expected Proxies on live hosts not Ready"] == 90
