@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from aiohttp import web
@@ -28,6 +29,18 @@ from testbed.emulator.selectors import field_matcher, label_matcher
 from testbed.emulator.store import Store
 
 Obj = dict[str, Any]
+
+
+class RequestKey(NamedTuple):
+    """One row of the request counts: verb (`watch` for a watching GET), resource, subresource, writer
+    (the fieldManager parameter, else the User-Agent's product: `egress-kvm` for the operator)."""
+
+    method: str
+    watch: str
+    resource: str
+    subresource: str
+    agent: str
+
 log = get_logger("emulator")
 API_KEY: web.AppKey[Api] = web.AppKey("api", Api)
 EMU_KEY: web.AppKey[Emulator] = web.AppKey("emulator", object)  # type: ignore[arg-type]
@@ -152,6 +165,7 @@ async def _resource(request: web.Request) -> web.StreamResponse:
     if sub and (sub != "status" or not rt.status_subresource):
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
     method = request.method
+    emu.requests[RequestKey(method, "watch" if _is_watch(request) else "", rt.plural, sub, writer)] += 1
     if not name:
         if method == "GET":
             labels, fields = q.get("labelSelector"), q.get("fieldSelector")
@@ -395,6 +409,13 @@ async def _openapi_v3_gv(request: web.Request) -> web.Response:
     return _json(doc) if doc else _not_found()
 
 
+async def _debug_requests(request: web.Request) -> web.Response:
+    """Emulator only (no real server has it): how many requests each writer made, by verb and resource,
+    so a benchmark counts the operator's API writes where they land."""
+    counts = request.app[EMU_KEY].requests
+    return _json({"requests": [{**k._asdict(), "count": n} for k, n in sorted(counts.items())]})
+
+
 async def _ok(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
@@ -408,6 +429,7 @@ def make_app(api: Api, emulator: Emulator) -> web.Application:
     r.add_get("/healthz", _ok)
     r.add_get("/livez", _ok)
     r.add_get("/readyz", _ok)
+    r.add_get("/debug/requests", _debug_requests)
     r.add_get("/api", _api)
     r.add_get("/api/v1", _api_v1)
     r.add_get("/apis", _apis)
@@ -442,6 +464,7 @@ class Emulator:
         self.host, self.port = host, port
         self.bookmark_interval = bookmark_interval
         self.api = Api(Store(history=history))
+        self.requests: Counter[RequestKey] = Counter()  # served at /debug/requests
         self._runner: web.AppRunner | None = None
         self.watches_stalled = False
 

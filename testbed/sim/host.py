@@ -8,7 +8,7 @@ local in the host's network namespace by the lab (an AnyIP route), so the operat
 the same veth and route it uses for a real lab VM.
 
 Control: JSON lines on a unix socket (control.py is the client): knobs, guest crash/pause, host
-kill/revive, and the state a benchmark counts (domains, volumes, calls).
+kill/revive, and the state a benchmark counts (domains, volumes, calls, error replies by code).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import json
 import os
 import re
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,7 @@ class SimHost:
         self.unfrozen = asyncio.Event()
         self.server: asyncio.Server | None = None
         self.calls = 0
+        self.errors: Counter[str] = Counter()  # error replies by code name (injected ones included)
         self.killed = False
         # In the lab: where a real host's dnsmasq and kernel would record a booted guest's address
         self.leases: Path | None = None
@@ -106,9 +108,10 @@ class SimHost:
             os.chown(self.socket_path, 0, self.socket_group)
         os.chmod(self.socket_path, 0o770)  # like libvirtd's unix_sock_rw_perms in the lab
 
-    def kill(self) -> None:
+    def kill(self) -> int:
         """The host dies: no daemon on the socket, every connection cut, every guest gone (running domains
-        are shut off, transient ones vanish); volumes and persistent definitions stay, as on disk."""
+        are shut off, transient ones vanish); volumes and persistent definitions stay, as on disk.
+        Returns how many guests it stopped (a chaos run asserts its kill hit something)."""
         self.killed = True
         if self.server is not None:
             self.server.close()
@@ -117,9 +120,12 @@ class SimHost:
             os.unlink(self.socket_path)
         for conn in list(self.connections):
             conn.close()
+        stopped = 0
         for dom in list(self.hyp.domains.values()):
             if dom.id != -1:
                 self.hyp.shut_off(dom.name, reason=0)
+                stopped += 1
+        return stopped
 
     async def revive(self) -> None:
         self.killed = False
@@ -168,12 +174,18 @@ class SimHost:
         await self._announce(dom, guest.ip)
 
     async def _announce(self, dom: Domain, ip: str) -> None:
-        """What a real guest's DHCP and first packets leave on a host: a lease, a neighbour entry."""
+        """What a real guest's DHCP and first packets leave on a host: a lease, a neighbour entry.
+
+        The entry is `permanent`: a real guest's entry stays fresh because the host forwards the probes
+        to it, but a simulated guest's address is local (no ARP traffic), so a `reachable` entry would go
+        stale and, past the kernel's gc_thresh2 (512 entries, counted across every namespace of this
+        machine, where a fleet of 10 hosts holds 1,000), be collected within seconds. Permanent entries
+        are not counted or collected (Linux >= 4.20), as a busy real host's are not."""
         if self.leases is not None:
             with self.leases.open("a") as f:
                 f.write(f"{int(time.time()) + 3600} {dom.mac} {ip} {dom.name} *\n")
         if self.bridge is not None:
-            await _ip("neigh", "replace", ip, "lladdr", dom.mac, "dev", self.bridge, "nud", "reachable")
+            await _ip("neigh", "replace", ip, "lladdr", dom.mac, "dev", self.bridge, "nud", "permanent")
 
     async def _forget(self, ip: str) -> None:
         if self.bridge is not None:
@@ -237,7 +249,8 @@ class SimHost:
         volumes = [{"name": v.name, "allocation": v.allocation, "capacity": v.capacity}
                    for v in self.hyp.volumes.values()]
         return {"name": self.hyp.name, "killed": self.killed, "calls": self.calls,
-                "connections": len(self.connections), "knobs": self.knobs.to_dict(), "domains": domains,
+                "errors": dict(self.errors), "connections": len(self.connections),
+                "knobs": self.knobs.to_dict(), "domains": domains,
                 "volumes": volumes, "pool": {"capacity": self.hyp.pool_capacity,
                                              "available": self.hyp.pool_available()},
                 "free_memory": self.hyp.free_memory()}
@@ -265,8 +278,7 @@ class SimHost:
             self.hyp.free_pool_space()
             return {}
         if op == "kill":
-            self.kill()
-            return {}
+            return {"stopped": self.kill()}
         if op == "revive":
             await self.revive()
             return {}

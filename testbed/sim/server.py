@@ -220,6 +220,7 @@ class WireConnection(asyncio.Protocol):
             result = self._dispatch(proc, args)
             self.send(encode_reply(proc=call.proc, serial=call.serial, payload=proc.encode_ret(result)))
         except LibvirtError as exc:
+            self.host.errors[exc.code_name] += 1
             self.send(encode_error_reply(proc=call.proc, serial=call.serial, error=remote_error(exc)))
         except ProtocolError as exc:
             err = rpc_error(ErrorCode.RPC, f"cannot decode arguments: {exc}")

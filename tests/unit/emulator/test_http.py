@@ -230,3 +230,26 @@ async def test_end_watches_closes_streams_and_new_ones_work(
     async with http.get(PX, params={"watch": "1", "resourceVersion": str(emu.store.resource_version)}) as r:
         await http.post(PX, json=proxy("after"))
         assert (await _lines(r, 1))[0]["type"] == "ADDED"
+
+
+async def test_debug_requests_counts_by_verb_resource_and_writer(emu: Emulator) -> None:
+    """/debug/requests (emulator only): what a benchmark counts the operator's API writes with."""
+    async with aiohttp.ClientSession(base_url=emu.url, headers={"User-Agent": "egress-kvm/1.0"}) as op, \
+            aiohttp.ClientSession(base_url=emu.url, headers={"User-Agent": "kubectl/v1.30"}) as kc:
+        async with kc.post(PX, json=proxy("p1")) as resp:
+            assert resp.status == 201
+            created = await resp.json()
+        async with op.get(f"{PX}/p1") as resp:
+            assert resp.status == 200
+        created["status"] = {"phase": "Pending"}
+        async with op.put(f"{PX}/p1/status", json=created) as resp:
+            assert resp.status == 200
+        async with op.put(f"{PX}/p1/status?fieldManager=someone", json=created) as resp:
+            assert resp.status == 409  # a stale resourceVersion: refused, and still a write that landed
+        async with op.get("/debug/requests") as resp:
+            rows = (await resp.json())["requests"]
+    counts = {(r["method"], r["watch"], r["resource"], r["subresource"], r["agent"]): r["count"]
+              for r in rows}
+    assert counts == {("POST", "", "proxies", "", "kubectl"): 1, ("GET", "", "proxies", "", "egress-kvm"): 1,
+                      ("PUT", "", "proxies", "status", "egress-kvm"): 1,
+                      ("PUT", "", "proxies", "status", "someone"): 1}

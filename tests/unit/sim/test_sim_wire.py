@@ -140,3 +140,24 @@ async def test_knobs_freeze_fail_and_kill_and_the_control_socket_refuses_unknown
     async with await client(sim) as lv:
         assert (await ctl.request("state"))["killed"] is False
         assert await lv.node_get_free_memory() > 0
+
+
+async def test_state_counts_errors_by_code_and_kill_says_how_many_guests_it_stopped(sim: SimHost) -> None:
+    """What a chaos run asserts its faults with: the injected failures and the host kill took effect."""
+    ctl = AsyncSimControl(sim_control(sim))
+    async with await client(sim) as lv:
+        pool = await lv.storage_pool_lookup_by_name("default")
+        await lv.storage_vol_create_xml(pool, VOLUME_XML.format(name="g3.qcow2"), 0)
+        dom = await lv.domain_define_xml(DOMAIN_XML.format(name="g3", mac="03"))
+        await lv.domain_create_with_flags(dom, 0)
+        await lv.domain_define_xml(DOMAIN_XML.format(name="g4", mac="04"))  # defined, not running
+        with pytest.raises(LibvirtError):
+            await lv.domain_lookup_by_name("nope")
+        await ctl.request("set", knobs={"fail_rate": 1.0})
+        for _ in range(2):
+            with pytest.raises(LibvirtError):
+                await lv.node_get_free_memory()
+        await ctl.request("set", knobs={"fail_rate": 0.0})
+        assert (await ctl.request("state"))["errors"] == {"NO_DOMAIN": 1, "OPERATION_TIMEOUT": 2}
+    assert await ctl.request("kill") == {"stopped": 1}
+    await ctl.request("revive")
