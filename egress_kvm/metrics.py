@@ -167,10 +167,11 @@ LIBVIRT_RPC_DURATION = Histogram(
     ["host", "method", "result"], registry=REGISTRY,
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 30))
 IMAGE_BYTES_FETCHED = Counter(
-    "egress_kvm_image_bytes_fetched_total", "Base image bytes streamed into host pools.",
+    "egress_kvm_image_bytes_fetched_total",
+    "Base image bytes streamed into host pools, counted as they flow (failed and cancelled imports too).",
     ["host", "image"], registry=REGISTRY)
 IMAGE_IMPORTS = Counter(
-    "egress_kvm_image_imports_total", "Base image downloads into a host pool, by result (success, error).",
+    "egress_kvm_image_imports_total", "Base image downloads into a host pool, by result (success, error, cancelled).",
     ["host", "image", "result"], registry=REGISTRY)
 PROBES_TOTAL = Counter(
     "egress_kvm_health_probes_total", "Health probes by result.", ["result"], registry=REGISTRY)

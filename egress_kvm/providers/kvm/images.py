@@ -142,11 +142,28 @@ class ImageCache:
                 await delete_volume(host, base)
             try:
                 fetched = await self._fetch(host, pool, image, reason=reason, progress=progress)
+            except asyncio.CancelledError:
+                # Nobody waits any more (imports.py) or the provider closes: what was written goes,
+                # whichever step the cancel hit (the volume's creation and the marker's included).
+                IMAGE_IMPORTS.labels(host.name, image.metric_label, "cancelled").inc()
+                await self._abandon(host, pool, image)
+                raise
             except Exception:
                 IMAGE_IMPORTS.labels(host.name, image.metric_label, "error").inc()
                 raise
             IMAGE_IMPORTS.labels(host.name, image.metric_label, "success").inc()
             return fetched
+
+    async def _abandon(self, host: Host, pool: StoragePool, image: ImageSource) -> None:
+        """Delete a cancelled import's volumes (marker first), best effort: a base left without its
+        marker is redone by the next import anyway, and collected (eviction.py) if none comes."""
+        for name in (image.marker_volume, image.base_volume):
+            with contextlib.suppress(Exception):
+                vol = await lookup_volume(host, pool, name)
+                if vol is not None:
+                    await delete_volume(host, vol)
+        host.log.info("cancelled image import cleaned up", image=image.label, pool=pool.name,
+                      volume=image.base_volume)
 
     async def _cached(self, host: Host, base: StorageVol, image: ImageSource) -> BaseImage:
         path = await host.call("storage_vol_get_path", lambda lv: lv.storage_vol_get_path(base))
@@ -199,6 +216,7 @@ class ImageCache:
                 vol = await host.call("storage_vol_create_xml", lambda lv: lv.storage_vol_create_xml(pool,
                                       volume_xml(name=image.base_volume, capacity=length or 0, fmt="raw"), 0))
                 hasher = hashlib.sha256()
+                counted = IMAGE_BYTES_FETCHED.labels(host.name, image.metric_label)
                 moved = 0
                 last_report = started
 
@@ -208,6 +226,7 @@ class ImageCache:
                     async for chunk in _source(_chain(pending, chunks)):
                         hasher.update(chunk)
                         moved += len(chunk)
+                        counted.inc(len(chunk))  # as they flow: a long import shows its rate meanwhile
                         now = self._clock()
                         if progress is not None and now - last_report >= self._progress_every:
                             last_report = now
@@ -237,7 +256,6 @@ class ImageCache:
                 f"image {image.label!r}: downloading {image.shown_url} failed: {why}") from None
         except TimeoutError:
             raise TransientError(f"image {image.label!r}: downloading {image.shown_url} timed out") from None
-        IMAGE_BYTES_FETCHED.labels(host.name, image.metric_label).inc(moved)
         digest = hasher.hexdigest()
         if image.sha256 is not None and digest != image.sha256:
             await _discard(host, vol)
