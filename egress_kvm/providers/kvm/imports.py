@@ -182,10 +182,10 @@ class Importer:
 
     async def close(self) -> None:
         tasks = [imp.task for imp in self._running.values() if imp.task is not None]
-        tasks += list(self._cancelled)
         for t in tasks:
             t.cancel()
-        for t in tasks:
+        # Cancelled ones are cleaning up (deleting their partial volume): awaited, not cut short.
+        for t in [*tasks, *self._cancelled]:
             with contextlib.suppress(BaseException):
                 await t
 
