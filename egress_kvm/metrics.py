@@ -171,7 +171,8 @@ IMAGE_BYTES_FETCHED = Counter(
     "Base image bytes streamed into host pools, counted as they flow (failed and cancelled imports too).",
     ["host", "image"], registry=REGISTRY)
 IMAGE_IMPORTS = Counter(
-    "egress_kvm_image_imports_total", "Base image downloads into a host pool, by result (success, error, cancelled).",
+    "egress_kvm_image_imports_total",
+    "Base image downloads into a host pool, by result (success, error, cancelled).",
     ["host", "image", "result"], registry=REGISTRY)
 PROBES_TOTAL = Counter(
     "egress_kvm_health_probes_total", "Health probes by result.", ["result"], registry=REGISTRY)

@@ -37,14 +37,14 @@ from egress_kvm.providers.kvm import KvmProvider, naming
 from .libvirt import FakeDomain, FakeHypervisor, FakeHypervisors, FakeLibvirtClient, FakeSession, FakeVolume
 
 __all__ = [
+    "DEFAULT_BASE",
+    "DEFAULT_MARKER",
     "FakeDomain",
     "FakeHypervisor",
     "FakeHypervisors",
     "FakeLibvirtClient",
     "FakeSession",
     "FakeVolume",
-    "DEFAULT_BASE",
-    "DEFAULT_MARKER",
     "fake_kvm_provider",
     "kvm_config",
     "qcow2_image",

@@ -8,7 +8,10 @@ leaves a base without a marker, which the next attempt deletes and redoes. The m
 empty and reaches the digest's 64 bytes with its upload, so one left empty by a crash between the two
 is seen (by its size, one cheap RPC) and redone too. A re-download happens when the marker is missing or
 holds no digest, or `sha256` is configured and differs from it; otherwise the cached copy is used for as
-long as it exists (a `latest` URL is pinned at its first fetch, per host).
+long as it exists (a `latest` URL is pinned at its first fetch, per host). The base's name carries the
+image's digest (naming.base_volume), so a changed url/sha256 is another base, imported beside the one
+running VMs back onto; eviction.py collects bases nothing backs onto. A cancelled import (nobody waits
+for it: imports.py) deletes what it wrote.
 
 Downloads run in the background (imports.py), never on a reconcile worker, and are bounded so no URL can
 hold a slot or a pool for long: an overall deadline (`imageImport.timeoutSeconds`, headers included), a

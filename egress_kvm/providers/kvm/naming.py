@@ -1,8 +1,8 @@
 """Names of everything the provider puts on a host, and the VM's deterministic MAC address.
 
-All of it derives from the instance name (or the image key, URL and sha256) and nothing else, so a reconcile after a
-crash finds what an earlier one left, Delete can remove volumes by name with no domain to consult, and a
-LAN admin can make DHCP reservations for a VM before it exists.
+All of it derives from the instance name (or the image key, URL and sha256) and nothing else, so a
+reconcile after a crash finds what an earlier one left, Delete can remove volumes by name with no domain
+to consult, and a LAN admin can make DHCP reservations for a VM before it exists.
 """
 
 from __future__ import annotations

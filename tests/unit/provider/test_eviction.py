@@ -66,7 +66,8 @@ TABLE = [
 
 
 @pytest.mark.parametrize(("name", "busy", "backed", "idle", "marker", "expected"), TABLE)
-def test_verdict(name: str, busy: bool, backed: bool, idle: float, marker: bool, expected: Keep | None) -> None:
+def test_verdict(name: str, busy: bool, backed: bool, idle: float, marker: bool,
+                 expected: Keep | None) -> None:
     assert verdict(name, current=CURRENT, busy=busy, backed=backed, idle=idle, grace=600.0,
                    has_marker=marker) is expected
 

@@ -202,7 +202,7 @@ async def test_a_changed_sha256_imports_a_new_base_beside_the_old_one(server: Im
     old_base = precache_image(h, "debian-12", old, url=f"{server.url}/debian-12.qcow2", sha256=old_sha)
     try:
         await create_waiting(provider, request())
-        assert bytes(h.volumes[BASE].data) == IMAGE and BASE != old_base
+        assert bytes(h.volumes[BASE].data) == IMAGE and old_base != BASE
         assert bytes(h.volumes[old_base].data) == old  # untouched
         assert h.volumes["proxy-abc.qcow2"].backing_path == h.volumes[BASE].path
         assert server.requests == ["/debian-12.qcow2"]
@@ -210,7 +210,8 @@ async def test_a_changed_sha256_imports_a_new_base_beside_the_old_one(server: Im
         await provider.close()
 
 
-async def test_a_changed_url_without_sha256_imports_a_new_base_beside_the_old_one(server: ImageServer) -> None:
+async def test_a_changed_url_without_sha256_imports_a_new_base_beside_the_old_one(
+        server: ImageServer) -> None:
     old = qcow2_image(8192)
     provider, hv = provider_for(server, sha256=None)
     h = hv["host0"]

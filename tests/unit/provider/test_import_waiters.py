@@ -165,7 +165,8 @@ async def test_deleting_the_only_waiting_instance_cancels_the_download_and_delet
     h = hv["host0"]
     base = naming.base_volume(key="huge", url=str(trickler["url"]))
     bytes_before = sample("egress_kvm_image_bytes_fetched_total", host="host0", image="huge")
-    cancelled_before = sample("egress_kvm_image_imports_total", host="host0", image="huge", result="cancelled")
+    cancelled_before = sample("egress_kvm_image_imports_total", host="host0", image="huge",
+                              result="cancelled")
     try:
         with pytest.raises(InProgress) as first:
             await provider.create(request(image="huge"))
@@ -175,7 +176,8 @@ async def test_deleting_the_only_waiting_instance_cancels_the_download_and_delet
             await asyncio.sleep(0.02)
         with pytest.raises(InProgress) as again:  # the status a waiting Proxy shows: bytes, %, rate
             await provider.create(request(image="huge"))
-        assert "waiting for image huge on host host0: downloading image huge to host host0: " in str(again.value)
+        shown = str(again.value)
+        assert "waiting for image huge on host host0: downloading image huge to host host0: " in shown
         assert "of 3221 MB (0%, " in str(again.value) and "MB/s)" in str(again.value)
         # Counted as they flow, before the import ends.
         assert sample("egress_kvm_image_bytes_fetched_total", host="host0", image="huge") > bytes_before

@@ -44,7 +44,8 @@ def test_names_follow_the_spec_table() -> None:
     assert naming.base_volume(key="debian-13", url=url + "?v2", sha256=sha) == \
         "base-debian-13-abababababababab.qcow2"  # same bytes, same base
     assert naming.base_volume(key="debian-13", url=url) == f"base-debian-13-{naming.url_hash(url)}.qcow2"
-    assert naming.base_volume(key="debian-13", url=url + "?v2") != naming.base_volume(key="debian-13", url=url)
+    assert naming.base_volume(key="debian-13", url=url + "?v2") != \
+        naming.base_volume(key="debian-13", url=url)
     assert naming.legacy_base_volume("debian-13") == "base-debian-13.qcow2"
     assert naming.marker_volume("base-debian-13.qcow2") == "base-debian-13.qcow2.sha256"
     by_url = naming.base_volume(url=url)
