@@ -28,6 +28,7 @@ from typing import Any
 
 from lxml import etree
 
+from rpc.errors import NotFoundError
 from rpc.types import StorageVol
 
 from . import naming
@@ -124,7 +125,10 @@ async def collect_unused_bases(host: Host, pool: Any, *, current: set[str], last
     backed: set[str] = set()
     for name, vol in volumes.items():
         if candidates and may_back_onto_a_base(name):
-            path = backing_path(await _xml_desc(host, vol))
+            try:
+                path = backing_path(await _xml_desc(host, vol))
+            except NotFoundError:
+                continue  # deleted since the listing: backs onto nothing any more
             if path:
                 backed.add(path)
     collected: list[str] = []
@@ -137,7 +141,11 @@ async def collect_unused_bases(host: Host, pool: Any, *, current: set[str], last
         marker = volumes.get(naming.marker_volume(name))
         # The lock is the importer's (images.py): no import starts writing this name meanwhile.
         async with host.exclusive(f"image:{pool.name}/{name}"):
-            path = await _path(host, volumes[name])
+            try:
+                path = await _path(host, volumes[name])
+            except NotFoundError:  # deleted meanwhile (a cancelled import's clean-up, by hand)
+                last_used.pop(name, None)
+                continue
             keep = verdict(name, current=current, busy=busy(name), backed=path in backed, idle=now - seen,
                            grace=grace, has_marker=marker is not None)
             if keep is Keep.BACKED:

@@ -158,3 +158,29 @@ async def test_a_volume_of_any_name_backing_onto_a_base_keeps_it() -> None:
         assert LEGACY in h.volumes
     finally:
         await provider.close()
+
+
+async def test_volumes_deleted_between_the_listing_and_the_reads_do_not_stop_the_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancelled import cleaning up (or an admin) may delete a listed volume before its XML or path is
+    read: it is skipped, and the rest of the pass goes on."""
+    from fakes import FakeLibvirtClient
+
+    provider, hv = fake_kvm_provider(cluster_id="c1")
+    h = hv["host0"]
+    stage(h, LEGACY)
+    stage(h, KEYED)
+    overlay_onto(h, "proxy-gone.qcow2", LEGACY)
+    listing = FakeLibvirtClient.storage_pool_list_all_volumes
+
+    async def list_then_delete(self: FakeLibvirtClient, *args: object) -> object:
+        out = await listing(self, *args)  # type: ignore[arg-type]
+        del h.volumes["proxy-gone.qcow2"], h.volumes[KEYED]
+        return out
+
+    monkeypatch.setattr(FakeLibvirtClient, "storage_pool_list_all_volumes", list_then_delete)
+    try:
+        assert await provider.evict_unused_images(grace=0.0) == [f"host0/{LEGACY}"]
+        assert LEGACY not in h.volumes and naming.marker_volume(KEYED) in h.volumes  # next pass's
+    finally:
+        await provider.close()
