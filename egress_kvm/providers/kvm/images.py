@@ -143,13 +143,15 @@ class ImageCache:
                 await delete_volume(host, marker)
             if base is not None:
                 await delete_volume(host, base)
+            written: list[StorageVol] = []
             try:
-                fetched = await self._fetch(host, pool, image, reason=reason, progress=progress)
+                fetched = await self._fetch(host, pool, image, reason=reason, progress=progress,
+                                            written=written)
             except asyncio.CancelledError:
-                # Nobody waits any more (imports.py) or the provider closes: what was written goes,
-                # whichever step the cancel hit (the volume's creation and the marker's included).
+                # Nobody waits any more (imports.py) or the provider closes: what this import created
+                # goes, whichever step the cancel hit (the marker's upload included).
                 IMAGE_IMPORTS.labels(host.name, image.metric_label, "cancelled").inc()
-                await self._abandon(host, pool, image)
+                await self._abandon(host, pool, image, written)
                 raise
             except Exception:
                 IMAGE_IMPORTS.labels(host.name, image.metric_label, "error").inc()
@@ -157,14 +159,15 @@ class ImageCache:
             IMAGE_IMPORTS.labels(host.name, image.metric_label, "success").inc()
             return fetched
 
-    async def _abandon(self, host: Host, pool: StoragePool, image: ImageSource) -> None:
-        """Delete a cancelled import's volumes (marker first), best effort: a base left without its
-        marker is redone by the next import anyway, and collected (eviction.py) if none comes."""
-        for name in (image.marker_volume, image.base_volume):
+    async def _abandon(self, host: Host, pool: StoragePool, image: ImageSource,
+                       written: list[StorageVol]) -> None:
+        """Delete the volumes a cancelled import created (marker first), only those: another process's
+        import of the same name is not ours to undo. Best effort: a base left without its marker (the
+        cancel hit while libvirt was creating it) is redone by the next import, or collected
+        (eviction.py) if none comes."""
+        for vol in reversed(written):
             with contextlib.suppress(Exception):
-                vol = await lookup_volume(host, pool, name)
-                if vol is not None:
-                    await delete_volume(host, vol)
+                await delete_volume(host, vol)
         host.log.info("cancelled image import cleaned up", image=image.label, pool=pool.name,
                       volume=image.base_volume)
 
@@ -173,7 +176,7 @@ class ImageCache:
         return BaseImage(volume=base, path=path, format=image.format, downloaded=False)
 
     async def _fetch(self, host: Host, pool: StoragePool, image: ImageSource, *, reason: str,
-                     progress: ProgressCallback | None) -> BaseImage:
+                     progress: ProgressCallback | None, written: list[StorageVol]) -> BaseImage:
         log = host.log.with_values(image=image.label, pool=pool.name, volume=image.base_volume)
         log.info("fetching base image into host pool", url=image.shown_url, reason=reason)
         started = self._clock()
@@ -218,6 +221,7 @@ class ImageCache:
                                           reserve=limits.reserve)
                 vol = await host.call("storage_vol_create_xml", lambda lv: lv.storage_vol_create_xml(pool,
                                       volume_xml(name=image.base_volume, capacity=length or 0, fmt="raw"), 0))
+                written.append(vol)
                 hasher = hashlib.sha256()
                 counted = IMAGE_BYTES_FETCHED.labels(host.name, image.metric_label)
                 moved = 0
@@ -271,11 +275,13 @@ class ImageCache:
         # Created empty: its size reaches DIGEST_LEN only once the digest is written (see ensure).
         marker = await host.call("storage_vol_create_xml", lambda lv: lv.storage_vol_create_xml(pool,
                                  volume_xml(name=image.marker_volume, capacity=0, fmt="raw"), 0))
+        written.append(marker)
         try:
             await host.upload(marker, digest.encode())
         except BaseException:
             await _discard(host, marker)
             raise
+        written.clear()  # finished: someone may back onto it already, a cancel from here on keeps it
         path = await host.call("storage_vol_get_path", lambda lv: lv.storage_vol_get_path(vol))
         duration = self._clock() - started
         log.info("base image cached", size=moved, duration=round(duration, 3), sha256=digest,
