@@ -13,8 +13,14 @@ calls `KvmProvider.evict_unused_images`) looks at every base in each pool and de
 once no volume in the pool backs onto it (the pool's own volumes are read, STORAGE_VOL_GET_XML_DESC's
 backingStore, not the Proxies in the cluster: another cluster's overlays and a VM whose Proxy is gone
 count too), no import is writing it, and it went unused for `grace` seconds (a create that just found it
-must not lose it between the lookup and its overlay). A key's current base is never collected: an admin
-named it. A marker whose base is gone goes too, unless it is a current one.
+must not lose it between the lookup and its overlay). A key's current base is never collected while it
+is complete (has its marker): an admin named it. Without its marker it is incomplete by definition (an
+operator killed mid-import leaves it so, and if no Proxy needs that image on that host again nothing
+would ever redo it): it goes like the others, and the next create re-imports it. A base without its
+marker, current or not, must moreover have kept one allocation for `grace` seconds: an import by
+another process (another cluster's operator on the same host) grows it at least at
+`imageImport.minBytesPerSecond`, and is not this process's to cut short. A marker whose base is gone goes
+too (never a state of a running import: the base is created first, and deleted last).
 
 `verdict` is the decision, pure (tested as a table); `collect_unused_bases` is the I/O around it.
 """
@@ -55,6 +61,7 @@ class Keep(enum.Enum):
     BACKED = "a volume in the pool backs onto it"
     RECENT = "used within the grace period"
     UNPROVEN = "a legacy name without its marker: maybe not ours"
+    UNSETTLED = "without its marker, at one size for less than the grace period: maybe still written"
 
 
 def kind(name: str) -> Kind | None:
@@ -73,10 +80,11 @@ def is_url_base(name: str) -> bool:
 
 
 def verdict(name: str, *, current: frozenset[str] | set[str], busy: bool, backed: bool, idle: float,
-            grace: float, has_marker: bool) -> Keep | None:
+            grace: float, has_marker: bool, settled: float = 0.0) -> Keep | None:
     """Whether the base `name` stays (why) or goes (None). `idle`: seconds since it was last used (or
-    first seen by this process, so one found after a restart gets its full grace period)."""
-    if name in current:
+    first seen by this process, so one found after a restart gets its full grace period). `settled`
+    (read only without a marker): seconds it has been seen without its marker at one allocation."""
+    if name in current and has_marker:
         return Keep.CURRENT
     if busy:
         return Keep.BUSY
@@ -84,8 +92,10 @@ def verdict(name: str, *, current: frozenset[str] | set[str], busy: bool, backed
         return Keep.BACKED
     if idle < grace:
         return Keep.RECENT
-    if kind(name) is Kind.LEGACY and not has_marker:
+    if not has_marker and kind(name) is Kind.LEGACY:
         return Keep.UNPROVEN
+    if not has_marker and settled < grace:
+        return Keep.UNSETTLED
     return None
 
 
@@ -109,17 +119,43 @@ async def _path(host: Host, vol: StorageVol) -> str:
     return await host.call("storage_vol_get_path", lambda lv: lv.storage_vol_get_path(vol))
 
 
+async def _allocation(host: Host, vol: StorageVol) -> int:
+    info = await host.call("storage_vol_get_info", lambda lv: lv.storage_vol_get_info(vol))
+    return int(info.allocation)
+
+
+def settled_for(unfinished: dict[str, tuple[float, int]], name: str, *, allocation: int, now: float) -> float:
+    """Seconds `name` has been seen without its marker at `allocation`; a changed allocation (someone
+    writes it) starts the count again. `unfinished` (volume -> (since, allocation)) is updated."""
+    since, seen = unfinished.get(name, (now, allocation))
+    if seen != allocation:
+        since = now
+    unfinished[name] = (since, allocation)
+    return now - since
+
+
 async def collect_unused_bases(host: Host, pool: Any, *, current: set[str], last_used: dict[str, float],
-                               busy: Callable[[str], bool], now: float, grace: float) -> list[str]:
+                               busy: Callable[[str], bool], now: float, grace: float,
+                               unfinished: dict[str, tuple[float, int]] | None = None) -> list[str]:
     """Delete the bases `verdict` lets go (markers first) and markers left without their base; returns
-    the names deleted. `last_used` (volume -> monotonic time) gains every base seen for the first time."""
+    the names deleted. `last_used` (volume -> monotonic time) gains every base seen for the first time,
+    `unfinished` (see settled_for) every base seen without its marker."""
+    unfinished = {} if unfinished is None else unfinished
     listing = await host.call("storage_pool_list_all_volumes",
                               lambda lv: lv.storage_pool_list_all_volumes(pool, 1, 0))
     volumes: dict[str, StorageVol] = {v.name: v for v in listing.vols}
-    candidates = [n for n in volumes if kind(n) is not None and n not in current]
+    for memo in (last_used, unfinished):  # forget volumes gone from the pool (deleted by anyone)
+        for gone in [n for n in memo if n not in volumes]:
+            del memo[gone]
+
+    def writing(base: str) -> bool:  # an import of this process holds it: never wait out a download
+        return busy(base) or host.held(f"image:{pool.name}/{base}")
+
+    # A complete current base needs no read at all; an incomplete one is a candidate like the rest.
+    candidates = [n for n in volumes if kind(n) is not None
+                  and not (n in current and naming.marker_volume(n) in volumes)]
     orphan_markers = [n for n in volumes if n.endswith(_MARKER_SUFFIX) and kind(n[:-len(_MARKER_SUFFIX)])
-                      and n[:-len(_MARKER_SUFFIX)] not in volumes and n[:-len(_MARKER_SUFFIX)] not in current
-                      and not busy(n[:-len(_MARKER_SUFFIX)])]
+                      and n[:-len(_MARKER_SUFFIX)] not in volumes and not writing(n[:-len(_MARKER_SUFFIX)])]
     if not candidates and not orphan_markers:
         return []
     backed: set[str] = set()
@@ -139,15 +175,22 @@ async def collect_unused_bases(host: Host, pool: Any, *, current: set[str], last
     for name in candidates:
         seen = last_used.setdefault(name, now)
         marker = volumes.get(naming.marker_volume(name))
+        if marker is not None:
+            unfinished.pop(name, None)
+        if writing(name):
+            continue  # verdict's BUSY, decided without waiting for the lock
         # The lock is the importer's (images.py): no import starts writing this name meanwhile.
         async with host.exclusive(f"image:{pool.name}/{name}"):
             try:
                 path = await _path(host, volumes[name])
+                settled = 0.0 if marker is not None else settled_for(
+                    unfinished, name, allocation=await _allocation(host, volumes[name]), now=now)
             except NotFoundError:  # deleted meanwhile (a cancelled import's clean-up, by hand)
                 last_used.pop(name, None)
+                unfinished.pop(name, None)
                 continue
             keep = verdict(name, current=current, busy=busy(name), backed=path in backed, idle=now - seen,
-                           grace=grace, has_marker=marker is not None)
+                           grace=grace, has_marker=marker is not None, settled=settled)
             if keep is Keep.BACKED:
                 last_used[name] = now
             if keep is not None:
@@ -156,6 +199,7 @@ async def collect_unused_bases(host: Host, pool: Any, *, current: set[str], last
                 await delete_volume(host, marker)
             await delete_volume(host, volumes[name])
         last_used.pop(name, None)
+        unfinished.pop(name, None)
         collected.append(name)
         what = kind(name)
         host.log.info("unused base image collected", pool=pool.name, volume=name,

@@ -138,6 +138,8 @@ class KvmProvider:
             reserve=int(config.pool_reserve_gb * GIB)))
         self._importer = Importer(log=self._log)
         self._base_used: dict[str, dict[str, float]] = {}  # host -> base volume -> last use (monotonic)
+        # host -> base volume without its marker -> (first seen at one allocation, that allocation)
+        self._base_unfinished: dict[str, dict[str, tuple[float, int]]] = {}
 
     # -- Provider interface ---------------------------------------------------------------------
 
@@ -265,7 +267,8 @@ class KvmProvider:
                     running = {key[2] for key in self._importer.running_keys() if key[0] == host.name}
                     done = await collect_unused_bases(
                         host, pool, current=current, last_used=self._base_used.setdefault(host.name, {}),
-                        busy=running.__contains__, now=time.monotonic(), grace=grace)
+                        busy=running.__contains__, now=time.monotonic(), grace=grace,
+                        unfinished=self._base_unfinished.setdefault(host.name, {}))
             except ProviderError as exc:
                 host.log.v(1).info("image eviction skipped", error=str(exc))
                 continue

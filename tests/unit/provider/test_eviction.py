@@ -7,6 +7,7 @@ each kept while any volume in the pool backs onto it and collected after.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
 import pytest
@@ -15,7 +16,15 @@ from provider_helpers import request
 
 from egress_kvm.providers.kvm import naming
 from egress_kvm.providers.kvm.domain_xml import volume_xml
-from egress_kvm.providers.kvm.eviction import Keep, Kind, kind, may_back_onto_a_base, verdict
+from egress_kvm.providers.kvm.eviction import (
+    Keep,
+    Kind,
+    collect_unused_bases,
+    kind,
+    may_back_onto_a_base,
+    settled_for,
+    verdict,
+)
 
 URL = "http://images.example/tenant-picked.qcow2"  # never fetched: the cache entry is staged
 DATA = qcow2_image()
@@ -48,28 +57,49 @@ def test_whose_backing_store_is_read(name: str, reads: bool) -> None:
 
 
 CURRENT = frozenset({"base-debian-12-fedcba9876543210.qcow2"})
-# name, busy, backed, idle seconds, marker -> verdict (grace 600 s)
+# name, busy, backed, idle seconds, marker, settled seconds (without a marker, at one allocation)
+# -> verdict (grace 600 s)
 TABLE = [
-    ("base-debian-12-fedcba9876543210.qcow2", False, False, 9999, True, Keep.CURRENT),
-    ("base-debian-12-fedcba9876543210.qcow2", False, False, 9999, False, Keep.CURRENT),
-    (KEYED, True, False, 9999, True, Keep.BUSY),
-    (KEYED, False, True, 9999, True, Keep.BACKED),
-    (KEYED, False, False, 599, True, Keep.RECENT),
-    (KEYED, False, False, 600, True, None),
-    (KEYED, False, False, 600, False, None),  # an interrupted import of a superseded image
-    (URL_BASE, False, True, 9999, True, Keep.BACKED),
-    (URL_BASE, False, False, 9999, False, None),
-    (LEGACY, False, True, 9999, True, Keep.BACKED),  # an old VM still runs on it: the migration waits
-    (LEGACY, False, False, 600, True, None),
-    (LEGACY, False, False, 9999, False, Keep.UNPROVEN),  # base-<anything>.qcow2 without our marker
+    ("base-debian-12-fedcba9876543210.qcow2", False, False, 9999, True, 0, Keep.CURRENT),
+    ("base-debian-12-fedcba9876543210.qcow2", True, False, 9999, True, 0, Keep.CURRENT),
+    # A current base without its marker (an operator SIGKILLed mid-import): incomplete, so it goes once
+    # nothing writes it, backs onto it or used it, and it kept one size for the grace period.
+    ("base-debian-12-fedcba9876543210.qcow2", True, False, 9999, False, 9999, Keep.BUSY),
+    ("base-debian-12-fedcba9876543210.qcow2", False, True, 9999, False, 9999, Keep.BACKED),
+    ("base-debian-12-fedcba9876543210.qcow2", False, False, 599, False, 9999, Keep.RECENT),
+    ("base-debian-12-fedcba9876543210.qcow2", False, False, 9999, False, 599, Keep.UNSETTLED),
+    ("base-debian-12-fedcba9876543210.qcow2", False, False, 600, False, 600, None),
+    (KEYED, True, False, 9999, True, 0, Keep.BUSY),
+    (KEYED, False, True, 9999, True, 0, Keep.BACKED),
+    (KEYED, False, False, 599, True, 0, Keep.RECENT),
+    (KEYED, False, False, 600, True, 0, None),  # settled is read only without a marker
+    (KEYED, False, False, 600, False, 600, None),  # an interrupted import of a superseded image
+    (KEYED, False, False, 9999, False, 599, Keep.UNSETTLED),  # growing: another process imports it
+    (URL_BASE, False, True, 9999, True, 0, Keep.BACKED),
+    (URL_BASE, False, False, 9999, False, 9999, None),
+    (URL_BASE, False, False, 9999, False, 0, Keep.UNSETTLED),
+    (LEGACY, False, True, 9999, True, 0, Keep.BACKED),  # an old VM still runs on it: the migration waits
+    (LEGACY, False, False, 600, True, 0, None),
+    (LEGACY, False, False, 9999, False, 9999, Keep.UNPROVEN),  # base-<anything>.qcow2 without our marker
 ]
 
 
-@pytest.mark.parametrize(("name", "busy", "backed", "idle", "marker", "expected"), TABLE)
-def test_verdict(name: str, busy: bool, backed: bool, idle: float, marker: bool,
+@pytest.mark.parametrize(("name", "busy", "backed", "idle", "marker", "settled", "expected"), TABLE)
+def test_verdict(name: str, busy: bool, backed: bool, idle: float, marker: bool, settled: float,
                  expected: Keep | None) -> None:
     assert verdict(name, current=CURRENT, busy=busy, backed=backed, idle=idle, grace=600.0,
-                   has_marker=marker) is expected
+                   has_marker=marker, settled=settled) is expected
+
+
+@pytest.mark.parametrize(("seen", "allocation", "now", "expected"), [
+    (None, 100, 50.0, 0.0),  # first seen: the count starts
+    ((10.0, 100), 100, 50.0, 40.0),  # same size since
+    ((10.0, 100), 200, 50.0, 0.0),  # it grew: someone writes it, the count starts again
+])
+def test_settled_for(seen: tuple[float, int] | None, allocation: int, now: float, expected: float) -> None:
+    unfinished = {} if seen is None else {"b": seen}
+    assert settled_for(unfinished, "b", allocation=allocation, now=now) == expected
+    assert unfinished["b"][1] == allocation
 
 
 def stage(h: FakeHypervisor, base: str, *, marker: bool = True) -> None:
@@ -183,4 +213,70 @@ async def test_volumes_deleted_between_the_listing_and_the_reads_do_not_stop_the
         assert await provider.evict_unused_images(grace=0.0) == [f"host0/{LEGACY}"]
         assert LEGACY not in h.volumes and naming.marker_volume(KEYED) in h.volumes  # next pass's
     finally:
+        await provider.close()
+
+
+async def test_a_current_base_left_without_its_marker_goes_once_it_stopped_changing() -> None:
+    """The leak the fleet's chaos run found: an operator SIGKILLed mid-import leaves the key's current
+    base without its marker, and if no Proxy needs that image on that host again nothing redoes it. It
+    is collected once it kept one size for the grace period (so not while another process writes it);
+    the next create imports it as it imports any missing base. The pass is driven with its own clock."""
+    provider, hv = fake_kvm_provider(cluster_id="c1", precache=False)
+    h = hv["host0"]
+    h.put_volume(DEFAULT_BASE, DATA[:4096], fmt="raw")  # the part written before the kill; no marker
+    host = provider.host("host0")
+    pool = await host.call("lookup", lambda lv: lv.storage_pool_lookup_by_name("default"))
+    last_used: dict[str, float] = {}
+    unfinished: dict[str, tuple[float, int]] = {}
+
+    async def gc(now: float) -> list[str]:
+        return await collect_unused_bases(host, pool, current={DEFAULT_BASE}, last_used=last_used,
+                                          busy=lambda _n: False, now=now, grace=600.0,
+                                          unfinished=unfinished)
+
+    try:
+        assert await gc(1000.0) == []  # first seen: its counts start
+        assert await gc(1599.0) == []
+        h.volumes[DEFAULT_BASE].data += b"x" * 4096  # another process still writes it
+        assert await gc(1600.0) == []  # it grew: the count starts again
+        assert await gc(2199.0) == []
+        assert DEFAULT_BASE in h.volumes
+        assert await gc(2200.0) == [DEFAULT_BASE]
+        assert DEFAULT_BASE not in h.volumes and not unfinished and not last_used
+    finally:
+        await provider.close()
+
+
+async def test_a_current_base_with_its_marker_is_never_read_nor_collected() -> None:
+    provider, hv = fake_kvm_provider(cluster_id="c1")
+    h = hv["host0"]
+    try:
+        assert await provider.evict_unused_images(grace=0.0) == []
+        assert {DEFAULT_BASE, DEFAULT_MARKER} <= set(h.volumes)
+    finally:
+        await provider.close()
+
+
+async def test_a_base_an_import_of_this_process_holds_is_skipped_without_waiting() -> None:
+    """The importer holds the image lock for the whole download: the GC pass must not wait it out."""
+    provider, hv = fake_kvm_provider(cluster_id="c1", precache=True)
+    h = hv["host0"]
+    h.put_volume(KEYED, DATA[:4096], fmt="raw")  # a superseded image's import, still running
+    host = provider.host("host0")
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def importing() -> None:
+        async with host.exclusive(f"image:default/{KEYED}"):
+            entered.set()
+            await release.wait()
+
+    holder = asyncio.create_task(importing())
+    try:
+        await entered.wait()
+        assert await asyncio.wait_for(provider.evict_unused_images(grace=0.0), 30) == []
+        assert KEYED in h.volumes
+    finally:
+        release.set()
+        await holder
         await provider.close()
