@@ -43,7 +43,7 @@ def image_digest(*, url: str, sha256: str | None) -> str:
 def base_volume(*, key: str | None = None, url: str | None = None, sha256: str | None = None) -> str:
     """`base-<key>-<digest>.qcow2` for a configured image (see image_digest), `base-<url-hash>.qcow2`
     for a URL used directly. A changed url or sha256 is a new name: the new base is imported beside the
-    old one, which the overlays of running VMs keep backing onto (collection.py deletes it later)."""
+    old one, which the overlays of running VMs keep backing onto (eviction.py deletes it later)."""
     if url is None:
         raise ValueError("base_volume needs the image's url")
     if key is not None:
@@ -53,7 +53,7 @@ def base_volume(*, key: str | None = None, url: str | None = None, sha256: str |
 
 def legacy_base_volume(key: str) -> str:
     """The name bases of configured images had before they were content-addressed: `base-<key>.qcow2`.
-    Never created any more; such a base stays while an overlay backs onto it (collection.py)."""
+    Never created any more; such a base stays while an overlay backs onto it (eviction.py)."""
     return f"base-{key}.qcow2"
 
 
