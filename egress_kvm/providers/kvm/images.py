@@ -162,9 +162,16 @@ class ImageCache:
     async def _abandon(self, host: Host, pool: StoragePool, image: ImageSource,
                        written: list[StorageVol]) -> None:
         """Delete the volumes a cancelled import created (marker first), only those: another process's
-        import of the same name is not ours to undo. Best effort: a base left without its marker (the
-        cancel hit while libvirt was creating it) is redone by the next import, or collected
+        import of the same name is not ours to undo. While our base is among them (it is unfinished),
+        the marker's name is ours too, so it is looked up: a cancel that hit while libvirt created the
+        marker left one that `written` never got. Best effort: a base left without its marker (the
+        cancel hit while libvirt was creating the base) is redone by the next import, or collected
         (eviction.py) if none comes."""
+        if written:
+            with contextlib.suppress(Exception):
+                marker = await lookup_volume(host, pool, image.marker_volume)
+                if marker is not None and all(v.name != marker.name for v in written):
+                    written.append(marker)
         for vol in reversed(written):
             with contextlib.suppress(Exception):
                 await delete_volume(host, vol)

@@ -424,3 +424,54 @@ async def test_a_url_image_with_credentials_is_recorded_without_them(server: Ima
         assert "secret" not in xml
     finally:
         await provider.close()
+
+
+@pytest.mark.parametrize(("cancelled_at", "kept"), [
+    ("the marker's creation", False),  # libvirt made it, the coroutine was cancelled before it knew
+    ("the marker's upload", False),
+    ("the finished base's path", True),  # marker written: complete, someone may back onto it already
+])
+async def test_a_cancel_racing_the_marker_write_leaves_a_complete_base_or_nothing(
+        server: ImageServer, monkeypatch: pytest.MonkeyPatch, cancelled_at: str, kept: bool) -> None:
+    """imports.py cancels an import nobody waits for at any await; whichever step it hits, the pool
+    holds the finished base with its marker, or neither (never a marker without its base or a base
+    without its marker). The cancel is raised right after the fake's RPC did its work."""
+    from egress_kvm.providers.kvm import placement
+
+    provider, hv = provider_for(server)
+    h = hv["host0"]
+    create, upload = FakeLibvirtClient.storage_vol_create_xml, FakeLibvirtClient.storage_vol_upload
+    get_path = FakeLibvirtClient.storage_vol_get_path
+
+    async def create_xml(self: FakeLibvirtClient, pool: Any, xml: str, flags: int = 0) -> Any:
+        vol = await create(self, pool, xml, flags)
+        if cancelled_at == "the marker's creation" and vol.name == MARKER:
+            raise asyncio.CancelledError
+        return vol
+
+    async def vol_upload(self: FakeLibvirtClient, vol: Any, *args: Any) -> int:
+        n = await upload(self, vol, *args)
+        if cancelled_at == "the marker's upload" and vol.name == MARKER:
+            raise asyncio.CancelledError
+        return n
+
+    async def vol_path(self: FakeLibvirtClient, vol: Any) -> str:
+        path = await get_path(self, vol)
+        if cancelled_at == "the finished base's path" and vol.name == BASE:
+            raise asyncio.CancelledError
+        return path
+
+    monkeypatch.setattr(FakeLibvirtClient, "storage_vol_create_xml", create_xml)
+    monkeypatch.setattr(FakeLibvirtClient, "storage_vol_upload", vol_upload)
+    monkeypatch.setattr(FakeLibvirtClient, "storage_vol_get_path", vol_path)
+    host = provider.host("host0")
+    try:
+        pool = await host.call("lookup", lambda lv: lv.storage_pool_lookup_by_name("default"))
+        with pytest.raises(asyncio.CancelledError):
+            await provider._images.ensure(host, pool, placement.image_source(provider.config, "debian-12"))
+        if kept:
+            assert bytes(h.volumes[BASE].data) == IMAGE and bytes(h.volumes[MARKER].data).decode() == DIGEST
+        else:
+            assert {BASE, MARKER}.isdisjoint(h.volumes)
+    finally:
+        await provider.close()
