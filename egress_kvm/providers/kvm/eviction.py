@@ -28,6 +28,7 @@ too (never a state of a running import: the base is created first, and deleted l
 from __future__ import annotations
 
 import enum
+import posixpath
 import re
 from collections.abc import Callable
 from typing import Any
@@ -167,6 +168,9 @@ async def collect_unused_bases(host: Host, pool: Any, *, current: set[str], last
                 continue  # deleted since the listing: backs onto nothing any more
             if path:
                 backed.add(path)
+    # By path, or by file name alone: an overlay made through another path to the pool's directory (a
+    # symlink, a bind mount, another cluster's config) must keep its base too: the cautious answer.
+    backed_names = {posixpath.basename(p) for p in backed}
     collected: list[str] = []
     for name in orphan_markers:
         await delete_volume(host, volumes[name])
@@ -189,7 +193,8 @@ async def collect_unused_bases(host: Host, pool: Any, *, current: set[str], last
                 last_used.pop(name, None)
                 unfinished.pop(name, None)
                 continue
-            keep = verdict(name, current=current, busy=busy(name), backed=path in backed, idle=now - seen,
+            is_backed = path in backed or name in backed_names
+            keep = verdict(name, current=current, busy=busy(name), backed=is_backed, idle=now - seen,
                            grace=grace, has_marker=marker is not None, settled=settled)
             if keep is Keep.BACKED:
                 last_used[name] = now

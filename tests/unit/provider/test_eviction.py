@@ -190,6 +190,21 @@ async def test_a_volume_of_any_name_backing_onto_a_base_keeps_it() -> None:
         await provider.close()
 
 
+async def test_an_overlay_naming_its_base_through_another_directory_keeps_it() -> None:
+    """Another cluster (or the pool reached through a symlink) may have made its overlay with another
+    path to the same file: the file name alone keeps the base, the cautious answer."""
+    provider, hv = fake_kvm_provider(cluster_id="c1")
+    h = hv["host0"]
+    stage(h, KEYED)
+    overlay_onto(h, "proxy-other.qcow2", KEYED)
+    h.volumes["proxy-other.qcow2"].backing_path = f"/srv/linked-pool/{KEYED}"  # as its qcow2 header says
+    try:
+        assert await provider.evict_unused_images(grace=0.0) == []
+        assert KEYED in h.volumes
+    finally:
+        await provider.close()
+
+
 async def test_volumes_deleted_between_the_listing_and_the_reads_do_not_stop_the_pass(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A cancelled import cleaning up (or an admin) may delete a listed volume before its XML or path is
