@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -512,15 +513,18 @@ async def test_a_changed_image_url_imports_a_new_base_and_the_old_one_goes_after
     another base name): the VM made before keeps running on the old base, a new VM gets the new one
     imported beside it; the GC pass keeps the old base (and a legacy `base-<key>.qcow2` under an
     overlay left by the operator before content addressing: the migration path) while anything backs
-    onto it, and collects both, markers first, once nothing does. No VM is booted to the end."""
+    onto it, and collects both, markers first, once nothing does. A key's current base left without its
+    marker (an operator killed mid-import) is collected as incomplete. No VM is booted to the end."""
     info = lab
     key = f"{RUN_IMAGE_KEY}-{uuid.uuid4().hex[:8]}"
+    killed = f"{key}-killed"
     clean_host(info, "host0", RUN_IMAGE_PREFIX)
     v1 = {"url": info.image.url, "format": info.image.format}  # unpinned: named by its URL
     v2 = {**v1, "url": info.image.url + "?v=2"}  # the same file, served for any query string
     cluster = f"it-{uuid.uuid4().hex[:8]}"
     before = provider_for(info, cluster_id=cluster, images={key: v1})
-    after = provider_for(info, cluster_id=cluster, images={key: v2})
+    after = provider_for(info, cluster_id=cluster, images={key: v2, killed: v1})
+    killed_base = naming.base_volume(key=killed, url=v1["url"])
     old_base, new_base = (naming.base_volume(key=key, url=v["url"]) for v in (v1, v2))
     legacy = naming.legacy_base_volume(key)
     pool = info.hosts[0].pool_path
@@ -535,7 +539,8 @@ async def test_a_changed_image_url_imports_a_new_base_and_the_old_one_goes_after
             f"virsh -q -c qemu:///system vol-upload --pool default {legacy}.sha256 $d/m; rm -r $d; "
             "virsh -q -c qemu:///system pool-refresh default >/dev/null; "
             f"virsh -q -c qemu:///system vol-create-as default proxy-it-legacy.qcow2 1G --format qcow2 "
-            f"--backing-vol {legacy} --backing-vol-format qcow2")])
+            f"--backing-vol {legacy} --backing-vol-format qcow2; "
+            f"virsh -q -c qemu:///system vol-create-as default {killed_base} 1M --format raw")])
         await create_waiting(before, request(before, "proxy-it-v1", info, image=key))
         await create_waiting(after, request(after, "proxy-it-v2", info, image=key))
         assert {old_base, new_base, f"{old_base}.sha256", f"{new_base}.sha256"} <= volumes(info)
@@ -547,6 +552,7 @@ async def test_a_changed_image_url_imports_a_new_base_and_the_old_one_goes_after
         collected = await after.evict_unused_images(grace=0.0)
         assert not {f"host0/{v}" for v in (old_base, legacy, new_base)} & set(collected), collected
         assert {old_base, legacy, new_base} <= volumes(info)
+        assert f"host0/{killed_base}" in collected and killed_base not in volumes(info)  # incomplete
 
         await before.delete("proxy-it-v1", "host0")
         virsh(info, "vol-delete", "--pool", "default", "proxy-it-legacy.qcow2")
@@ -646,8 +652,16 @@ async def test_a_3gib_import_delays_no_cached_create_and_is_cancelled_when_nobod
             assert not wake.done() and not trickle.closed.is_set()  # the import still runs
             print(f"\ncreate on the cached image on {h} during the 3 GiB import: {took:.1f}s "
                   f"(import at {trickle.sent / 1e6:.0f} MB)")
-        with pytest.raises(InProgress, match=r"downloading image .* of 3221 MB \(0%, [0-9.]+ MB/s\)"):
-            await provider.create(request(provider, "proxy-it-huge", info, image=key))
+        # Its status shows bytes, percent and rate once the first progress report is due (every 5 s of
+        # download: polled, since the creates above may take less than that).
+        shown = ""
+        deadline = time.monotonic() + 60
+        while not re.search(r"downloading image .* of 3221 MB \(0%, [0-9.]+ MB/s\)", shown):
+            assert time.monotonic() < deadline, f"no download progress in status: {shown}"
+            await asyncio.sleep(1)
+            with pytest.raises(InProgress) as again:
+                await provider.create(request(provider, "proxy-it-huge", info, image=key))
+            shown = str(again.value)
 
         await provider.delete("proxy-it-huge", "host0")  # nobody waits for the import any more
         await asyncio.wait_for(wake, 30)
