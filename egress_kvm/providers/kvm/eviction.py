@@ -14,9 +14,10 @@ once no volume in the pool backs onto it (the pool's own volumes are read, STORA
 backingStore, not the Proxies in the cluster: another cluster's overlays and a VM whose Proxy is gone
 count too), no import is writing it, and it went unused for `grace` seconds (a create that just found it
 must not lose it between the lookup and its overlay). A key's current base is never collected while it
-is complete (has its marker): an admin named it. Without its marker it is incomplete by definition (an
-operator killed mid-import leaves it so, and if no Proxy needs that image on that host again nothing
-would ever redo it): it goes like the others, and the next create re-imports it. A base without its
+is complete (its marker holds the digest): an admin named it. Without one it is incomplete by definition
+(an operator killed mid-import leaves it so, or with the marker still empty, and if no Proxy needs
+that image on that host again nothing would ever redo it): it goes like the others, and the next
+create re-imports it. A base without its
 marker, current or not, must moreover have kept one allocation for `grace` seconds: an import by
 another process (another cluster's operator on the same host) grows it at least at
 `imageImport.minBytesPerSecond`, and is not this process's to cut short. A marker whose base is gone goes
@@ -40,7 +41,7 @@ from rpc.types import StorageVol
 
 from . import naming
 from .hosts import Host
-from .images import delete_volume
+from .images import DIGEST_LEN, delete_volume
 
 _URL_BASE = re.compile(r"^base-[0-9a-f]{16}\.qcow2$")
 _KEYED_BASE = re.compile(r"^base-[A-Za-z0-9._-]+-[0-9a-f]{16}\.qcow2$")
@@ -120,6 +121,11 @@ async def _path(host: Host, vol: StorageVol) -> str:
     return await host.call("storage_vol_get_path", lambda lv: lv.storage_vol_get_path(vol))
 
 
+async def _capacity(host: Host, vol: StorageVol) -> int:
+    info = await host.call("storage_vol_get_info", lambda lv: lv.storage_vol_get_info(vol))
+    return int(info.capacity)
+
+
 async def _allocation(host: Host, vol: StorageVol) -> int:
     info = await host.call("storage_vol_get_info", lambda lv: lv.storage_vol_get_info(vol))
     return int(info.allocation)
@@ -152,9 +158,20 @@ async def collect_unused_bases(host: Host, pool: Any, *, current: set[str], last
     def writing(base: str) -> bool:  # an import of this process holds it: never wait out a download
         return busy(base) or host.held(f"image:{pool.name}/{base}")
 
-    # A complete current base needs no read at all; an incomplete one is a candidate like the rest.
-    candidates = [n for n in volumes if kind(n) is not None
-                  and not (n in current and naming.marker_volume(n) in volumes)]
+    # A current base is complete when its marker holds a digest (one size read: a marker is created
+    # empty and reaches DIGEST_LEN with its upload, images.py); an incomplete one is a candidate like
+    # the rest, its empty marker counted as none.
+    complete: set[str] = set()
+    for name in current:
+        marker_vol = volumes.get(naming.marker_volume(name))
+        if name in volumes and marker_vol is not None:
+            try:
+                size = await _capacity(host, marker_vol)
+            except NotFoundError:
+                continue
+            if size == DIGEST_LEN or writing(name):
+                complete.add(name)
+    candidates = [n for n in volumes if kind(n) is not None and n not in complete]
     orphan_markers = [n for n in volumes if n.endswith(_MARKER_SUFFIX) and kind(n[:-len(_MARKER_SUFFIX)])
                       and n[:-len(_MARKER_SUFFIX)] not in volumes and not writing(n[:-len(_MARKER_SUFFIX)])]
     if not candidates and not orphan_markers:
@@ -179,7 +196,8 @@ async def collect_unused_bases(host: Host, pool: Any, *, current: set[str], last
     for name in candidates:
         seen = last_used.setdefault(name, now)
         marker = volumes.get(naming.marker_volume(name))
-        if marker is not None:
+        has_marker = marker is not None and (name not in current or name in complete)
+        if has_marker:
             unfinished.pop(name, None)
         if writing(name):
             continue  # verdict's BUSY, decided without waiting for the lock
@@ -187,7 +205,7 @@ async def collect_unused_bases(host: Host, pool: Any, *, current: set[str], last
         async with host.exclusive(f"image:{pool.name}/{name}"):
             try:
                 path = await _path(host, volumes[name])
-                settled = 0.0 if marker is not None else settled_for(
+                settled = 0.0 if has_marker else settled_for(
                     unfinished, name, allocation=await _allocation(host, volumes[name]), now=now)
             except NotFoundError:  # deleted meanwhile (a cancelled import's clean-up, by hand)
                 last_used.pop(name, None)
@@ -195,7 +213,7 @@ async def collect_unused_bases(host: Host, pool: Any, *, current: set[str], last
                 continue
             is_backed = path in backed or name in backed_names
             keep = verdict(name, current=current, busy=busy(name), backed=is_backed, idle=now - seen,
-                           grace=grace, has_marker=marker is not None, settled=settled)
+                           grace=grace, has_marker=has_marker, settled=settled)
             if keep is Keep.BACKED:
                 last_used[name] = now
             if keep is not None:

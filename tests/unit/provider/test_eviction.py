@@ -262,7 +262,21 @@ async def test_a_current_base_left_without_its_marker_goes_once_it_stopped_chang
         await provider.close()
 
 
-async def test_a_current_base_with_its_marker_is_never_read_nor_collected() -> None:
+async def test_a_current_base_whose_marker_holds_no_digest_is_incomplete_too() -> None:
+    """Killed between creating the marker and writing its digest: the marker is empty, the base is
+    no finished cache entry (images.py redoes it), so it is collected like a base without a marker."""
+    provider, hv = fake_kvm_provider(cluster_id="c1", precache=False)
+    h = hv["host0"]
+    h.put_volume(DEFAULT_BASE, DATA, fmt="qcow2")
+    h.put_volume(DEFAULT_MARKER, b"")
+    try:
+        assert sorted(await provider.evict_unused_images(grace=0.0)) == [f"host0/{DEFAULT_BASE}"]
+        assert {DEFAULT_BASE, DEFAULT_MARKER}.isdisjoint(h.volumes)
+    finally:
+        await provider.close()
+
+
+async def test_a_current_base_with_its_marker_is_never_collected() -> None:
     provider, hv = fake_kvm_provider(cluster_id="c1")
     h = hv["host0"]
     try:
