@@ -174,10 +174,12 @@ LIBVIRT_EVENTS_SUBSCRIBED = Gauge(
     "1 while the host delivers lifecycle events, 0 while drift is found by polling only.",
     ["host"], registry=REGISTRY)
 IMAGE_BYTES_FETCHED = Counter(
-    "egress_kvm_image_bytes_fetched_total", "Base image bytes streamed into host pools.",
+    "egress_kvm_image_bytes_fetched_total",
+    "Base image bytes streamed into host pools, counted as they flow (failed and cancelled imports too).",
     ["host", "image"], registry=REGISTRY)
 IMAGE_IMPORTS = Counter(
-    "egress_kvm_image_imports_total", "Base image downloads into a host pool, by result (success, error).",
+    "egress_kvm_image_imports_total",
+    "Base image downloads into a host pool, by result (success, error, cancelled).",
     ["host", "image", "result"], registry=REGISTRY)
 PROBES_TOTAL = Counter(
     "egress_kvm_health_probes_total", "Health probes by result.", ["result"], registry=REGISTRY)

@@ -5,7 +5,7 @@ user sees in their YAML; `errors.format_validation_error` turns them into `provi
 Unknown keys are refused everywhere (`extra="forbid"`): a typo such as `diskSizeGB` must not silently
 fall back to a default.
 
-Names that end up in libvirt object names or in a shell command (image keys -> `base-<key>.qcow2`,
+Names that end up in libvirt object names or in a shell command (image keys -> `base-<key>-<digest>.qcow2`,
 bridge -> `ip -j neigh show dev <bridge>`) are restricted to safe characters here, once, so no later
 layer has to wonder whether they could escape.
 """
@@ -305,7 +305,7 @@ class KvmConfig(_Strict):
         for key in v:
             if not _IMAGE_KEY.fullmatch(key):
                 raise ValueError(f"image key {key!r} must be letters, digits, '.', '_' or '-' (it names "
-                                 f"the volume base-<key>.qcow2)")
+                                 f"the volume base-<key>-<digest>.qcow2)")
         return v
 
     @field_validator("url_images")

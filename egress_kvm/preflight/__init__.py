@@ -222,11 +222,11 @@ async def _pool_verdict(client: Any, pool_name: str, *, needs: PoolNeeds) -> Ver
         return v.failed(f"storage pool {pool_name!r}: {exc.message}")
     except (rpc.RpcError, OSError) as exc:
         return v.failed(f"storage pool {pool_name!r}: libvirt did not answer: {_describe(exc)}")
-    if needs.base_label:
+    if needs.base_volume:
         # The provider's own name for the base volume; a base already imported takes no more room (any
         # failure to look counts the base: the cautious answer).
         with contextlib.suppress(rpc.RpcError, OSError):
-            await client.storage_vol_lookup_by_name(pool, naming.base_volume(key=needs.base_label))
+            await client.storage_vol_lookup_by_name(pool, needs.base_volume)
             needs = dataclasses.replace(needs, base_cached=True)
     return v.pool_verdict(pool_name, state=info.state, capacity=info.capacity, available=info.available,
                           needs=needs)
@@ -279,9 +279,16 @@ def pool_needs(kvm: KvmConfig, sizes: dict[str, int | None], *, vms: int) -> Poo
     known = {label: size for label, size in sizes.items() if size is not None}
     if known:
         label = max(known, key=lambda k: known[k])
-        return PoolNeeds(base_bytes=known[label], base_label=label, vms=vms, disk_size_gb=kvm.disk_size_gb)
+        return PoolNeeds(base_bytes=known[label], base_label=label, vms=vms, disk_size_gb=kvm.disk_size_gb,
+                         base_volume=_base_volume(kvm, label))
     label = next(iter(kvm.images), "")
-    return PoolNeeds(base_bytes=None, base_label=label, vms=vms, disk_size_gb=kvm.disk_size_gb)
+    return PoolNeeds(base_bytes=None, base_label=label, vms=vms, disk_size_gb=kvm.disk_size_gb,
+                     base_volume=_base_volume(kvm, label))
+
+
+def _base_volume(kvm: KvmConfig, label: str) -> str:
+    image = kvm.images.get(label)
+    return naming.base_volume(key=label, url=image.url, sha256=image.sha256) if image is not None else ""
 
 
 async def run_preflight(config: ProvidersConfig, *, provider: str | None = None, vms: int = 1,

@@ -290,6 +290,7 @@ class PoolNeeds:
     vms: int
     disk_size_gb: int
     base_cached: bool = False  # the host's pool already holds that base: nothing to count for it
+    base_volume: str = ""  # its volume name as the provider makes it (content-addressed: naming.py)
 
     @property
     def overlay_bytes(self) -> int:

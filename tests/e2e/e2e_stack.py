@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from egress_kvm.providers.kvm import naming
 from testbed import image as imagemod
 from testbed import lab as labmod
 
@@ -203,6 +204,15 @@ def log_records(lines: list[str]) -> list[dict[str, Any]]:
 
 def domains(lab: labmod.LabInfo, host: str) -> list[str]:
     return labmod.virsh(lab, host, "list", "--all", "--name").split()
+
+
+def lab_base(lab: labmod.LabInfo) -> tuple[str, str]:
+    """The lab image's base volume and marker as the provider names them (content-addressed)."""
+    from testbed.lab.manifests import IMAGE_KEY
+
+    assert lab.image is not None
+    base = naming.base_volume(key=IMAGE_KEY, url=lab.image.url, sha256=lab.image.sha256)
+    return base, naming.marker_volume(base)
 
 
 def volumes(lab: labmod.LabInfo, host: str) -> list[str]:

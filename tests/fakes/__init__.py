@@ -37,6 +37,8 @@ from egress_kvm.providers.kvm import KvmProvider, naming
 from .libvirt import FakeDomain, FakeHypervisor, FakeHypervisors, FakeLibvirtClient, FakeSession, FakeVolume
 
 __all__ = [
+    "DEFAULT_BASE",
+    "DEFAULT_MARKER",
     "FakeDomain",
     "FakeHypervisor",
     "FakeHypervisors",
@@ -49,6 +51,9 @@ __all__ = [
 ]
 
 DEFAULT_IMAGES: dict[str, dict[str, Any]] = {"debian-12": {"url": "http://127.0.0.1:9/debian-12.qcow2"}}
+#: The default image's base volume and marker on a fake host (content-addressed: naming.base_volume).
+DEFAULT_BASE = naming.base_volume(key="debian-12", url=DEFAULT_IMAGES["debian-12"]["url"])
+DEFAULT_MARKER = naming.marker_volume(DEFAULT_BASE)
 
 
 def qcow2_image(size: int = 4096, *, version: int = 3, backing: bool = False,
@@ -83,11 +88,13 @@ def kvm_config(*, hosts: Sequence[str], images: dict[str, dict[str, Any]] | None
     return parse_providers([entry]).providers[0]
 
 
-def precache_image(hyp: FakeHypervisor, key: str, data: bytes) -> None:
-    """Put a finished cache entry (base volume + marker with its digest) into a fake host's pool."""
-    base = naming.base_volume(key=key)
+def precache_image(hyp: FakeHypervisor, key: str, data: bytes, *, url: str, sha256: str | None = None) -> str:
+    """Put a finished cache entry (base volume + marker with its digest) into a fake host's pool, under
+    the name the provider gives the image `key` at `url` pinned to `sha256` (or not); returns that name."""
+    base = naming.base_volume(key=key, url=url, sha256=sha256)
     hyp.put_volume(base, data, fmt="qcow2")
     hyp.put_volume(naming.marker_volume(base), hashlib.sha256(data).hexdigest().encode())
+    return base
 
 
 # The tests' HTTP servers listen on loopback, which the egress policy denies by default: allowed here
@@ -109,7 +116,8 @@ def fake_kvm_provider(*, hosts: Sequence[str] = ("host0",), cluster_id: str = "t
         image = qcow2_image()
         for key in entry.kvm.images:
             for hyp in hv.hosts.values():
-                precache_image(hyp, key, image)
+                entry_image = entry.kvm.images[key]
+                precache_image(hyp, key, image, url=entry_image.url, sha256=entry_image.sha256)
     provider = KvmProvider(name=entry.name, config=entry.kvm, cluster_id=cluster_id, dial=hv.dial,
                            egress=egress)
     return provider, hv

@@ -21,6 +21,7 @@ import yaml
 from egress_kvm.config import load_providers_file
 from egress_kvm.preflight import CHECKS, CheckResult, run_preflight
 from egress_kvm.preflight.verdicts import Status
+from egress_kvm.providers.kvm import naming
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -238,7 +239,8 @@ async def test_a_base_already_in_the_pool_takes_no_more_room(lab: Any, tmp_path:
     from testbed.lab.manifests import IMAGE_KEY
 
     volumes = labmod_virsh(lab, "vol-list", "default").split()
-    base = f"base-{IMAGE_KEY}.qcow2"
+    assert lab.image is not None
+    base = naming.base_volume(key=IMAGE_KEY, url=lab.image.url, sha256=lab.image.sha256)
     made = base not in volumes
     if made:  # a stand-in volume under the provider's name for that base
         labmod_virsh(lab, "vol-create-as", "default", base, "1M", "--format", "raw")

@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -35,13 +36,14 @@ from egress_kvm.providers.base import CreateRequest, InProgress, Placement, Powe
 from egress_kvm.providers.kvm import KvmProvider, metadata, naming, seed
 from egress_kvm.providers.registry import build_providers
 from testbed import lab as labmod
+from testbed.lab.manifests import IMAGE_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 BOOT_TIMEOUT = float(os.environ.get("KVM_TEST_BOOT_TIMEOUT", "420"))  # more on a loaded machine
 # Image keys made per run (a copy of the lab image's entry), so the download path runs every time.
 RUN_IMAGE_KEY = "debian-12-it"
-RUN_IMAGE_PREFIX = naming.base_volume(key=RUN_IMAGE_KEY).removesuffix(".qcow2")
+RUN_IMAGE_PREFIX = naming.legacy_base_volume(RUN_IMAGE_KEY).removesuffix(".qcow2")  # any base of such a key
 
 
 class Logs:
@@ -75,8 +77,12 @@ def logs(libvirt_trace: Callable[[str], None]) -> Iterator[Logs]:
 
 
 def provider_for(info: Any, *, cluster_id: str, images: dict[str, Any] | None = None,
-                 url_images: list[str] | None = None, **host_overrides: Any) -> KvmProvider:
+                 url_images: list[str] | None = None, allow: list[str] | None = None,
+                 **host_overrides: Any) -> KvmProvider:
     doc = yaml.safe_load(Path(info.providers_file).read_text())
+    if allow:  # more egress.allowedCIDRs (a test's own HTTP server)
+        egress = doc.setdefault("egress", {})
+        egress["allowedCIDRs"] = [*egress.get("allowedCIDRs", []), *allow]
     entry = doc["providers"][0]
     entry["kvm"]["images"].update(images or {})
     if url_images is not None:
@@ -141,10 +147,11 @@ async def create_waiting(provider: Any, req: CreateRequest) -> Any:
             await e.wake
 
 
-def request(provider: KvmProvider, name: str, info: Any, *, image: str | None = None) -> CreateRequest:
+def request(provider: KvmProvider, name: str, info: Any, *, image: str | None = None,
+            zone: str = "host0") -> CreateRequest:
     """A create as the controller sends it: the placement resolved by the provider first."""
     return CreateRequest(name=name, owner_uid=f"uid-{name}",
-                         placement=provider.resolve(Placement(zone="host0", image=image)),
+                         placement=provider.resolve(Placement(zone=zone, image=image)),
                          user_data=user_data(info), owner_namespace="it", owner_name=name)
 
 
@@ -219,7 +226,8 @@ async def test_create_boot_ip_fallback_and_delete_on_sata(lab: Any, logs: Logs) 
     # the download through libvirt happens (and is checked) every time.
     key = f"{RUN_IMAGE_KEY}-{uuid.uuid4().hex[:8]}"
     image = {"url": info.image.url, "sha256": info.image.sha256, "format": info.image.format}
-    base = naming.base_volume(key=key)
+    base = naming.base_volume(key=key, url=image["url"], sha256=image["sha256"])
+    assert base == f"base-{key}-{info.image.sha256[:16]}.qcow2"  # content-addressed
     marker = naming.marker_volume(base)
     assert base not in volumes(info)
     cluster = f"it-{uuid.uuid4().hex[:8]}"
@@ -521,3 +529,199 @@ async def test_lifecycle_events_reach_the_provider_and_a_redial_re_registers(lab
     finally:
         await provider.close()
         clean_leftovers(info)
+
+
+def host_volumes(info: Any, host: str) -> set[str]:
+    out = labmod.virsh(info, host, "vol-list", "default")
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def clean_host(info: Any, host: str, *prefixes: str) -> None:
+    """Remove this module's domains (proxy-it*) and the volumes named by `prefixes` from `host`."""
+    ok = {"check": False}
+    for name in labmod.virsh(info, host, "list", "--all", "--name").split():
+        if name.startswith("proxy-it"):
+            labmod.host_run(info, host, ["virsh", "-q", "-c", "qemu:///system", "destroy", name], **ok)
+            labmod.host_run(info, host, ["virsh", "-q", "-c", "qemu:///system", "undefine", name, "--nvram"],
+                            **ok)
+    for vol in host_volumes(info, host):
+        if vol.startswith(("proxy-it", *prefixes)):
+            labmod.host_run(info, host, ["virsh", "-q", "-c", "qemu:///system", "vol-delete", "--pool",
+                                         "default", vol], **ok)
+
+
+def backing_of(info: Any, vol: str) -> str | None:
+    xml = etree.fromstring(virsh(info, "vol-dumpxml", "--pool", "default", vol).encode())
+    path: str | None = xml.findtext("backingStore/path")
+    return path
+
+
+async def test_a_changed_image_url_imports_a_new_base_and_the_old_one_goes_after_its_last_overlay(
+        lab: Any, logs: Logs) -> None:
+    """Issue 9 item 4 on the real host. A key's url changes (same bytes, another URL: unpinned, so
+    another base name): the VM made before keeps running on the old base, a new VM gets the new one
+    imported beside it; the GC pass keeps the old base (and a legacy `base-<key>.qcow2` under an
+    overlay left by the operator before content addressing: the migration path) while anything backs
+    onto it, and collects both, markers first, once nothing does. A key's current base left without its
+    marker (an operator killed mid-import) is collected as incomplete. No VM is booted to the end."""
+    info = lab
+    key = f"{RUN_IMAGE_KEY}-{uuid.uuid4().hex[:8]}"
+    killed = f"{key}-killed"
+    clean_host(info, "host0", RUN_IMAGE_PREFIX)
+    v1 = {"url": info.image.url, "format": info.image.format}  # unpinned: named by its URL
+    v2 = {**v1, "url": info.image.url + "?v=2"}  # the same file, served for any query string
+    cluster = f"it-{uuid.uuid4().hex[:8]}"
+    before = provider_for(info, cluster_id=cluster, images={key: v1})
+    after = provider_for(info, cluster_id=cluster, images={key: v2, killed: v1})
+    killed_base = naming.base_volume(key=killed, url=v1["url"])
+    old_base, new_base = (naming.base_volume(key=key, url=v["url"]) for v in (v1, v2))
+    legacy = naming.legacy_base_volume(key)
+    pool = info.hosts[0].pool_path
+    try:
+        # The legacy base and an overlay on it, as an operator before content addressing left them.
+        labmod.host_run(info, "host0", ["sh", "-c", (
+            "set -e; d=$(mktemp -d); qemu-img create -q -f qcow2 $d/b.qcow2 16M; "
+            "sha256sum $d/b.qcow2 | cut -c1-64 | tr -d '\\n' > $d/m; "
+            f"virsh -q -c qemu:///system vol-create-as default {legacy} 0 --format raw; "
+            f"virsh -q -c qemu:///system vol-upload --pool default {legacy} $d/b.qcow2; "
+            f"virsh -q -c qemu:///system vol-create-as default {legacy}.sha256 0 --format raw; "
+            f"virsh -q -c qemu:///system vol-upload --pool default {legacy}.sha256 $d/m; rm -r $d; "
+            "virsh -q -c qemu:///system pool-refresh default >/dev/null; "
+            f"virsh -q -c qemu:///system vol-create-as default proxy-it-legacy.qcow2 1G --format qcow2 "
+            f"--backing-vol {legacy} --backing-vol-format qcow2; "
+            f"virsh -q -c qemu:///system vol-create-as default {killed_base} 1M --format raw")])
+        await create_waiting(before, request(before, "proxy-it-v1", info, image=key))
+        await create_waiting(after, request(after, "proxy-it-v2", info, image=key))
+        assert {old_base, new_base, f"{old_base}.sha256", f"{new_base}.sha256"} <= volumes(info)
+        assert backing_of(info, "proxy-it-v1.qcow2") == f"{pool}/{old_base}"  # untouched, still running
+        assert backing_of(info, "proxy-it-v2.qcow2") == f"{pool}/{new_base}"
+        assert backing_of(info, "proxy-it-legacy.qcow2") == f"{pool}/{legacy}"
+        assert virsh(info, "domstate", "proxy-it-v1").strip() == "running"
+
+        collected = await after.evict_unused_images(grace=0.0)
+        assert not {f"host0/{v}" for v in (old_base, legacy, new_base)} & set(collected), collected
+        assert {old_base, legacy, new_base} <= volumes(info)
+        assert f"host0/{killed_base}" in collected and killed_base not in volumes(info)  # incomplete
+
+        await before.delete("proxy-it-v1", "host0")
+        virsh(info, "vol-delete", "--pool", "default", "proxy-it-legacy.qcow2")
+        collected = await after.evict_unused_images(grace=0.0)
+        assert {f"host0/{old_base}", f"host0/{legacy}"} <= set(collected), collected
+        assert not {old_base, f"{old_base}.sha256", legacy, f"{legacy}.sha256"} & volumes(info)
+        assert {new_base, f"{new_base}.sha256", "proxy-it-v2.qcow2"} <= volumes(info)  # current: kept
+        print(f"\ncollected after the last overlay went: {collected}")
+    finally:
+        await before.close()
+        await after.close()
+        clean_host(info, "host0", RUN_IMAGE_PREFIX)
+
+
+class Trickle:
+    """A real HTTP server announcing a 3 GiB image: a valid qcow2 header, then 128 KiB every 0.5 s
+    (above the default minimum rate, so only its waiters' leaving can end it early)."""
+
+    ANNOUNCED = 3 * 1024**3
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.url = ""
+        self.sent = 0
+        self.closed = asyncio.Event()
+        self.stop = asyncio.Event()
+        self.runner: Any = None
+
+    async def start(self) -> None:
+        from aiohttp import web
+        from fakes import qcow2_image
+
+        async def handle(req: web.Request) -> web.StreamResponse:
+            resp = web.StreamResponse(headers={"Content-Length": str(self.ANNOUNCED)})
+            await resp.prepare(req)
+            try:
+                await resp.write(qcow2_image(1024 * 1024))
+                self.sent += 1024 * 1024
+                while not self.stop.is_set():
+                    await resp.write(bytes(128 * 1024))
+                    self.sent += 128 * 1024
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.stop.wait(), 0.5)
+            except ConnectionError:
+                self.closed.set()  # the operator hung up
+            return resp
+
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", handle)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, self.address, 0).start()
+        self.url = f"http://{self.address}:{self.runner.addresses[0][1]}/huge.qcow2"
+
+    async def close(self) -> None:
+        self.stop.set()
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+async def test_a_3gib_import_delays_no_cached_create_and_is_cancelled_when_nobody_waits(
+        lab: Any, logs: Logs) -> None:
+    """Issue 9 item 3 on the real hosts. A Proxy's image is a 3 GiB download trickling from a real HTTP
+    server: while it runs, creates on the cached image complete on host0 (where the import writes) and
+    on host1 (their create returns while the import is still under way: it did not wait for it). Then
+    the only instance waiting on the import is deleted: the download stops, the connection closes and
+    the partial volume is deleted from the pool."""
+    info = lab
+    for h in ("host0", "host1"):
+        clean_host(info, h, "base-it-huge")
+    root_ip = info.hosts[0].ip.rsplit(".", 1)[0] + ".1"  # the root side of host0's veth: this lab's
+    trickle = Trickle(root_ip)
+    await trickle.start()
+    port = urllib.parse.urlsplit(trickle.url).port
+    key = f"it-huge-{uuid.uuid4().hex[:6]}"
+    provider = provider_for(info, cluster_id=f"it-{uuid.uuid4().hex[:8]}", images={key: {"url": trickle.url}},
+                            allow=[f"{root_ip}/32:{port}"])
+    huge_base = naming.base_volume(key=key, url=trickle.url)
+    try:
+        for h in ("host0", "host1"):  # the lab image cached on both hosts (imported if need be)
+            await create_waiting(provider, request(provider, f"proxy-it-warm-{h}", info, zone=h,
+                                                          image=IMAGE_KEY))
+            await provider.delete(f"proxy-it-warm-{h}", h)
+
+        with pytest.raises(InProgress) as waiting:
+            await provider.create(request(provider, "proxy-it-huge", info, image=key))
+        await wait_until(lambda: huge_base in volumes(info) and trickle.sent > 2 * 1024 * 1024, 60,
+                         "the 3 GiB import under way")
+        wake = waiting.value.wake
+        assert wake is not None
+        for h in ("host0", "host1"):
+            t0 = time.monotonic()
+            inst = await provider.create(request(provider, f"proxy-it-cached-{h}", info, zone=h,
+                                                   image=IMAGE_KEY))
+            took = time.monotonic() - t0
+            assert inst.power_state == PowerState.RUNNING
+            assert not wake.done() and not trickle.closed.is_set()  # the import still runs
+            print(f"\ncreate on the cached image on {h} during the 3 GiB import: {took:.1f}s "
+                  f"(import at {trickle.sent / 1e6:.0f} MB)")
+        # Its status shows bytes, percent and rate once the first progress report is due (every 5 s of
+        # download: polled, since the creates above may take less than that).
+        shown = ""
+        deadline = time.monotonic() + 60
+        while not re.search(r"downloading image .* of 3221 MB \(0%, [0-9.]+ MB/s\)", shown):
+            assert time.monotonic() < deadline, f"no download progress in status: {shown}"
+            await asyncio.sleep(1)
+            with pytest.raises(InProgress) as again:
+                await provider.create(request(provider, "proxy-it-huge", info, image=key))
+            shown = str(again.value)
+
+        await provider.delete("proxy-it-huge", "host0")  # nobody waits for the import any more
+        await asyncio.wait_for(wake, 30)
+        await asyncio.wait_for(trickle.closed.wait(), 30)
+        await wait_until(lambda: not {huge_base, f"{huge_base}.sha256"} & volumes(info), 30,
+                         "the partial base deleted")
+        assert logs.lines("image import cancelled: nobody waits for it any more")
+        for h in ("host0", "host1"):
+            await provider.delete(f"proxy-it-cached-{h}", h)
+    finally:
+        await provider.close()
+        await trickle.close()
+        for h in ("host0", "host1"):
+            clean_host(info, h, "base-it-huge")

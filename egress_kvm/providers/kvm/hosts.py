@@ -180,6 +180,11 @@ class Host:
             if entry.users == 0 and self.locks.get(key) is entry:
                 del self.locks[key]
 
+    def held(self, key: str) -> bool:
+        """Whether someone holds or waits for `exclusive(key)` (a look that never waits: the GC pass
+        skips a base an import is writing rather than wait out the download)."""
+        return key in self.locks
+
     async def call(self, what: str, op: Callable[[LibvirtApi], Awaitable[T]]) -> T:
         """Run `op` against this host's libvirt client (`what` names it in messages): the one place where
         a lost link becomes HostUnreachable and the session is dropped for the next call to re-dial. A

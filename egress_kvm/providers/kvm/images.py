@@ -8,7 +8,10 @@ leaves a base without a marker, which the next attempt deletes and redoes. The m
 empty and reaches the digest's 64 bytes with its upload, so one left empty by a crash between the two
 is seen (by its size, one cheap RPC) and redone too. A re-download happens when the marker is missing or
 holds no digest, or `sha256` is configured and differs from it; otherwise the cached copy is used for as
-long as it exists (a `latest` URL is pinned at its first fetch, per host).
+long as it exists (a `latest` URL is pinned at its first fetch, per host). The base's name carries the
+image's digest (naming.base_volume), so a changed url/sha256 is another base, imported beside the one
+running VMs back onto; eviction.py collects bases nothing backs onto. A cancelled import (nobody waits
+for it: imports.py) deletes what it wrote.
 
 Downloads run in the background (imports.py), never on a reconcile worker, and are bounded so no URL can
 hold a slot or a pool for long: an overall deadline (`imageImport.timeoutSeconds`, headers included), a
@@ -140,20 +143,47 @@ class ImageCache:
                 await delete_volume(host, marker)
             if base is not None:
                 await delete_volume(host, base)
+            written: list[StorageVol] = []
             try:
-                fetched = await self._fetch(host, pool, image, reason=reason, progress=progress)
+                fetched = await self._fetch(host, pool, image, reason=reason, progress=progress,
+                                            written=written)
+            except asyncio.CancelledError:
+                # Nobody waits any more (imports.py) or the provider closes: what this import created
+                # goes, whichever step the cancel hit (the marker's upload included).
+                IMAGE_IMPORTS.labels(host.name, image.metric_label, "cancelled").inc()
+                await self._abandon(host, pool, image, written)
+                raise
             except Exception:
                 IMAGE_IMPORTS.labels(host.name, image.metric_label, "error").inc()
                 raise
             IMAGE_IMPORTS.labels(host.name, image.metric_label, "success").inc()
             return fetched
 
+    async def _abandon(self, host: Host, pool: StoragePool, image: ImageSource,
+                       written: list[StorageVol]) -> None:
+        """Delete the volumes a cancelled import created (marker first), only those: another process's
+        import of the same name is not ours to undo. While our base is among them (it is unfinished),
+        the marker's name is ours too, so it is looked up: a cancel that hit while libvirt created the
+        marker left one that `written` never got. Best effort: a base left without its marker (the
+        cancel hit while libvirt was creating the base) is redone by the next import, or collected
+        (eviction.py) if none comes."""
+        if written:
+            with contextlib.suppress(Exception):
+                marker = await lookup_volume(host, pool, image.marker_volume)
+                if marker is not None and all(v.name != marker.name for v in written):
+                    written.append(marker)
+        for vol in reversed(written):
+            with contextlib.suppress(Exception):
+                await delete_volume(host, vol)
+        host.log.info("cancelled image import cleaned up", image=image.label, pool=pool.name,
+                      volume=image.base_volume)
+
     async def _cached(self, host: Host, base: StorageVol, image: ImageSource) -> BaseImage:
         path = await host.call("storage_vol_get_path", lambda lv: lv.storage_vol_get_path(base))
         return BaseImage(volume=base, path=path, format=image.format, downloaded=False)
 
     async def _fetch(self, host: Host, pool: StoragePool, image: ImageSource, *, reason: str,
-                     progress: ProgressCallback | None) -> BaseImage:
+                     progress: ProgressCallback | None, written: list[StorageVol]) -> BaseImage:
         log = host.log.with_values(image=image.label, pool=pool.name, volume=image.base_volume)
         log.info("fetching base image into host pool", url=image.shown_url, reason=reason)
         started = self._clock()
@@ -198,7 +228,9 @@ class ImageCache:
                                           reserve=limits.reserve)
                 vol = await host.call("storage_vol_create_xml", lambda lv: lv.storage_vol_create_xml(pool,
                                       volume_xml(name=image.base_volume, capacity=length or 0, fmt="raw"), 0))
+                written.append(vol)
                 hasher = hashlib.sha256()
+                counted = IMAGE_BYTES_FETCHED.labels(host.name, image.metric_label)
                 moved = 0
                 last_report = started
 
@@ -208,6 +240,7 @@ class ImageCache:
                     async for chunk in _source(_chain(pending, chunks)):
                         hasher.update(chunk)
                         moved += len(chunk)
+                        counted.inc(len(chunk))  # as they flow: a long import shows its rate meanwhile
                         now = self._clock()
                         if progress is not None and now - last_report >= self._progress_every:
                             last_report = now
@@ -237,7 +270,6 @@ class ImageCache:
                 f"image {image.label!r}: downloading {image.shown_url} failed: {why}") from None
         except TimeoutError:
             raise TransientError(f"image {image.label!r}: downloading {image.shown_url} timed out") from None
-        IMAGE_BYTES_FETCHED.labels(host.name, image.metric_label).inc(moved)
         digest = hasher.hexdigest()
         if image.sha256 is not None and digest != image.sha256:
             await _discard(host, vol)
@@ -250,11 +282,13 @@ class ImageCache:
         # Created empty: its size reaches DIGEST_LEN only once the digest is written (see ensure).
         marker = await host.call("storage_vol_create_xml", lambda lv: lv.storage_vol_create_xml(pool,
                                  volume_xml(name=image.marker_volume, capacity=0, fmt="raw"), 0))
+        written.append(marker)
         try:
             await host.upload(marker, digest.encode())
         except BaseException:
             await _discard(host, marker)
             raise
+        written.clear()  # finished: someone may back onto it already, a cancel from here on keeps it
         path = await host.call("storage_vol_get_path", lambda lv: lv.storage_vol_get_path(vol))
         duration = self._clock() - started
         log.info("base image cached", size=moved, duration=round(duration, 3), sha256=digest,

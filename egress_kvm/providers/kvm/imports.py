@@ -6,6 +6,11 @@ So a slow or hostile URL holds at most an import slot, never a reconcile worker:
 on cached images go on meanwhile. At most `MAX_CONCURRENT_IMPORTS` imports run at a time in the process
 (the rest queue for a slot, with "queued" in their status); each is bounded by the limits in images.py.
 
+Each import knows who waits on it: the instance whose create asked for it, under its owner (the Proxy's
+uid). An owner asking for another image (its Proxy moved to another image, or the image's url/sha256
+changed) leaves the import it waited on, and a delete of the instance leaves it too. An import nobody
+waits on any more is cancelled at once: its partial volume is deleted (images.py) and its slot freed.
+
 An import that failed is remembered for `FAILURE_HOLD` seconds (and until someone was told): every Proxy
 waiting on it gets the error (so status says why, and its own backoff grows), and the next attempt after
 that starts a fresh import. So a failing URL is tried at most once per hold, however many Proxies wait.
@@ -53,6 +58,8 @@ def process_slots() -> asyncio.Semaphore:
 class _Import:
     label: str
     task: asyncio.Task[BaseImage] | None = None
+    waiters: dict[str, str] = field(default_factory=dict)  # owner (Proxy uid, else instance) -> instance
+    cancelled: bool = False  # nobody waited any more: its end is no failure to tell anyone
     wake: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     progress: str = "queued for an import slot"
 
@@ -74,6 +81,7 @@ class Importer:
         self._log = log or get_logger("kvm")
         self._running: dict[Hashable, _Import] = {}
         self._failed: dict[Hashable, _Failure] = {}
+        self._cancelled: set[asyncio.Task[BaseImage]] = set()  # still cleaning up: close() waits for them
 
     def running(self) -> list[str]:
         return [imp.label for imp in self._running.values()]
@@ -81,9 +89,18 @@ class Importer:
     def running_keys(self) -> list[Any]:
         return list(self._running)
 
-    async def base(self, key: Hashable, *, label: str, cached: Callable[[], Awaitable[BaseImage | None]],
+    def waiting(self, key: Hashable) -> list[str]:
+        """The instances waiting on the import of `key` (none when it does not run)."""
+        imp = self._running.get(key)
+        return sorted(imp.waiters.values()) if imp is not None else []
+
+    async def base(self, key: Hashable, *, label: str, instance: str, owner: str = "",
+                   cached: Callable[[], Awaitable[BaseImage | None]],
                    fetch: Callable[[ProgressCallback], Awaitable[BaseImage]]) -> BaseImage:
-        """The cached base, or InProgress while its import runs (started here if need be)."""
+        """The cached base, or InProgress while its import runs (started here if need be) with
+        `instance` (of `owner`) among its waiters; an import `owner` waited on for another key is left."""
+        who = owner or instance
+        self._leave(lambda o, _i: o == who, keep=key)
         imp = self._running.get(key)
         if imp is None:
             failure = self._failed.get(key)
@@ -98,7 +115,36 @@ class Importer:
             imp = self._running.get(key)  # another reconcile may have started it during that await
             if imp is None:
                 imp = self._start(key, label=label, fetch=fetch)
+        imp.waiters[who] = instance
         raise InProgress(f"waiting for image {label}: {imp.progress}", wake=imp.wake)
+
+    def leave(self, instance: str) -> None:
+        """`instance` waits no more (it is being deleted); an import left without waiters is cancelled."""
+        self._leave(lambda _o, i: i == instance)
+
+    def _leave(self, match: Callable[[str, str], bool], *, keep: Hashable | None = None) -> None:
+        for key, imp in list(self._running.items()):
+            if key == keep:
+                continue
+            gone = [o for o, i in imp.waiters.items() if match(o, i)]
+            for o in gone:
+                del imp.waiters[o]
+            if gone and not imp.waiters:
+                self._cancel(key, imp)
+
+    def _cancel(self, key: Hashable, imp: _Import) -> None:
+        """Nobody waits: stop it (images.py deletes what it wrote). It leaves `_running` now, so a create
+        asking again starts afresh, queued behind this one's clean-up by the host's image lock."""
+        self._log.info("image import cancelled: nobody waits for it any more", image=imp.label,
+                       progress=imp.progress)
+        del self._running[key]
+        imp.cancelled = True
+        if imp.task is not None:
+            imp.task.cancel()
+            self._cancelled.add(imp.task)
+            imp.task.add_done_callback(self._cancelled.discard)
+        if not imp.wake.done():
+            imp.wake.set_result(None)
 
     def _start(self, key: Hashable, *, label: str,
                fetch: Callable[[ProgressCallback], Awaitable[BaseImage]]) -> _Import:
@@ -125,7 +171,7 @@ class Importer:
         if task.cancelled():
             return
         exc = task.exception()  # retrieved here, always: no "Task exception was never retrieved"
-        if exc is None:
+        if exc is None or imp.cancelled:
             return
         if not isinstance(exc, ProviderError):
             self._log.error(exc, "image import failed unexpectedly", image=imp.label)
@@ -138,7 +184,8 @@ class Importer:
         tasks = [imp.task for imp in self._running.values() if imp.task is not None]
         for t in tasks:
             t.cancel()
-        for t in tasks:
+        # Cancelled ones are cleaning up (deleting their partial volume): awaited, not cut short.
+        for t in [*tasks, *self._cancelled]:
             with contextlib.suppress(BaseException):
                 await t
 

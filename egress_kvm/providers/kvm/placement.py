@@ -104,7 +104,7 @@ def image_source(kvm: KvmConfig, image: str) -> ImageSource:
     cap = kvm.image_import.max_size_gb * 1024**3
     if entry is not None:
         return ImageSource(label=image, url=entry.url, sha256=entry.sha256, format=entry.format,
-                           base_volume=naming.base_volume(key=image),
+                           base_volume=naming.base_volume(key=image, url=entry.url, sha256=entry.sha256),
                            max_bytes=entry.max_size_gb * 1024**3 if entry.max_size_gb else cap)
     return ImageSource(label=redact_url(image), url=image, sha256=None, format="qcow2",
                        base_volume=naming.base_volume(url=image), max_bytes=cap, direct=True)

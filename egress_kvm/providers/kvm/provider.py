@@ -60,7 +60,7 @@ from . import capacity, metadata, naming, placement, seed
 from .addresses import discover
 from .calllog import current_instance, make_observer, make_tracer
 from .domain_xml import DomainSpec, domain_xml, volume_xml
-from .eviction import evict_unused_url_bases
+from .eviction import collect_unused_bases
 from .hosts import Host
 from .images import BaseImage, ImageCache, ImportLimits, delete_volume, lookup_volume
 from .imports import Importer
@@ -139,7 +139,9 @@ class KvmProvider:
             timeout=imp.timeout_seconds, min_rate=imp.min_bytes_per_second, window=imp.rate_window_seconds,
             reserve=int(config.pool_reserve_gb * GIB)))
         self._importer = Importer(log=self._log)
-        self._base_used: dict[str, dict[str, float]] = {}  # host -> URL base volume -> last use (monotonic)
+        self._base_used: dict[str, dict[str, float]] = {}  # host -> base volume -> last use (monotonic)
+        # host -> base volume without its marker -> (first seen at one allocation, that allocation)
+        self._base_unfinished: dict[str, dict[str, tuple[float, int]]] = {}
         self._watchers: list[Watchers] = []  # lifecycle event watchers handed out (closed with the provider)
 
     # -- Provider interface ---------------------------------------------------------------------
@@ -199,6 +201,7 @@ class KvmProvider:
 
     async def delete(self, name: str, zone: str, *, owner_uid: str | None = None) -> None:
         host = self.host(zone)
+        self._importer.leave(name)  # an import only this instance waited on is cancelled
         async with self._operation(host, name, "delete"), host.exclusive(f"instance:{name}"):
             log = host.log.with_values(name=name)
             removed: list[str] = []
@@ -253,9 +256,10 @@ class KvmProvider:
         return out
 
     async def evict_unused_images(self, *, grace: float = 600.0) -> list[str]:
-        """Delete URL bases nothing backs onto, on every reachable host (eviction.py); the GC pass calls
-        this. Returns `host/volume` of each base deleted; a host that fails is skipped."""
-        keep = {naming.base_volume(key=k) for k in self.config.images}
+        """Delete the bases nothing backs onto (URL, superseded and legacy ones; eviction.py), on every
+        reachable host; the GC pass calls this. Returns `host/volume` of each volume deleted; a host
+        that fails is skipped."""
+        current = {placement.image_source(self.config, k).base_volume for k in self.config.images}
         evicted: list[str] = []
         for host in self._hosts.values():
             try:
@@ -264,9 +268,10 @@ class KvmProvider:
                     if pool is None:
                         continue
                     running = {key[2] for key in self._importer.running_keys() if key[0] == host.name}
-                    done = await evict_unused_url_bases(
-                        host, pool, keep=keep, last_used=self._base_used.setdefault(host.name, {}),
-                        busy=running.__contains__, now=time.monotonic(), grace=grace)
+                    done = await collect_unused_bases(
+                        host, pool, current=current, last_used=self._base_used.setdefault(host.name, {}),
+                        busy=running.__contains__, now=time.monotonic(), grace=grace,
+                        unfinished=self._base_unfinished.setdefault(host.name, {}))
             except ProviderError as exc:
                 host.log.v(1).info("image eviction skipped", error=str(exc))
                 continue
@@ -309,7 +314,7 @@ class KvmProvider:
         mtype = placement.machine_type(self.config, resolved.machine_type)
         source = placement.image_source(self.config, resolved.image)
         pool = await self._pool(host)
-        base = await self._base(host, pool, source)
+        base = await self._base(host, pool, source, request)
 
         iso = seed.build_seed_iso(name=name, user_data=request.user_data, vendor_data=self.config.vendor_data)
         disk_bytes = self.config.disk_size_gb * GIB
@@ -370,8 +375,10 @@ class KvmProvider:
                         owner_uid=meta.owner_uid, created_at=meta.created_at,
                         owner_namespace=meta.owner_namespace, owner_name=meta.owner_name)
 
-    async def _base(self, host: Host, pool: StoragePool, source: placement.ImageSource) -> BaseImage:
-        """The cached base image, or InProgress while a background import fetches it (imports.py)."""
+    async def _base(self, host: Host, pool: StoragePool, source: placement.ImageSource,
+                    request: CreateRequest) -> BaseImage:
+        """The cached base image, or InProgress while a background import fetches it (imports.py), with
+        this instance among the import's waiters."""
         started_by = current_instance.get()  # log lines name the instance whose create started it
 
         async def fetch(progress: ProgressCallback) -> BaseImage:
@@ -381,6 +388,7 @@ class KvmProvider:
         self._base_used.setdefault(host.name, {})[source.base_volume] = time.monotonic()
         return await self._importer.base((host.name, pool.name, source.base_volume),
                                          label=f"{source.label} on host {host.name}",
+                                         instance=request.name, owner=request.owner_uid,
                                          cached=lambda: self._images.cached(host, pool, source), fetch=fetch)
 
     async def _create_volume(self, host: Host, pool: StoragePool, xml: str, vol_name: str, *,

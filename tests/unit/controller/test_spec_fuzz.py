@@ -115,7 +115,8 @@ async def _attempt(spec_doc: Any, providers_doc: dict[str, Any], *, served: str)
     image = qcow2_image()
     for hyp in hv.hosts.values():
         for key in entry.kvm.images:
-            precache_image(hyp, key, image)
+            configured = entry.kvm.images[key]
+            precache_image(hyp, key, image, url=configured.url, sha256=configured.sha256)
     before = {name: set(h.volumes) for name, h in hv.hosts.items()}
     provider = KvmProvider(name=entry.name, config=entry.kvm, cluster_id="fuzz", dial=hv.dial,
                            egress=config.egress)

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from fakes import fake_kvm_provider
 
-from egress_kvm.providers.kvm import addresses
+from egress_kvm.providers.kvm import addresses, eviction
 
 from .conftest import eventually
 from .fakekube import FakeKube
@@ -34,6 +34,7 @@ class Trickler:
         self.url = ""
         self.stop = asyncio.Event()
         self.requests = 0
+        self.hung_up = asyncio.Event()  # the operator closed the connection
 
     async def start(self) -> None:
         async def handle(req: web.Request) -> web.StreamResponse:
@@ -44,6 +45,7 @@ class Trickler:
                 try:
                     await resp.write(b"Q")
                 except ConnectionError:  # the operator gave up on it
+                    self.hung_up.set()
                     break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), 1.0)
@@ -121,3 +123,30 @@ async def test_four_trickling_image_servers_do_not_hold_the_workers(
     finally:
         await provider.close()
 
+
+
+async def test_deleting_the_only_proxy_waiting_on_an_import_cancels_it_and_frees_its_slot(
+        kube: FakeKube, proxy_server: MiniProxy, make_controller, tricklers: list[Trickler]) -> None:
+    """Issue 9 item 3: the Proxy's deletion (through the finalizer, which deletes its recorded instance)
+    leaves the import; nobody waits any more, so it is cancelled, its connection closed, and the import
+    queued behind it for a slot starts. (A partial volume deleted on cancel: test_import_waiters.py.)"""
+    provider, hv = fake_kvm_provider(hosts=["host0"], cluster_id="c1", urlImages=["127.0.0.1/32"])
+    h = hv["host0"]
+    try:
+        make_controller({PROVIDER: provider}, workers=4)
+        for i, srv in enumerate(tricklers[:3]):
+            placement = {"zone": "host0", "machineType": "small", "image": srv.url}
+            kube.create_proxy(f"slow{i}", kvm_spec(proxy_server, placement=placement))
+            if i < 2:  # started in this order: the third waits for one of the two slots
+                await eventually(lambda srv=srv: srv.requests == 1, what=f"slow{i}'s import started")
+        await eventually(lambda: "queued for an import slot" in message(kube, "slow2"), what="slow2 queued")
+        assert tricklers[2].requests == 0
+        kube.delete(("default", "slow0"))
+        await eventually(lambda: ("default", "slow0") not in kube.objects, what="slow0 deleted")
+        await asyncio.wait_for(tricklers[0].hung_up.wait(), 10)
+        await eventually(lambda: tricklers[2].requests == 1, what="slow2's import took the freed slot")
+        assert tricklers[1].requests == 1 and not tricklers[1].hung_up.is_set()  # slow1's import runs on
+        assert not [v for v in h.volumes if eviction.is_url_base(v)]  # (a byte a second: none written yet)
+        assert all(phase(kube, n) == "Provisioning" for n in ("slow1", "slow2"))
+    finally:
+        await provider.close()

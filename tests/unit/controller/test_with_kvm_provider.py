@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from fakes import FakeHypervisors, fake_kvm_provider
+from fakes import DEFAULT_BASE, FakeHypervisors, fake_kvm_provider
 from fakes.libvirt import FakeHypervisor
 
 from egress_kvm.providers.kvm import KvmProvider, addresses
@@ -77,7 +77,7 @@ async def test_lifecycle_to_ready_and_deletion_over_the_kvm_provider(
     await eventually(lambda: KEY not in kube.objects)
     assert name not in hv["host0"].domains
     assert instance_volumes(hv["host0"], name) == set()  # domain and volumes gone before the finalizer
-    assert "base-debian-12.qcow2" in hv["host0"].volumes  # the image cache stays
+    assert DEFAULT_BASE in hv["host0"].volumes  # the image cache stays
 
 
 async def test_shut_off_vm_is_started_and_io_error_pause_backs_off_as_quota(

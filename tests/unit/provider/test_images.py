@@ -19,7 +19,13 @@ from egress_kvm.providers.kvm import naming
 
 IMAGE = qcow2_image(3 * 1024 * 1024 + 123)
 DIGEST = hashlib.sha256(IMAGE).hexdigest()
-BASE, MARKER = "base-debian-12.qcow2", "base-debian-12.qcow2.sha256"
+# The pinned image's base is named by its digest (the URL does not matter: naming.base_volume).
+BASE = naming.base_volume(key="debian-12", url="http://unused.test/", sha256=DIGEST)
+MARKER = naming.marker_volume(BASE)
+
+
+def base_for(srv: ImageServer, sha256: str | None) -> str:
+    return naming.base_volume(key="debian-12", url=f"{srv.url}/debian-12.qcow2", sha256=sha256)
 
 
 @dataclass
@@ -186,15 +192,36 @@ async def test_base_without_marker_is_deleted_and_redone(server: ImageServer, lo
         await provider.close()
 
 
-async def test_changed_sha256_triggers_a_redownload(server: ImageServer, logs: LogCapture) -> None:
+async def test_a_changed_sha256_imports_a_new_base_beside_the_old_one(server: ImageServer) -> None:
+    """Bases are content-addressed: the base of the earlier sha256 stays (running VMs back onto it) and
+    the new one is imported under its own name; eviction.py collects the old one once nothing uses it."""
     old = qcow2_image(8192)
+    old_sha = hashlib.sha256(old).hexdigest()
     provider, hv = provider_for(server)
-    precache_image(hv["host0"], "debian-12", old)  # cached from an earlier config
+    h = hv["host0"]
+    old_base = precache_image(h, "debian-12", old, url=f"{server.url}/debian-12.qcow2", sha256=old_sha)
     try:
         await create_waiting(provider, request())
-        assert bytes(hv["host0"].volumes[BASE].data) == IMAGE
+        assert bytes(h.volumes[BASE].data) == IMAGE and old_base != BASE
+        assert bytes(h.volumes[old_base].data) == old  # untouched
+        assert h.volumes["proxy-abc.qcow2"].backing_path == h.volumes[BASE].path
         assert server.requests == ["/debian-12.qcow2"]
-        assert "differs from cached" in logs.lines("fetching base image into host pool")[0]["reason"]
+    finally:
+        await provider.close()
+
+
+async def test_a_changed_url_without_sha256_imports_a_new_base_beside_the_old_one(
+        server: ImageServer) -> None:
+    old = qcow2_image(8192)
+    provider, hv = provider_for(server, sha256=None)
+    h = hv["host0"]
+    old_base = precache_image(h, "debian-12", old, url=f"{server.url}/old/debian-12.qcow2")
+    try:
+        await create_waiting(provider, request())
+        new_base = base_for(server, None)
+        assert new_base != old_base and bytes(h.volumes[new_base].data) == IMAGE
+        assert bytes(h.volumes[old_base].data) == old
+        assert server.requests == ["/debian-12.qcow2"]
     finally:
         await provider.close()
 
@@ -202,10 +229,10 @@ async def test_changed_sha256_triggers_a_redownload(server: ImageServer, logs: L
 async def test_no_sha256_configured_keeps_the_cached_copy(server: ImageServer) -> None:
     old = qcow2_image(8192)
     provider, hv = provider_for(server, sha256=None)
-    precache_image(hv["host0"], "debian-12", old)
+    base = precache_image(hv["host0"], "debian-12", old, url=f"{server.url}/debian-12.qcow2")
     try:
         await create_waiting(provider, request())
-        assert bytes(hv["host0"].volumes[BASE].data) == old  # pinned at first fetch
+        assert bytes(hv["host0"].volumes[base].data) == old  # pinned at first fetch
         assert server.requests == []
         assert "storage_vol_download" not in hv["host0"].calls  # marker not even read
     finally:
@@ -217,12 +244,14 @@ async def test_an_empty_marker_left_by_a_crash_is_not_a_valid_cache(
         server: ImageServer, logs: LogCapture, sha256: str | None) -> None:
     provider, hv = provider_for(server, sha256=sha256)
     h = hv["host0"]
-    h.put_volume(BASE, IMAGE, fmt="qcow2")
-    h.put_volume(MARKER, b"")  # created, then the process died before the digest was written
+    base = base_for(server, sha256)
+    marker = naming.marker_volume(base)
+    h.put_volume(base, IMAGE, fmt="qcow2")
+    h.put_volume(marker, b"")  # created, then the process died before the digest was written
     try:
         await create_waiting(provider, request())
         assert server.requests == ["/debian-12.qcow2"]
-        assert bytes(h.volumes[MARKER].data).decode() == DIGEST
+        assert bytes(h.volumes[marker].data).decode() == DIGEST
         reason = logs.lines("fetching base image into host pool")[0]["reason"]
         assert ("holds no digest" if sha256 is None else "(empty marker)") in reason
         await create_waiting(provider, request(name="proxy-second"))  # now a valid cache: no second download
@@ -393,5 +422,56 @@ async def test_a_url_image_with_credentials_is_recorded_without_them(server: Ima
         xml = hv["host0"].domains["proxy-abc"].xml  # the domain's metadata names the image
         assert f'image="http://REDACTED@127.0.0.1:{port}/debian-12.qcow2?REDACTED"' in xml
         assert "secret" not in xml
+    finally:
+        await provider.close()
+
+
+@pytest.mark.parametrize(("cancelled_at", "kept"), [
+    ("the marker's creation", False),  # libvirt made it, the coroutine was cancelled before it knew
+    ("the marker's upload", False),
+    ("the finished base's path", True),  # marker written: complete, someone may back onto it already
+])
+async def test_a_cancel_racing_the_marker_write_leaves_a_complete_base_or_nothing(
+        server: ImageServer, monkeypatch: pytest.MonkeyPatch, cancelled_at: str, kept: bool) -> None:
+    """imports.py cancels an import nobody waits for at any await; whichever step it hits, the pool
+    holds the finished base with its marker, or neither (never a marker without its base or a base
+    without its marker). The cancel is raised right after the fake's RPC did its work."""
+    from egress_kvm.providers.kvm import placement
+
+    provider, hv = provider_for(server)
+    h = hv["host0"]
+    create, upload = FakeLibvirtClient.storage_vol_create_xml, FakeLibvirtClient.storage_vol_upload
+    get_path = FakeLibvirtClient.storage_vol_get_path
+
+    async def create_xml(self: FakeLibvirtClient, pool: Any, xml: str, flags: int = 0) -> Any:
+        vol = await create(self, pool, xml, flags)
+        if cancelled_at == "the marker's creation" and vol.name == MARKER:
+            raise asyncio.CancelledError
+        return vol
+
+    async def vol_upload(self: FakeLibvirtClient, vol: Any, *args: Any) -> int:
+        n = await upload(self, vol, *args)
+        if cancelled_at == "the marker's upload" and vol.name == MARKER:
+            raise asyncio.CancelledError
+        return n
+
+    async def vol_path(self: FakeLibvirtClient, vol: Any) -> str:
+        path = await get_path(self, vol)
+        if cancelled_at == "the finished base's path" and vol.name == BASE:
+            raise asyncio.CancelledError
+        return path
+
+    monkeypatch.setattr(FakeLibvirtClient, "storage_vol_create_xml", create_xml)
+    monkeypatch.setattr(FakeLibvirtClient, "storage_vol_upload", vol_upload)
+    monkeypatch.setattr(FakeLibvirtClient, "storage_vol_get_path", vol_path)
+    host = provider.host("host0")
+    try:
+        pool = await host.call("lookup", lambda lv: lv.storage_pool_lookup_by_name("default"))
+        with pytest.raises(asyncio.CancelledError):
+            await provider._images.ensure(host, pool, placement.image_source(provider.config, "debian-12"))
+        if kept:
+            assert bytes(h.volumes[BASE].data) == IMAGE and bytes(h.volumes[MARKER].data).decode() == DIGEST
+        else:
+            assert {BASE, MARKER}.isdisjoint(h.volumes)
     finally:
         await provider.close()

@@ -37,9 +37,18 @@ def spec(**over: object) -> DomainSpec:
 def test_names_follow_the_spec_table() -> None:
     assert naming.overlay_volume("proxy-abc") == "proxy-abc.qcow2"
     assert naming.seed_volume("proxy-abc") == "proxy-abc-seed.iso"
-    assert naming.base_volume(key="debian-13") == "base-debian-13.qcow2"
+    sha = "ab" * 32
+    url = "https://example.test/a.qcow2"
+    # Content-addressed: a pinned image by its sha256, an unpinned one by its URL (naming.image_digest).
+    assert naming.base_volume(key="debian-13", url=url, sha256=sha) == "base-debian-13-abababababababab.qcow2"
+    assert naming.base_volume(key="debian-13", url=url + "?v2", sha256=sha) == \
+        "base-debian-13-abababababababab.qcow2"  # same bytes, same base
+    assert naming.base_volume(key="debian-13", url=url) == f"base-debian-13-{naming.url_hash(url)}.qcow2"
+    assert naming.base_volume(key="debian-13", url=url + "?v2") != \
+        naming.base_volume(key="debian-13", url=url)
+    assert naming.legacy_base_volume("debian-13") == "base-debian-13.qcow2"
     assert naming.marker_volume("base-debian-13.qcow2") == "base-debian-13.qcow2.sha256"
-    by_url = naming.base_volume(url="https://example.test/a.qcow2")
+    by_url = naming.base_volume(url=url)
     assert by_url.startswith("base-") and by_url.endswith(".qcow2") and len(by_url) == len("base-.qcow2") + 16
     assert by_url != naming.base_volume(url="https://example.test/b.qcow2")
 

@@ -369,13 +369,14 @@ async def test_the_pool_must_hold_a_base_and_n_overlays(host: tuple[Host, Path, 
     entry = config_for(h, key, known_hosts).providers[0]  # diskSizeGb 10 (the default)
     h.pool_available = 41 * GIB
     for vms, ok in ((3, True), (4, False)):
-        needs = PoolNeeds(base_bytes=5 * GIB, base_label="d", vms=vms, disk_size_gb=10)
+        needs = PoolNeeds(base_bytes=5 * GIB, base_label="d", vms=vms, disk_size_gb=10,
+                          base_volume="base-d-0123456789abcdef.qcow2")
         got = {x.check: x for x in await check_host(entry.name, entry.kvm, entry.kvm.hosts[0], time_limit=5,
                                                        needs=needs)}
         assert got["pool"].ok is ok, got["pool"].detail
     assert "base 'd' (5.0 GiB) + 4 VM(s) at diskSizeGb 10" in got["pool"].detail
     assert "need 45.0 GiB" in got["pool"].detail
-    h.volumes.add("base-d.qcow2")  # the base is imported already: only the overlays need room
+    h.volumes.add("base-d-0123456789abcdef.qcow2")  # the base is imported already: only overlays need room
     got = {x.check: x for x in await check_host(entry.name, entry.kvm, entry.kvm.hosts[0], time_limit=5,
                                                    needs=needs)}
     assert got["pool"].ok, got["pool"].detail

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from fakes import FakeLibvirtClient, fake_kvm_provider
+from fakes import DEFAULT_BASE, DEFAULT_MARKER, FakeLibvirtClient, fake_kvm_provider
 from fakes.libvirt import lv_error
 from lxml import etree
 from provider_helpers import SECRET, LogCapture, request
@@ -34,11 +34,10 @@ async def test_create_lands_every_object_of_the_spec_table() -> None:
         h = hv["host0"]
         assert inst.name == NAME and inst.zone == "host0" and inst.power_state == PowerState.RUNNING
         assert inst.owner_uid == "uid-1" and inst.created_at is not None and inst.ip is None
-        assert h.volume_names() == {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256",
-                                    "proxy-abc.qcow2", "proxy-abc-seed.iso"}
+        assert h.volume_names() == {DEFAULT_BASE, DEFAULT_MARKER, "proxy-abc.qcow2", "proxy-abc-seed.iso"}
         overlay = h.volumes["proxy-abc.qcow2"]
         assert overlay.format == "qcow2"
-        assert overlay.backing_path == h.volumes["base-debian-12.qcow2"].path
+        assert overlay.backing_path == h.volumes[DEFAULT_BASE].path
         assert overlay.backing_format == "qcow2"
         assert overlay.capacity == 10 * 1024**3
         iso = seed.read_seed_iso(bytes(h.volumes["proxy-abc-seed.iso"].data))
@@ -309,7 +308,7 @@ async def test_delete_removes_domain_overlay_and_seed_but_keeps_the_base(logs: L
         await provider.create(request())
         await provider.delete(NAME, "host0")
         assert NAME not in h.domains
-        assert h.volume_names() == {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256"}
+        assert h.volume_names() == {DEFAULT_BASE, DEFAULT_MARKER}
         await provider.delete(NAME, "host0")  # already gone: success, quietly
         assert [r["removed"] for r in logs.lines("KVM instance deleted")] == [
             ["domain", "proxy-abc.qcow2", "proxy-abc-seed.iso"]]
@@ -317,7 +316,7 @@ async def test_delete_removes_domain_overlay_and_seed_but_keeps_the_base(logs: L
         h.put_volume("proxy-abc.qcow2", b"orphan", fmt="qcow2")  # crash before define left volumes
         h.put_volume("proxy-abc-seed.iso", b"orphan")
         await provider.delete(NAME, "host0")
-        assert h.volume_names() == {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256"}
+        assert h.volume_names() == {DEFAULT_BASE, DEFAULT_MARKER}
         await provider.create(request())
         h.shut_off(NAME)  # a stopped domain is undefined without a destroy
         h.calls.clear()
