@@ -29,7 +29,7 @@ def _up(args: argparse.Namespace) -> int:
         if not args.simulated:
             raise ValueError("--knobs: only a --simulated lab has knobs")
     info = lab.up(state_dir=_state_dir(args), index=args.index, hosts=args.hosts, image=not args.no_image,
-                  simulated=args.simulated, knobs=knobs)
+                  simulated=args.simulated, knobs=knobs, dhcp=not args.no_dhcp)
     print(Path(info.state_dir) / "lab.json")
     return 0
 
@@ -107,6 +107,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(up)
     up.add_argument("--hosts", type=_hosts, default=1, help="number of hypervisor hosts (default 1)")
     up.add_argument("--no-image", action="store_true", help="skip building and serving the test image")
+    up.add_argument("--no-dhcp", action="store_true",
+                    help="no DHCP on the hosts' bridges: the providers file gives each host staticAddresses "
+                    "(its VM LAN's .100-.199) and the operator allocates the VMs' addresses")
     up.add_argument("--knobs", help='simulated hosts\' knobs as JSON, e.g. \'{"boot_delay_s": 5}\' '
                     "(testbed/sim/knobs.py; a running lab gets them at once)")
     up.set_defaults(func=_run(_up))

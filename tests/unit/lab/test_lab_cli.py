@@ -22,6 +22,11 @@ def test_up_defaults():
     assert (args.index, args.hosts, args.no_image, args.state_dir) == (0, 1, False, None)
 
 
+def test_no_dhcp_flag():
+    assert build_parser().parse_args(["lab", "up", "--no-dhcp"]).no_dhcp
+    assert not build_parser().parse_args(["lab", "up"]).no_dhcp
+
+
 def test_lab_needs_a_subcommand(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["lab"])
