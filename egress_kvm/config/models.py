@@ -381,8 +381,9 @@ class KvmConfig(_Strict):
         TrafficFilter.CLEAN_TRAFFIC, alias="trafficFilter",
         description="libvirt nwfilter on every VM NIC: 'clean-traffic' (default) drops MAC, IP and ARP "
                     "spoofing and pins the NIC to the IPv4 its DHCP server hands out (the guest must use "
-                    "DHCP on the bridge); 'none' puts no filter on (for hosts without the nwfilter driver "
-                    "or a static-IP guest image; tenants on one bridge can then spoof each other).")
+                    "DHCP on the bridge, or, on a host with staticAddresses, pins it to the allocated "
+                    "address); 'none' puts no filter on (for hosts without the nwfilter driver or a "
+                    "static-IP guest image; tenants on one bridge can then spoof each other).")
 
     @field_validator("images")
     @classmethod
