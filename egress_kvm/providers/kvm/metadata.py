@@ -117,14 +117,18 @@ def parse(xml: str) -> InstanceMetadata:
         machine_type=placement.get("machineType", "") if placement is not None else "",
         image=placement.get("image", "") if placement is not None else "",
         managed=text("managed") == "true",
-        address=_address(address.get("ip", "")) if address is not None else "",
+        address=_address(address.get("ip")) if address is not None else "",
     )
 
 
-def _address(value: str) -> str:
-    """The recorded static address; "" for a value that is not an IPv4 (it must never become an endpoint,
-    and the rest of the element still tells whose domain it is)."""
+def _address(value: str | None) -> str:
+    """The recorded static address, exactly as build_element writes it (a dotted IPv4): anything else is
+    a MetadataError like any other malformed field, so a damaged element never becomes an endpoint nor
+    silently stops holding its address."""
     try:
-        return str(ipaddress.IPv4Address(value.strip()))
+        ip = str(ipaddress.IPv4Address(value or ""))
     except ValueError:
-        return ""
+        ip = ""
+    if not ip or ip != value:
+        raise MetadataError(f"metadata address {value!r} is not an IPv4 address")
+    return ip

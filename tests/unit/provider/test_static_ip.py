@@ -70,7 +70,7 @@ def test_network_config_is_v2_matching_the_mac() -> None:
     assert "nameservers" not in no_dns["ethernets"]["eth0"]
 
 
-def test_metadata_round_trips_the_address_and_ignores_a_bad_one() -> None:
+def test_metadata_round_trips_the_address_and_refuses_a_bad_one() -> None:
     from datetime import UTC, datetime
 
     meta = metadata.InstanceMetadata(cluster_id="c1", owner_uid="u",
@@ -78,9 +78,9 @@ def test_metadata_round_trips_the_address_and_ignores_a_bad_one() -> None:
     assert metadata.parse(metadata.to_xml(meta)).address == "192.0.2.10"
     assert "address" not in metadata.to_xml(metadata.InstanceMetadata(
         cluster_id="c1", owner_uid="u", created_at=datetime(2026, 1, 1, tzinfo=UTC)))
-    bad = metadata.to_xml(meta).replace("192.0.2.10", "192.0.2.10; rm -rf /")
-    assert metadata.parse(bad).address == ""
-    assert metadata.parse(bad).cluster_id == "c1"
+    for bad in ("192.0.2.10; rm -rf /", " 192.0.2.10", "192.0.2.010", "", "fd00::1"):
+        with pytest.raises(metadata.MetadataError, match="metadata address"):  # strict, like `created`
+            metadata.parse(metadata.to_xml(meta).replace('ip="192.0.2.10"', f'ip="{bad}"'))
 
 
 async def test_create_knows_the_ip_before_boot_and_writes_seed_metadata_and_filter() -> None:
@@ -194,3 +194,4 @@ async def test_a_retried_create_keeps_its_reservation() -> None:
         assert book.pending == {}
     finally:
         await provider.close()
+
