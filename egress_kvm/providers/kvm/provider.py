@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 
 import aiohttp
 
-from egress_kvm.config.models import EgressConfig, KvmConfig
+from egress_kvm.config.models import EgressConfig, KvmConfig, MachineType
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.policy.connect import checked_session
 from egress_kvm.policy.egress import Policy, Purpose
@@ -138,7 +138,8 @@ class KvmProvider:
             reserve=int(config.pool_reserve_gb * GIB)))
         self._importer = Importer(log=self._log)
         self._base_used: dict[str, dict[str, float]] = {}  # host -> URL base volume -> last use (monotonic)
-        self._addresses = {h: static_ip.AddressBook() for h in self._hosts}  # static_ip.py, per host
+        self._addresses = {h.name: static_ip.shared_book(dial, h.address, h.socket)  # static_ip.py
+                           for h in config.hosts}
 
     # -- Provider interface ---------------------------------------------------------------------
 
@@ -291,14 +292,28 @@ class KvmProvider:
     async def _create_new(self, host: Host, request: CreateRequest, resolved: ResolvedPlacement, *,
                           progress: ProgressCallback | None) -> Instance:
         name = request.name
-        log = host.log.with_values(name=name)
-        cfg = host.config
         mtype = placement.machine_type(self.config, resolved.machine_type)
         source = placement.image_source(self.config, resolved.image)
         pool = await self._pool(host)
         base = await self._base(host, pool, source)
 
         ip = await self._static_address(host, name)
+        try:
+            return await self._create_at(host, request, resolved, mtype=mtype, source=source, pool=pool,
+                                         base=base, ip=ip)
+        except BaseException:
+            # Freed at once: not defined, nothing holds it; defined, the domain's metadata holds it.
+            if ip is not None:
+                self._addresses[host.name].release(name, ip)
+            raise
+
+    async def _create_at(self, host: Host, request: CreateRequest, resolved: ResolvedPlacement, *,
+                         mtype: MachineType, source: ImageSource, pool: StoragePool, base: BaseImage,
+                         ip: str | None) -> Instance:
+        """The rest of a create, once the image is there and the static address (if any) chosen."""
+        name = request.name
+        log = host.log.with_values(name=name)
+        cfg = host.config
         iso = seed.build_seed_iso(name=name, user_data=request.user_data, vendor_data=self.config.vendor_data,
                                   network_config=self._network_config(host, name, ip))
         disk_bytes = self.config.disk_size_gb * GIB

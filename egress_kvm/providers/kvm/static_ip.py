@@ -12,15 +12,20 @@ which addresses are taken. Domains of another cluster count too (they share the 
 operator made cannot say its address, so the range must be the operators' alone (docs/kvm-provider.md).
 
 Between the allocation and the domain's definition the address lives only in this process
-(`AddressBook.pending`): concurrent creates on one host are serialised by the host's lock around the
-allocation, and the reservation lasts until the host lists the domain, the same name allocates again
-(a retried create keeps its address) or the instance is deleted (`release`).
+(`AddressBook.pending`): concurrent creates on one host are serialised by the book's lock around the
+allocation, and the reservation lasts until the host lists the domain, the same name allocates again, the
+create fails before defining its domain, or the instance is deleted (`release`). There is one book per
+libvirt endpoint in the process (`shared_book`), not one per provider object: a providers-file reload
+builds new providers while creates that picked up the old ones may still be between allocation and
+definition, and the new ones must see those reservations. A create cut off by a crash leaves at most a
+seed volume with the address in it and no domain; its retry allocates again and replaces that seed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import weakref
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -91,11 +96,13 @@ class AddressBook:
     pending: dict[str, str] = field(default_factory=dict)
     #: (domain name, uuid) -> the address its metadata records ("" for none): read once per domain
     known: dict[tuple[str, bytes], str] = field(default_factory=dict)
+    #: one allocation at a time per host endpoint, across every provider object sharing this book
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def allocate(self, host: Host, name: str, config: StaticAddresses) -> str:
         """The address for instance `name`: its reservation if it has one, else the lowest free one.
         Raises QuotaError when the range is full."""
-        async with host.exclusive("static-addresses"):
+        async with self.lock:
             listed = await self._listed(host)
             for (dom_name, _), ip in listed.items():
                 if dom_name == name and ip:
@@ -114,9 +121,11 @@ class AddressBook:
                                                      range=config.range)
             return str(free)
 
-    def release(self, name: str) -> None:
-        """The instance is deleted: a reservation it still held is free again."""
-        self.pending.pop(name, None)
+    def release(self, name: str, address: str | None = None) -> None:
+        """The instance is deleted (or, given `address`, its create failed before defining the domain): a
+        reservation it still held is free again; with `address`, only if it is still that one."""
+        if address is None or self.pending.get(name) == address:
+            self.pending.pop(name, None)
 
     async def _listed(self, host: Host) -> dict[tuple[str, bytes], str]:
         """Every domain on the host with the address its metadata records; reservations of domains the
@@ -131,6 +140,20 @@ class AddressBook:
         for dom_name, _ in keys:
             self.pending.pop(dom_name, None)
         return dict(self.known)
+
+
+_BOOKS: weakref.WeakValueDictionary[tuple[object, ...], AddressBook] = weakref.WeakValueDictionary()
+
+
+def shared_book(*endpoint: object) -> AddressBook:
+    """The process's one book for a libvirt endpoint (the provider's dialer, the host's address and
+    socket): every provider object over that host, old and new across a providers-file reload, takes
+    turns on it and sees the others' reservations. Kept while any provider holds it."""
+    book = _BOOKS.get(endpoint)
+    if book is None:
+        book = AddressBook()
+        _BOOKS[endpoint] = book
+    return book
 
 
 async def _recorded(host: Host, dom: Domain) -> str | None:

@@ -195,3 +195,41 @@ async def test_a_retried_create_keeps_its_reservation() -> None:
     finally:
         await provider.close()
 
+
+async def test_a_reloaded_provider_sees_the_reservations_of_the_one_it_replaces() -> None:
+    # A providers-file reload builds a new provider while a create on the old one may sit between its
+    # allocation and its domain's definition: the new one must not hand that address out again.
+    old, hv = fake_kvm_provider(host_entries=hosts(), cluster_id="c1")
+    new = provider_on(hv, cluster_id="c1")
+    try:
+        host = old.host("host0")
+        assert host.config.static_addresses is not None
+        assert await old._addresses["host0"].allocate(host, "proxy-r", host.config.static_addresses) == (
+            "192.0.2.10")
+        assert (await new.create(request("proxy-o", uid="o"))).ip == "192.0.2.11"
+        assert (await old.create(request("proxy-r", uid="r"))).ip == "192.0.2.10"
+    finally:
+        await old.close()
+        await new.close()
+    # Another set of hosts (another endpoint) shares nothing.
+    other, _ = fake_kvm_provider(host_entries=hosts(), cluster_id="c1")
+    try:
+        assert other._addresses["host0"].pending == {}
+    finally:
+        await other.close()
+
+
+async def test_a_create_failing_before_its_domain_is_defined_frees_its_address() -> None:
+    from egress_kvm.providers.base import TransientError
+    from rpc.constants import ErrorCode
+    from rpc.errors import LibvirtError
+
+    provider, hv = fake_kvm_provider(host_entries=hosts())
+    try:
+        hv["host0"].fail["domain_define_xml"] = LibvirtError(ErrorCode.INTERNAL_ERROR, "INTERNAL_ERROR", 0, "boom")
+        with pytest.raises(TransientError, match="boom"):
+            await provider.create(request("proxy-f", uid="f"))
+        assert provider._addresses["host0"].pending == {}
+        assert (await provider.create(request("proxy-g", uid="g"))).ip == "192.0.2.10"
+    finally:
+        await provider.close()
