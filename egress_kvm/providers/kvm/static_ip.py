@@ -96,13 +96,20 @@ class AddressBook:
     pending: dict[str, str] = field(default_factory=dict)
     #: (domain name, uuid) -> the address its metadata records ("" for none): read once per domain
     known: dict[tuple[str, bytes], str] = field(default_factory=dict)
-    #: one allocation at a time per host endpoint, across every provider object sharing this book
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: one allocation at a time per host endpoint, across every provider object sharing this book; made
+    #: per event loop (a book outliving a loop, as in tests, must not hand a lock bound to it to the next)
+    _lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    def _loop_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock[0] is not loop:
+            self._lock = (loop, asyncio.Lock())
+        return self._lock[1]
 
     async def allocate(self, host: Host, name: str, config: StaticAddresses) -> str:
         """The address for instance `name`: its reservation if it has one, else the lowest free one.
         Raises QuotaError when the range is full."""
-        async with self.lock:
+        async with self._loop_lock():
             listed = await self._listed(host)
             for (dom_name, _), ip in listed.items():
                 if dom_name == name and ip:
