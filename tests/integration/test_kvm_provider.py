@@ -78,7 +78,9 @@ def logs(libvirt_trace: Callable[[str], None]) -> Iterator[Logs]:
 
 
 def provider_for(info: Any, *, cluster_id: str, images: dict[str, Any] | None = None,
-                 url_images: list[str] | None = None, **host_overrides: Any) -> KvmProvider:
+                 url_images: list[str] | None = None, host0: dict[str, Any] | None = None,
+                 **host_overrides: Any) -> KvmProvider:
+    """The lab's provider with `host_overrides` on every host and `host0` on host0 only."""
     doc = yaml.safe_load(Path(info.providers_file).read_text())
     entry = doc["providers"][0]
     entry["kvm"]["images"].update(images or {})
@@ -86,6 +88,8 @@ def provider_for(info: Any, *, cluster_id: str, images: dict[str, Any] | None = 
         entry["kvm"]["urlImages"] = url_images
     for h in entry["kvm"]["hosts"]:
         h.update(host_overrides)
+        if h["name"] == "host0":
+            h.update(host0 or {})
     config = parse_providers(doc, source=info.providers_file)
     provider = build_providers(config, cluster_id=cluster_id)[entry["name"]]
     assert isinstance(provider, KvmProvider)
@@ -369,8 +373,8 @@ async def test_static_address_on_a_bridge_without_dhcp_and_seed_on_virtio_scsi(l
     mac = naming.mac_address(name)
     t0 = time.monotonic()
     with faults.without_dhcp(info, "host0") as static:
-        provider = provider_for(info, cluster_id=f"it-{uuid.uuid4().hex[:8]}", staticAddresses=static,
-                                seedBus="scsi")
+        provider = provider_for(info, cluster_id=f"it-{uuid.uuid4().hex[:8]}", seedBus="scsi",
+                                host0={"staticAddresses": static})  # one host's range (they may not overlap)
         first = static["range"].split("-")[0]
         try:
             inst = await create_waiting(provider, request(provider, name, info))
