@@ -226,7 +226,8 @@ async def test_a_create_failing_before_its_domain_is_defined_frees_its_address()
 
     provider, hv = fake_kvm_provider(host_entries=hosts())
     try:
-        hv["host0"].fail["domain_define_xml"] = LibvirtError(ErrorCode.INTERNAL_ERROR, "INTERNAL_ERROR", 0, "boom")
+        hv["host0"].fail["domain_define_xml"] = LibvirtError(ErrorCode.INTERNAL_ERROR, "INTERNAL_ERROR", 0,
+                                                             "boom")
         with pytest.raises(TransientError, match="boom"):
             await provider.create(request("proxy-f", uid="f"))
         assert provider._addresses["host0"].pending == {}
