@@ -149,6 +149,89 @@ def default_cpu(domain_type: str) -> CpuConfig:
     return CpuConfig(mode="host-passthrough" if domain_type == "kvm" else "maximum")
 
 
+def _ipv4(value: str, what: str) -> ipaddress.IPv4Address:
+    try:
+        return ipaddress.IPv4Address(value)
+    except ValueError:
+        raise ValueError(f"{what} {value!r} is not an IPv4 address") from None
+
+
+class StaticAddresses(_Strict):
+    """Addresses the operator hands out itself on a bridge with no DHCP (docs/kvm-provider.md).
+
+    Each VM gets one address of `range` (`first-last`, inclusive), written into its seed's cloud-init
+    network-config with `gateway` and `dns`. Checked here, once: the range lies inside `cidr` and holds
+    neither its network nor its broadcast address; the gateway is inside the CIDR and outside the range
+    (a VM must never be given the gateway's address)."""
+
+    cidr: str
+    gateway: str
+    dns: list[str] = Field(default_factory=list)
+    range: str
+
+    @field_validator("cidr")
+    @classmethod
+    def _cidr(cls, v: str) -> str:
+        try:
+            net = ipaddress.IPv4Network(v, strict=False)
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IPv4 CIDR (e.g. 192.168.10.0/24)") from None
+        if str(net) != v.strip():
+            raise ValueError(f"{v!r} has host bits set: the network is {net}")
+        if net.prefixlen > 30:
+            raise ValueError(f"{v!r} is smaller than a /30: no room for a gateway and a VM")
+        return str(net)
+
+    @field_validator("gateway")
+    @classmethod
+    def _gateway(cls, v: str) -> str:
+        return str(_ipv4(v, "gateway"))
+
+    @field_validator("dns")
+    @classmethod
+    def _dns(cls, v: list[str]) -> list[str]:
+        return [str(_ipv4(a, f"entry [{i}]")) for i, a in enumerate(v)]
+
+    @field_validator("range")
+    @classmethod
+    def _range(cls, v: str) -> str:
+        first, sep, last = v.partition("-")
+        if not sep:
+            raise ValueError(f"{v!r} is not first-last (e.g. 192.168.10.100-192.168.10.199)")
+        a, b = _ipv4(first.strip(), "first address"), _ipv4(last.strip(), "last address")
+        if a > b:
+            raise ValueError(f"{v!r}: the first address is after the last")
+        return f"{a}-{b}"
+
+    @model_validator(mode="after")
+    def _inside(self) -> StaticAddresses:
+        net = self.network
+        first, last = self.first, self.last
+        for what, ip in (("first", first), ("last", last)):
+            if ip not in net:
+                raise ValueError(f"range {self.range}: its {what} address {ip} is outside cidr {net}")
+        if first == net.network_address or last == net.broadcast_address:
+            raise ValueError(f"range {self.range} must not hold cidr {net}'s network or broadcast address")
+        gw = ipaddress.IPv4Address(self.gateway)
+        if gw not in net or gw in (net.network_address, net.broadcast_address):
+            raise ValueError(f"gateway {gw} is not a host address of cidr {net}")
+        if first <= gw <= last:
+            raise ValueError(f"gateway {gw} is inside range {self.range}: a VM could be given it")
+        return self
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(self.cidr)
+
+    @property
+    def first(self) -> ipaddress.IPv4Address:
+        return ipaddress.IPv4Address(self.range.partition("-")[0])
+
+    @property
+    def last(self) -> ipaddress.IPv4Address:
+        return ipaddress.IPv4Address(self.range.partition("-")[2])
+
+
 class HostConfig(_Strict):
     name: str
     address: str
@@ -159,6 +242,8 @@ class HostConfig(_Strict):
     domain_type: Literal["kvm", "qemu"] = Field("kvm", alias="domainType")
     cpu: CpuConfig | None = None
     seed_bus: Literal["sata", "scsi"] = Field("sata", alias="seedBus")
+    # The bridge has no DHCP: the operator allocates each VM's address from this range.
+    static_addresses: StaticAddresses | None = Field(None, alias="staticAddresses")
 
     @field_validator("name")
     @classmethod
@@ -296,8 +381,9 @@ class KvmConfig(_Strict):
         TrafficFilter.CLEAN_TRAFFIC, alias="trafficFilter",
         description="libvirt nwfilter on every VM NIC: 'clean-traffic' (default) drops MAC, IP and ARP "
                     "spoofing and pins the NIC to the IPv4 its DHCP server hands out (the guest must use "
-                    "DHCP on the bridge); 'none' puts no filter on (for hosts without the nwfilter driver "
-                    "or a static-IP guest image; tenants on one bridge can then spoof each other).")
+                    "DHCP on the bridge, or, on a host with staticAddresses, pins it to the allocated "
+                    "address); 'none' puts no filter on (for hosts without the nwfilter driver or a "
+                    "static-IP guest image; tenants on one bridge can then spoof each other).")
 
     @field_validator("images")
     @classmethod
@@ -330,6 +416,7 @@ class KvmConfig(_Strict):
             if h.name in seen:
                 raise ValueError(f"hosts[{i}].name {h.name!r} duplicates hosts[{seen[h.name]}].name")
             seen[h.name] = i
+        _disjoint_ranges(v)
         return v
 
     @model_validator(mode="after")
@@ -340,6 +427,18 @@ class KvmConfig(_Strict):
 
     def host(self, name: str) -> HostConfig | None:
         return next((h for h in self.hosts if h.name == name), None)
+
+
+def _disjoint_ranges(hosts: list[HostConfig]) -> None:
+    """Two hosts' static ranges must not overlap: the cluster reaches every VM by its address alone, so
+    one address on two hosts' LANs would be two VMs it cannot tell apart (and, on one LAN, a clash)."""
+    ranges = [(h.static_addresses.first, h.static_addresses.last, i)
+              for i, h in enumerate(hosts) if h.static_addresses is not None]
+    for a_first, a_last, i in ranges:
+        for b_first, b_last, j in ranges:
+            if i < j and a_first <= b_last and b_first <= a_last:
+                raise ValueError(f"hosts[{j}].staticAddresses.range overlaps "
+                                 f"hosts[{i}].staticAddresses.range")
 
 
 class ProviderConfig(_Strict):

@@ -192,13 +192,14 @@ async def _check_libvirt(conn: asyncssh.SSHClientConnection, kvm: KvmConfig, hos
             return
         add("libvirt", v.passed(f"libvirt {_version(lib)}, hypervisor {_version(hv)} at {LIBVIRT_URI}"))
         add("pool", await _pool_verdict(client, host.pool, needs=needs))
-        add("filter", await _filter_verdict(client, kvm.traffic_filter))
+        add("filter", await _filter_verdict(client, kvm.traffic_filter,
+                                            static=host.static_addresses is not None))
     finally:
         with contextlib.suppress(Exception):
             await client.close()
 
 
-async def _filter_verdict(client: Any, wanted: TrafficFilter) -> Verdict:
+async def _filter_verdict(client: Any, wanted: TrafficFilter, *, static: bool) -> Verdict:
     if wanted is TrafficFilter.NONE:
         return v.filter_verdict(wanted, v.FilterLookup.NOT_NEEDED)
     try:
@@ -209,7 +210,7 @@ async def _filter_verdict(client: Any, wanted: TrafficFilter) -> Verdict:
         return v.failed(f"nwfilter {wanted.value!r}: libvirt did not answer: {_describe(exc)}")
     if wanted.value not in names:
         return v.filter_verdict(wanted, v.FilterLookup.MISSING)
-    return v.filter_verdict(wanted, v.FilterLookup.FOUND)
+    return v.filter_verdict(wanted, v.FilterLookup.FOUND, static=static)
 
 
 async def _pool_verdict(client: Any, pool_name: str, *, needs: PoolNeeds) -> Verdict:

@@ -245,15 +245,19 @@ class FilterLookup(enum.Enum):
     NOT_NEEDED = "not-needed"  # trafficFilter: none
 
 
-def filter_verdict(wanted: TrafficFilter, lookup: FilterLookup, *, reason: str = "") -> Verdict:
+def filter_verdict(wanted: TrafficFilter, lookup: FilterLookup, *, reason: str = "",
+                   static: bool = False) -> Verdict:
     """Whether VMs can start with `trafficFilter`: libvirt refuses to start a domain whose NIC names a
-    filter it does not have."""
+    filter it does not have. `static`: the host declares staticAddresses (the filter is pinned to the
+    allocated address instead of learning one from DHCP)."""
     name = wanted.value
     if lookup is FilterLookup.NOT_NEEDED:
         return warned("trafficFilter: none: VM NICs get no nwfilter, so tenants on this bridge can spoof "
                       "MAC, IP and ARP")
     if lookup is FilterLookup.FOUND:
-        return passed(f"libvirt has nwfilter {name!r} (VM NICs get it, their IPv4 learned by DHCP)")
+        how = ("pinned to the address allocated from staticAddresses" if static
+               else "their IPv4 learned by DHCP")
+        return passed(f"libvirt has nwfilter {name!r} (VM NICs get it, {how})")
     fix = (f"install libvirt's nwfilter driver and its stock filters (Debian: "
            f"libvirt-daemon-driver-nwfilter; `virsh nwfilter-list` must show {name!r}), or set "
            f"trafficFilter: none (no tenant isolation on the bridge)")

@@ -32,7 +32,8 @@ def _up(args: argparse.Namespace) -> int:
         raise ValueError("--small-pool: a simulated host has no pool filesystem; use --knobs "
                          "'{\"pool_capacity_bytes\": N}'")
     info = lab.up(state_dir=_state_dir(args), index=args.index, hosts=args.hosts, image=not args.no_image,
-                  simulated=args.simulated, knobs=knobs, small_pool_mib=args.small_pool)
+                  simulated=args.simulated, knobs=knobs, small_pool_mib=args.small_pool,
+                  dhcp=not args.no_dhcp)
     print(Path(info.state_dir) / "lab.json")
     return 0
 
@@ -142,6 +143,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(up)
     up.add_argument("--hosts", type=_hosts, default=1, help="number of hypervisor hosts (default 1)")
     up.add_argument("--no-image", action="store_true", help="skip building and serving the test image")
+    up.add_argument("--no-dhcp", action="store_true",
+                    help="no DHCP on the hosts' bridges: the providers file gives each host staticAddresses "
+                    "(its VM LAN's .100-.199) and the operator allocates the VMs' addresses")
     up.add_argument("--knobs", help='simulated hosts\' knobs as JSON, e.g. \'{"boot_delay_s": 5}\' '
                     "(testbed/sim/knobs.py; a running lab gets them at once)")
     up.add_argument("--small-pool", type=lambda v: _mib("--small-pool", v), metavar="MIB",

@@ -7,7 +7,8 @@ without `ip`), an SSH user outside the
 homelab box). A missing pool needs no knob: name a pool the host does not have.
 
 Below those, faults for a host that is running VMs (the fault campaign): its SSH sessions dropped, its
-libvirtd SIGKILLed and restarted, its link taken down, its pool on a small tmpfs.
+libvirtd SIGKILLed and restarted, its link taken down, its pool on a small tmpfs; and a host's bridge
+without DHCP (its dnsmasq stopped), for the static-address tests on the shared lab.
 """
 
 from __future__ import annotations
@@ -180,3 +181,22 @@ def small_pool(info: LabInfo, host_name: str, *, mib: int) -> Iterator[None]:
         yield
     finally:
         pool_mod.set_pool_size(info, host_name, None)
+
+
+@contextlib.contextmanager
+def without_dhcp(info: LabInfo, host_name: str) -> Iterator[dict[str, str]]:
+    """The host's bridge with no DHCP server: its dnsmasq stopped, and started again afterwards as the lab
+    starts it (a lab brought up with `--no-dhcp`, or a simulated one, has none to stop). Yields the
+    host's `staticAddresses` entry for a providers file: the DHCP range, which nobody hands out now."""
+    host = _host_layout(info, host_name)
+    pid = read_pid(host.pidfile("dnsmasq"))
+    if host.simulated or not host.dhcp or pid is None:
+        yield host.static_addresses
+        return
+    stop([pid])
+    try:
+        yield host.static_addresses
+    finally:
+        run(host_mod.host_argv(host, ["sh", "-c", host_mod.dnsmasq_command(host)]), timeout=30)
+        wait_for(lambda: read_pid(host.pidfile("dnsmasq")) not in (None, pid), timeout=10,
+                 what=f"{host_name}'s dnsmasq to start again")

@@ -11,6 +11,9 @@ A simulated host (docs/lab.md, "Simulated hosts") is the same namespace, sshd an
 testbed/sim's daemon on the libvirt socket in place of virtlogd + libvirtd (and no dnsmasq: nothing
 asks for leases). Its guest LAN is made local in the namespace (an AnyIP route), so the simulator can
 serve each guest's proxy on the guest's own address and the operator reaches it over the veth.
+
+A lab brought up without DHCP (`lab up --no-dhcp`) runs no dnsmasq: its VMs take the static addresses
+the operator writes into their seeds (the providers file's `staticAddresses`).
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]  # where `python -m testbed.sim`
 
 
 def daemons(host: HostLayout) -> tuple[str, ...]:
-    return SIM_DAEMONS if host.simulated else DAEMONS
+    if host.simulated:
+        return SIM_DAEMONS
+    return DAEMONS if host.dhcp else tuple(d for d in DAEMONS if d != "dnsmasq")
 # sshd without PAM gives sessions a PATH without the sbin dirs; the provider runs `ip neigh` over SSH.
 SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LIBVIRTD_CONF_EXTRA = """
@@ -188,8 +193,17 @@ def _sim_command(host: HostLayout) -> str:
             f"</dev/null >>{q(str(host.dir / 'sim.log'))} 2>&1 &")
 
 
-def _start_daemons(host: HostLayout, caps_cache: Path) -> None:
+def dnsmasq_command(host: HostLayout) -> str:
+    """The bridge's DHCP server (no DNS: --port=0), as a shell line run in the host's namespaces."""
     lo, hi = host.dhcp_range
+    q = shlex.quote
+    return f"""dnsmasq --conf-file=/dev/null --port=0 --interface={BRIDGE} --bind-interfaces \\
+  --except-interface=lo --dhcp-range={lo},{hi},255.255.255.0,1h --dhcp-authoritative \\
+  --dhcp-leasefile={q(str(host.leases))} --pid-file={q(str(host.pidfile("dnsmasq")))} \\
+  --log-dhcp --log-facility={q(str(host.dir / "dnsmasq.log"))}"""
+
+
+def _start_daemons(host: HostLayout, caps_cache: Path) -> None:
     q = shlex.quote
     if host.simulated:
         hypervisor = _sim_command(host)
@@ -197,10 +211,7 @@ def _start_daemons(host: HostLayout, caps_cache: Path) -> None:
     else:
         hypervisor = (f"virtlogd -d -p {q(str(host.pidfile('virtlogd')))}\n"
                       f"libvirtd -d -p {q(str(host.pidfile('libvirtd')))}")
-        dhcp = f"""dnsmasq --conf-file=/dev/null --port=0 --interface={BRIDGE} --bind-interfaces \\
-  --except-interface=lo --dhcp-range={lo},{hi},255.255.255.0,1h --dhcp-authoritative \\
-  --dhcp-leasefile={q(str(host.leases))} --pid-file={q(str(host.pidfile("dnsmasq")))} \\
-  --log-dhcp --log-facility={q(str(host.dir / "dnsmasq.log"))}"""
+        dhcp = dnsmasq_command(host) if host.dhcp else ""
     script = f"""
 mkdir -p /etc/libvirt /var/lib/libvirt /var/cache/libvirt /var/log/libvirt /run/libvirt
 mount --bind {q(str(host.etc_libvirt))} /etc/libvirt

@@ -73,6 +73,7 @@ class LabInfo(_Items):
     proxy_manifests: list[str] = field(default_factory=list)
     user_data_file: str = ""
     simulated: bool = False  # testbed/sim's daemons instead of libvirtd (docs/lab.md, "Simulated hosts")
+    dhcp: bool = True  # False: `lab up --no-dhcp`, the hosts' bridges have no DHCP (staticAddresses)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LabInfo:
@@ -93,6 +94,8 @@ class LabInfo(_Items):
         """A real lab's lab.json stays as it was before simulated labs and small pools: their fields only
         when set."""
         data = dataclasses.asdict(self)
+        if self.dhcp:
+            del data["dhcp"]
         if not self.simulated:
             del data["simulated"]
             for h in data["hosts"]:

@@ -7,7 +7,8 @@ Pure data: nothing here touches the system, so the arithmetic is unit-tested on 
 
 Addresses, all inside 10.231.0.0/16 (the only ranges the lab ever creates or contacts):
 lab N, host i -> link net 10.231.{N*16+i*2}.0/24 (root side .1, host side .2), VM LAN
-10.231.{N*16+i*2+1}.0/24 (bridge br0 at .1, DHCP .100-.199).
+10.231.{N*16+i*2+1}.0/24 (bridge br0 at .1, DHCP .100-.199; with `lab up --no-dhcp` no DHCP runs and
+the providers file gives each host that range as `staticAddresses`, for the operator to allocate).
 
 A simulated lab (`lab up --simulated`, docs/lab.md) is a separate lab beside the real one of the same
 index: namespaces ekvm{N}s{i}, state dir lab{N}-sim, addresses in 10.232.0.0/16 (lab N, host i -> link
@@ -69,6 +70,7 @@ class HostLayout:
     number: int  # 0-based host number within the lab
     dir: Path  # <state>/host<i>: pid files, logs, libvirt's private dirs
     simulated: bool = False  # testbed/sim's daemon on the libvirt socket instead of libvirtd
+    dhcp: bool = True  # dnsmasq hands out dhcp_range; without it the operator allocates that range itself
 
     @property
     def name(self) -> str:
@@ -123,6 +125,13 @@ class HostLayout:
     @property
     def dhcp_range(self) -> tuple[str, str]:
         return f"{self._net}.{self._link_octet + 1}.100", f"{self._net}.{self._link_octet + 1}.199"
+
+    @property
+    def static_addresses(self) -> dict[str, str]:
+        """The providers file's `staticAddresses` for this host's bridge: the DHCP range, which no DHCP
+        server hands out when the lab runs without one (`lab up --no-dhcp`)."""
+        lo, hi = self.dhcp_range
+        return {"cidr": self.lan_cidr, "gateway": self.gateway, "range": f"{lo}-{hi}"}
 
     @property
     def hypervisor(self) -> str:
@@ -183,18 +192,19 @@ class LabLayout:
     hosts: int
     state_dir: Path
     simulated: bool = False
+    dhcp: bool = True  # False: no DHCP on any host's bridge; the providers file declares staticAddresses
 
     @classmethod
     def make(cls, *, index: int, hosts: int, state_dir: Path | str | None = None,
-             simulated: bool = False) -> LabLayout:
+             simulated: bool = False, dhcp: bool = True) -> LabLayout:
         check_index(index)
         check_hosts(hosts, simulated=simulated)
         state = Path(state_dir) if state_dir is not None else default_state_dir(index, simulated=simulated)
-        return cls(index=index, hosts=hosts, state_dir=state.absolute(), simulated=simulated)
+        return cls(index=index, hosts=hosts, state_dir=state.absolute(), simulated=simulated, dhcp=dhcp)
 
     def host(self, number: int) -> HostLayout:
         return HostLayout(index=self.index, number=number, dir=self.state_dir / f"host{number}",
-                          simulated=self.simulated)
+                          simulated=self.simulated, dhcp=self.dhcp)
 
     @property
     def all_hosts(self) -> list[HostLayout]:

@@ -98,7 +98,8 @@ def _layout_from_state(state_dir: Path) -> LabLayout | None:
             continue
         hosts = data.get("hosts", 1)
         return LabLayout.make(index=data["index"], hosts=len(hosts) if isinstance(hosts, list) else hosts,
-                              state_dir=state_dir, simulated=bool(data.get("simulated", False)))
+                              state_dir=state_dir, simulated=bool(data.get("simulated", False)),
+                              dhcp=bool(data.get("dhcp", True)))
     return None
 
 
@@ -109,7 +110,8 @@ def problems(state_dir: Path | str) -> list[str]:
         info = LabInfo.load(state)
     except (OSError, ValueError, KeyError, TypeError):
         return [f"no lab at {state} (no readable lab.json)"]
-    lab = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=state, simulated=info.simulated)
+    lab = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=state, simulated=info.simulated,
+                         dhcp=info.dhcp)
     found = []
     for h in lab.all_hosts:
         found += host_mod.host_problems(h)
@@ -167,12 +169,14 @@ def _remove_state(state: Path) -> None:
 
 def up(state_dir: Path | str | None = None, index: int = 0, hosts: int = 1, image: bool = True, *,
        simulated: bool = False, knobs: dict[str, Any] | None = None, small_pool_mib: int | None = None,
-       ) -> LabInfo:
+       dhcp: bool = True) -> LabInfo:
     """Bring the lab up (or reuse a healthy one) and return what lab.json says. `simulated`: testbed/sim's
     daemon on each host instead of libvirtd, started with `knobs` (testbed/sim/knobs.py).
-    `small_pool_mib`: every host's pool on a tmpfs of that size (testbed/lab/pool.py)."""
+    `small_pool_mib`: every host's pool on a tmpfs of that size (testbed/lab/pool.py). `dhcp=False`:
+    no DHCP server on the hosts' bridges; the providers file gives each host `staticAddresses`."""
     _require_root()
-    lab = LabLayout.make(index=check_index(index), hosts=hosts, state_dir=state_dir, simulated=simulated)
+    lab = LabLayout.make(index=check_index(index), hosts=hosts, state_dir=state_dir, simulated=simulated,
+                         dhcp=dhcp)
     if knobs:
         from testbed.sim.knobs import Knobs
 
@@ -193,7 +197,7 @@ def _up_locked(lab: LabLayout, *, image: bool, knobs: dict[str, Any] | None = No
         info = LabInfo.load(lab.state_dir)
         same_pools = all(pool_mod.recorded_mib(h) == small_pool_mib for h in lab.all_hosts)
         if (info.index == index and len(info.hosts) == hosts and info.simulated == lab.simulated
-                and same_pools):
+                and same_pools and info.dhcp == lab.dhcp):
             if knobs:
                 from testbed.sim.control import SimControl
 
@@ -209,7 +213,7 @@ def _up_locked(lab: LabLayout, *, image: bool, knobs: dict[str, Any] | None = No
     _clean_index(lab)
     lab.state_dir.mkdir(parents=True, exist_ok=True)
     lab.layout_json.write_text(json.dumps({"index": lab.index, "hosts": lab.hosts,
-                                           "simulated": lab.simulated}) + "\n")
+                                           "simulated": lab.simulated, "dhcp": lab.dhcp}) + "\n")
     try:
         public_key = keys.ensure_client_key(lab)
         host_mod.install_authorized_key(lab, public_key)
@@ -254,6 +258,7 @@ def _finish(lab: LabLayout, *, image: bool) -> LabInfo:
         proxy_manifests=paths,
         user_data_file=str(lab.user_data_file),
         simulated=lab.simulated,
+        dhcp=lab.dhcp,
     )
     info.save(lab.lab_json)
     return info
@@ -273,7 +278,7 @@ def _host_info(h: host_mod.HostLayout) -> HostInfo:
 
 def _host_layout(info: LabInfo, host_name: str) -> host_mod.HostLayout:
     lab = LabLayout.make(index=info.index, hosts=len(info.hosts), state_dir=info.state_dir,
-                         simulated=info.simulated)
+                         simulated=info.simulated, dhcp=info.dhcp)
     for h in lab.all_hosts:
         if h.name == host_name:
             return h

@@ -94,6 +94,8 @@ def providers_doc(lab: LabLayout, *, image: dict[str, Any] | None) -> dict[str, 
         }
         if dtype == "qemu":
             entry["cpu"] = {"mode": "maximum"}
+        if not h.dhcp:
+            entry["staticAddresses"] = h.static_addresses
         hosts.append(entry)
     images = {}
     egress: dict[str, Any] = {}

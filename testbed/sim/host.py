@@ -1,11 +1,12 @@
 """One simulated hypervisor host: the model, its knobs, the wire server, the guests and the control socket.
 
-Guests: a domain start schedules a boot of `boot_delay_s`; then the guest takes the next free address
-of the host's guest network, reports it (guest agent and/or the ARP table, per the knobs) and serves an
-HTTP forward proxy there on the port its cloud-init user-data names (`Port N`, as the lab's tinyproxy
-config does) or the default. A stop, crash or pause ends or freezes that proxy. The addresses are made
-local in the host's network namespace by the lab (an AnyIP route), so the operator reaches them over
-the same veth and route it uses for a real lab VM.
+Guests: a domain start schedules a boot of `boot_delay_s`; then the guest takes the static address its
+seed's cloud-init network-config gives its MAC (a host with staticAddresses: no lease is written, as no
+DHCP ran), else the next free address of the host's guest network, reports it (guest agent and/or the
+ARP table, per the knobs) and serves an HTTP forward proxy there on the port its cloud-init user-data
+names (`Port N`, as the lab's tinyproxy config does) or the default. A stop, crash or pause ends or
+freezes that proxy. The addresses are made local in the host's network namespace by the lab (an AnyIP
+route), so the operator reaches them over the same veth and route it uses for a real lab VM.
 
 Control: JSON lines on a unix socket (control.py is the client): knobs, guest crash/pause, host
 kill/revive, and the state a benchmark counts (domains, volumes, calls, error replies by code).
@@ -24,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import yaml
 from lxml import etree
 
 from rpc.constants import DomainState, ErrorCode
@@ -151,7 +153,8 @@ class SimHost:
         self.guests.pop(name, None)
         if guest.ip is not None:
             self.hyp.forget_vm_ip(name)
-            self.free_ips.insert(0, guest.ip)
+            if guest.ip not in self.free_ips:
+                self.free_ips.insert(0, guest.ip)
             if self.bridge is not None:
                 task = asyncio.get_running_loop().create_task(self._forget(guest.ip))
                 self._background.add(task)
@@ -159,9 +162,17 @@ class SimHost:
 
     async def _boot(self, dom: Domain, guest: Guest) -> None:
         await asyncio.sleep(self.knobs.boot_delay_s)
-        if self.hyp.domains.get(dom.name) is not dom or dom.id == -1 or not self.free_ips:
+        if self.hyp.domains.get(dom.name) is not dom or dom.id == -1:
             return
-        guest.ip = self.free_ips.pop(0)
+        static = self._static_ip(dom)
+        if static is not None:
+            with contextlib.suppress(ValueError):
+                self.free_ips.remove(static)
+            guest.ip = static
+        elif self.free_ips:
+            guest.ip = self.free_ips.pop(0)
+        else:
+            return
         port = self._proxy_port(dom)
         try:
             guest.server = await proxy.serve(guest.ip, port)
@@ -171,9 +182,9 @@ class SimHost:
             guest.stop()
             return
         self.hyp.set_vm_ip(dom.name, guest.ip, agent=self.knobs.agent)
-        await self._announce(dom, guest.ip)
+        await self._announce(dom, guest.ip, dhcp=static is None)
 
-    async def _announce(self, dom: Domain, ip: str) -> None:
+    async def _announce(self, dom: Domain, ip: str, *, dhcp: bool = True) -> None:
         """What a real guest's DHCP and first packets leave on a host: a lease, a neighbour entry.
 
         The entry is `permanent`: a real guest's entry stays fresh because the host forwards the probes
@@ -181,7 +192,7 @@ class SimHost:
         stale and, past the kernel's gc_thresh2 (512 entries, counted across every namespace of this
         machine, where a fleet of 10 hosts holds 1,000), be collected within seconds. Permanent entries
         are not counted or collected (Linux >= 4.20), as a busy real host's are not."""
-        if self.leases is not None:
+        if dhcp and self.leases is not None:
             with self.leases.open("a") as f:
                 f.write(f"{int(time.time()) + 3600} {dom.mac} {ip} {dom.name} *\n")
         if self.bridge is not None:
@@ -191,8 +202,8 @@ class SimHost:
         if self.bridge is not None:
             await _ip("neigh", "del", ip, "dev", self.bridge)
 
-    def _proxy_port(self, dom: Domain) -> int:
-        """The `Port N` the guest's cloud-init user-data configures (tinyproxy's syntax), else the default."""
+    def _seed_files(self, dom: Domain) -> dict[str, bytes]:
+        """The files of the domain's seed ISO (its cdrom), as cloud-init's NoCloud would read them."""
         from egress_kvm.providers.kvm.seed import read_seed_iso
 
         root = etree.fromstring(dom.xml.encode())
@@ -201,12 +212,21 @@ class SimHost:
             vol = self.hyp.volumes.get(src.get("volume", "")) if src is not None else None
             if vol is None or disk.get("device") != "cdrom":
                 continue
-            with contextlib.suppress(Exception):  # not an ISO we can read: the default port
-                user_data = read_seed_iso(bytes(vol.data[0:len(vol.data)])).files.get("user-data", b"")
-                match = _PORT_LINE.search(user_data)
-                if match and 0 < int(match.group(1)) < 65536:
-                    return int(match.group(1))
+            with contextlib.suppress(Exception):  # not an ISO we can read: no seed
+                return read_seed_iso(bytes(vol.data[0:len(vol.data)])).files
+        return {}
+
+    def _proxy_port(self, dom: Domain) -> int:
+        """The `Port N` the guest's cloud-init user-data configures (tinyproxy's syntax), else the default."""
+        match = _PORT_LINE.search(self._seed_files(dom).get("user-data", b""))
+        if match and 0 < int(match.group(1)) < 65536:
+            return int(match.group(1))
         return self.knobs.default_proxy_port
+
+    def _static_ip(self, dom: Domain) -> str | None:
+        """The IPv4 the seed's network-config (version 2) gives the NIC with this domain's MAC, as
+        cloud-init would apply it; None without one (the guest uses DHCP)."""
+        return static_address(self._seed_files(dom).get("network-config"), mac=dom.mac)
 
     def agent_command(self, handle: Any, command: str) -> str:
         """The simulated guest agent: `guest-ping`, and `guest-exec` of `systemctl stop qemu-guest-agent`
@@ -304,6 +324,27 @@ class SimHost:
         server = await asyncio.start_unix_server(self._control_client, path)
         os.chmod(path, 0o600)
         return server
+
+
+def static_address(network_config: bytes | None, *, mac: str) -> str | None:
+    """From a cloud-init network-config v2 document: the first IPv4 address of the ethernet matched by
+    `mac`, without its prefix length; None when there is none (or the document is not v2 YAML)."""
+    if not network_config:
+        return None
+    try:
+        doc = yaml.safe_load(network_config)
+    except yaml.YAMLError:
+        return None
+    if not isinstance(doc, dict) or doc.get("version") != 2 or not isinstance(doc.get("ethernets"), dict):
+        return None
+    for nic in doc["ethernets"].values():
+        match = nic.get("match") if isinstance(nic, dict) else None
+        if not isinstance(match, dict) or str(match.get("macaddress", "")).lower() != mac.lower():
+            continue
+        for addr in nic.get("addresses") or []:
+            with contextlib.suppress(ValueError):
+                return str(ipaddress.IPv4Interface(str(addr)).ip)
+    return None
 
 
 async def _ip(*args: str) -> None:

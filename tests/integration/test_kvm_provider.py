@@ -4,7 +4,9 @@ One VM boots with the spec's SATA seed and is checked row by row against "What l
 virsh (its NIC under the default `clean-traffic` nwfilter, which drops a connect from a spoofed source
 address); its IP comes from `get`, first through the guest agent and then, with the agent stopped, through
 the host's neighbour table (libvirt's ARP source fails on this kernel, docs/lab.md quirk 2). A second VM boots
-with `seedBus: scsi`. Boots are sequential and few: each takes about a minute under software emulation.
+with `seedBus: scsi`, and a third on the bridge with the host's DHCP server stopped, at the static address
+the provider wrote into its seed. Boots are sequential and few: each takes about a minute under software
+emulation.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from egress_kvm.providers.base import CreateRequest, InProgress, Placement, Powe
 from egress_kvm.providers.kvm import KvmProvider, metadata, naming, seed
 from egress_kvm.providers.registry import build_providers
 from testbed import lab as labmod
+from testbed.lab import faults
 from testbed.lab.manifests import IMAGE_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -78,7 +81,8 @@ def logs(libvirt_trace: Callable[[str], None]) -> Iterator[Logs]:
 
 def provider_for(info: Any, *, cluster_id: str, images: dict[str, Any] | None = None,
                  url_images: list[str] | None = None, allow: list[str] | None = None,
-                 **host_overrides: Any) -> KvmProvider:
+                 host0: dict[str, Any] | None = None, **host_overrides: Any) -> KvmProvider:
+    """The lab's provider with `host_overrides` on every host and `host0` on host0 only."""
     doc = yaml.safe_load(Path(info.providers_file).read_text())
     if allow:  # more egress.allowedCIDRs (a test's own HTTP server)
         egress = doc.setdefault("egress", {})
@@ -89,6 +93,8 @@ def provider_for(info: Any, *, cluster_id: str, images: dict[str, Any] | None = 
         entry["kvm"]["urlImages"] = url_images
     for h in entry["kvm"]["hosts"]:
         h.update(host_overrides)
+        if h["name"] == "host0":
+            h.update(host0 or {})
     config = parse_providers(doc, source=info.providers_file)
     provider = build_providers(config, cluster_id=cluster_id)[entry["name"]]
     assert isinstance(provider, KvmProvider)
@@ -125,7 +131,8 @@ def vol_sha256(info: Any, vol: str) -> str:
 
 
 def lease_ip(info: Any, mac: str) -> str | None:
-    for line in Path(info.hosts[0].dnsmasq_leases).read_text().splitlines():
+    leases = Path(info.hosts[0].dnsmasq_leases)
+    for line in (leases.read_text() if leases.exists() else "").splitlines():
         parts = line.split()
         if len(parts) >= 3 and parts[1].lower() == mac.lower():
             return parts[2]
@@ -377,6 +384,53 @@ async def test_seed_on_virtio_scsi_boots(lab: Any, logs: Logs) -> None:
     finally:
         await provider.close()
         clean_leftovers(info)
+
+
+async def test_static_address_on_a_bridge_without_dhcp(lab: Any, logs: Logs) -> None:
+    """The host's dnsmasq stopped and `staticAddresses` declared: the create answers with the address
+    before the VM has booted, the seed's network-config gives the guest that address (the proxy answers
+    on it, which is what the health probes need for Ready), no DHCP lease exists for its MAC, and the
+    NIC's nwfilter is pinned to it. One VM, about a minute and a half of boot under software emulation."""
+    info = lab
+    clean_leftovers(info)
+    name = "proxy-it-static"
+    mac = naming.mac_address(name)
+    t0 = time.monotonic()
+    with faults.without_dhcp(info, "host0") as static:
+        provider = provider_for(info, cluster_id=f"it-{uuid.uuid4().hex[:8]}",
+                                host0={"staticAddresses": static})  # one host's range (they may not overlap)
+        first = static["range"].split("-")[0]
+        try:
+            inst = await create_waiting(provider, request(provider, name, info))
+            assert inst.ip == first  # the lowest of the range: no VM of ours holds one on this host
+            got = await provider.get(name, "host0")  # still booting: no agent, no neighbour entry yet
+            assert got is not None and got.power_state == PowerState.RUNNING and got.ip == first
+            assert metadata.parse(virsh(info, "metadata", name, metadata.NAMESPACE)).address == first
+            files = seed.read_seed_iso(vol_bytes(info, f"{name}-seed.iso")).files
+            net = yaml.safe_load(files["network-config"])
+            assert net["ethernets"]["eth0"]["match"] == {"macaddress": mac}
+            dom = etree.fromstring(virsh(info, "dumpxml", name).encode())
+            params = {p.get("name"): p.get("value")
+                      for p in dom.iterfind("devices/interface/filterref/parameter")}
+            assert params == {"IP": first}
+
+            body = await asyncio.to_thread(proxied_get, first, info.hosts[0].http_target,
+                                           timeout=BOOT_TIMEOUT)
+            assert body == info.http_target_body
+            ready_s = time.monotonic() - t0
+
+            def agent_reports_it() -> bool:
+                argv = ["virsh", "-q", "-c", "qemu:///system", "domifaddr", name, "--source", "agent"]
+                return first in labmod.host_run(info, "host0", argv, check=False).stdout
+
+            await wait_until(agent_reports_it, 120, f"the guest agent to report {first}")
+            assert lease_ip(info, mac) is None  # the address came from the seed, not from DHCP
+            await provider.delete(name, "host0")
+            assert name not in virsh(info, "list", "--all", "--name").split()
+            print(f"\nstatic address {first}: proxied GET through it {ready_s:.0f}s after the create")
+        finally:
+            await provider.close()
+            clean_leftovers(info)
 
 
 async def test_unreachable_host_is_transient_and_recovers(lab: Any, logs: Logs) -> None:

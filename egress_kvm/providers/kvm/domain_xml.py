@@ -41,6 +41,8 @@ class DomainSpec:
     mac: str
     meta: metadata.InstanceMetadata
     traffic_filter: TrafficFilter = TrafficFilter.CLEAN_TRAFFIC
+    # The static address the operator allocated (no DHCP on the bridge): the filter pins the NIC to it.
+    ip: str | None = None
 
 
 def _sub(parent: etree._Element, tag: str, text: str | None = None, **attrs: str) -> etree._Element:
@@ -92,7 +94,10 @@ def domain_xml(spec: DomainSpec) -> str:
     _sub(nic, "model", type="virtio")
     if spec.traffic_filter is not TrafficFilter.NONE:
         ref = _sub(nic, "filterref", filter=spec.traffic_filter.value)
-        _sub(ref, "parameter", name="CTRL_IP_LEARNING", value=IP_LEARNING)
+        if spec.ip is not None:  # no DHCP to learn from: the allocated address is the only one allowed
+            _sub(ref, "parameter", name="IP", value=spec.ip)
+        else:
+            _sub(ref, "parameter", name="CTRL_IP_LEARNING", value=IP_LEARNING)
 
     serial = _sub(dev, "serial", type="pty")
     _sub(serial, "target", port="0")

@@ -11,11 +11,16 @@ incompatible layout gets a new URI and old domains stay readable by the old pars
       <egress:owner uid="..." namespace="default" name="proxy-sample"/>
       <egress:created>2026-11-30T01:02:03Z</egress:created>
       <egress:placement zone="nas1" machineType="small" image="debian-13"/>
+      <egress:address ip="192.168.10.100"/>
     </egress:instance>
+
+`address` is there only on a host with `staticAddresses` (static_ip.py): the address the operator gave
+the VM, which is how the addresses in use are known after a restart. Older elements simply lack it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -38,6 +43,7 @@ class InstanceMetadata:
     machine_type: str = ""
     image: str = ""
     managed: bool = True
+    address: str = ""  # the static IPv4 the operator allocated; "" on a DHCP bridge
 
 
 class MetadataError(ValueError):
@@ -61,6 +67,8 @@ def build_element(meta: InstanceMetadata) -> etree._Element:
     placement.set("zone", meta.zone)
     placement.set("machineType", meta.machine_type)
     placement.set("image", meta.image)
+    if meta.address:
+        etree.SubElement(root, _NS + "address").set("ip", meta.address)
     return root
 
 
@@ -98,6 +106,7 @@ def parse(xml: str) -> InstanceMetadata:
         raise MetadataError(f"metadata created {created_text!r} is not an RFC 3339 UTC time") from None
     owner = child("owner")
     placement = child("placement")
+    address = child("address")
     return InstanceMetadata(
         cluster_id=text("cluster"),
         owner_uid=owner.get("uid", "") if owner is not None else "",
@@ -108,4 +117,18 @@ def parse(xml: str) -> InstanceMetadata:
         machine_type=placement.get("machineType", "") if placement is not None else "",
         image=placement.get("image", "") if placement is not None else "",
         managed=text("managed") == "true",
+        address=_address(address.get("ip")) if address is not None else "",
     )
+
+
+def _address(value: str | None) -> str:
+    """The recorded static address, exactly as build_element writes it (a dotted IPv4): anything else is
+    a MetadataError like any other malformed field, so a damaged element never becomes an endpoint nor
+    silently stops holding its address."""
+    try:
+        ip = str(ipaddress.IPv4Address(value or ""))
+    except ValueError:
+        ip = ""
+    if not ip or ip != value:
+        raise MetadataError(f"metadata address {value!r} is not an IPv4 address")
+    return ip

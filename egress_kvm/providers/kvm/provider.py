@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 
 import aiohttp
 
-from egress_kvm.config.models import EgressConfig, KvmConfig
+from egress_kvm.config.models import EgressConfig, KvmConfig, MachineType
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.policy.connect import checked_session
 from egress_kvm.policy.egress import Policy, Purpose
@@ -56,7 +56,7 @@ from rpc.constants import (
 from rpc.errors import LibvirtError, NotFoundError
 from rpc.types import Domain, DomainGetStateRet, StoragePool, StorageVol
 
-from . import capacity, metadata, naming, placement, seed
+from . import capacity, metadata, naming, placement, seed, static_ip
 from .addresses import discover
 from .calllog import current_instance, make_observer, make_tracer
 from .domain_xml import DomainSpec, domain_xml, volume_xml
@@ -143,6 +143,8 @@ class KvmProvider:
         # host -> base volume without its marker -> (first seen at one allocation, that allocation)
         self._base_unfinished: dict[str, dict[str, tuple[float, int]]] = {}
         self._watchers: list[Watchers] = []  # lifecycle event watchers handed out (closed with the provider)
+        self._addresses = {h.name: static_ip.shared_book(dial, h.address, h.socket)  # static_ip.py
+                           for h in config.hosts}
 
     # -- Provider interface ---------------------------------------------------------------------
 
@@ -228,6 +230,7 @@ class KvmProvider:
                         await delete_volume(host, vol)
                         removed.append(vol_name)
                         log.v(1).info("volume deleted", pool=pool.name, volume=vol_name)
+            self._addresses[host.name].release(name)
             if removed:
                 log.info("KVM instance deleted", removed=removed)
             else:
@@ -309,14 +312,30 @@ class KvmProvider:
     async def _create_new(self, host: Host, request: CreateRequest, resolved: ResolvedPlacement, *,
                           progress: ProgressCallback | None) -> Instance:
         name = request.name
-        log = host.log.with_values(name=name)
-        cfg = host.config
         mtype = placement.machine_type(self.config, resolved.machine_type)
         source = placement.image_source(self.config, resolved.image)
         pool = await self._pool(host)
         base = await self._base(host, pool, source, request)
 
-        iso = seed.build_seed_iso(name=name, user_data=request.user_data, vendor_data=self.config.vendor_data)
+        ip = await self._static_address(host, name)
+        try:
+            return await self._create_at(host, request, resolved, mtype=mtype, source=source, pool=pool,
+                                         base=base, ip=ip)
+        except BaseException:
+            # Freed at once: not defined, nothing holds it; defined, the domain's metadata holds it.
+            if ip is not None:
+                self._addresses[host.name].release(name, ip)
+            raise
+
+    async def _create_at(self, host: Host, request: CreateRequest, resolved: ResolvedPlacement, *,
+                         mtype: MachineType, source: ImageSource, pool: StoragePool, base: BaseImage,
+                         ip: str | None) -> Instance:
+        """The rest of a create, once the image is there and the static address (if any) chosen."""
+        name = request.name
+        log = host.log.with_values(name=name)
+        cfg = host.config
+        iso = seed.build_seed_iso(name=name, user_data=request.user_data, vendor_data=self.config.vendor_data,
+                                  network_config=self._network_config(host, name, ip))
         disk_bytes = self.config.disk_size_gb * GIB
         available = await capacity.refreshed_available(host, pool)
         capacity.check_pool_space(host=host.name, pool=pool.name, available=available,
@@ -333,12 +352,13 @@ class KvmProvider:
         meta = metadata.InstanceMetadata(
             cluster_id=self.cluster_id, owner_uid=request.owner_uid, created_at=self._now(),
             owner_namespace=request.owner_namespace, owner_name=request.owner_name, zone=resolved.zone,
-            machine_type=resolved.machine_type, image=source.label)  # a URL without credentials
+            machine_type=resolved.machine_type, image=source.label,  # a URL without credentials
+            address=ip or "")
         spec = DomainSpec(
             name=name, domain_type=cfg.domain_type, vcpus=mtype.vcpus, memory_mib=mtype.memory_mib,
             cpu=cfg.cpu_config, pool=pool.name, overlay_volume=naming.overlay_volume(name),
             seed_volume=naming.seed_volume(name), seed_bus=cfg.seed_bus, bridge=cfg.bridge,
-            mac=naming.mac_address(name), meta=meta, traffic_filter=self.config.traffic_filter)
+            mac=naming.mac_address(name), meta=meta, traffic_filter=self.config.traffic_filter, ip=ip)
         try:
             xml = domain_xml(spec)
         except ValueError as exc:  # lxml: a control character in a value (the spec checks should stop it)
@@ -371,9 +391,20 @@ class KvmProvider:
             self._check_ours(host, name, theirs, action="reuse", owner_uid=request.owner_uid)
         log.v(1).info("domain defined", mac=spec.mac, memoryMiB=mtype.memory_mib, vcpus=mtype.vcpus)
         dom = await self._start(host, dom, name)
-        return Instance(name=name, zone=host.name, power_state=PowerState.RUNNING, ip=None,
+        return Instance(name=name, zone=host.name, power_state=PowerState.RUNNING, ip=ip,
                         owner_uid=meta.owner_uid, created_at=meta.created_at,
                         owner_namespace=meta.owner_namespace, owner_name=meta.owner_name)
+
+    async def _static_address(self, host: Host, name: str) -> str | None:
+        """The VM's address on a host with staticAddresses (static_ip.py), None on a DHCP bridge."""
+        cfg = host.config.static_addresses
+        return None if cfg is None else await self._addresses[host.name].allocate(host, name, cfg)
+
+    def _network_config(self, host: Host, name: str, ip: str | None) -> bytes | None:
+        cfg = host.config.static_addresses
+        if ip is None or cfg is None:
+            return None
+        return static_ip.network_config(mac=naming.mac_address(name), address=ip, config=cfg)
 
     async def _base(self, host: Host, pool: StoragePool, source: placement.ImageSource,
                     request: CreateRequest) -> BaseImage:
@@ -593,7 +624,9 @@ class KvmProvider:
             message = f"paused ({paused_reason(st.reason)})"
         power = power_state(st.state)
         ip = None
-        if power == PowerState.RUNNING:
+        if power == PowerState.RUNNING and meta is not None and meta.address:
+            ip = meta.address  # static: the operator gave it, the nwfilter pins it; nothing to discover
+        elif power == PowerState.RUNNING:
             ip = await discover(host, dom, mac=naming.mac_address(name), bridge=host.config.bridge, name=name)
         return Instance(
             name=name, zone=host.name, power_state=power, ip=ip,

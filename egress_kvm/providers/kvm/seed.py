@@ -1,5 +1,6 @@
 """The NoCloud seed ISO, built in memory with pycdlib: volume label `cidata`, user-data, meta-data,
-and vendor-data (omitted when configured as "").
+vendor-data (omitted when configured as ""), and network-config on a host with static addresses
+(static_ip.py: cloud-init's NoCloud reads it as the VM's network configuration, version 2).
 
 meta-data carries `instance-id` (cloud-init runs its per-instance modules once per id; the instance name
 is unique per VM) and `local-hostname`. The bytes hold the user's cloud-init, which may carry secrets: the
@@ -20,13 +21,16 @@ def meta_data(*, instance_id: str, hostname: str) -> bytes:
     return f"instance-id: {instance_id}\nlocal-hostname: {hostname}\n".encode()
 
 
-def build_seed_iso(*, name: str, user_data: bytes, vendor_data: str) -> bytes:
+def build_seed_iso(*, name: str, user_data: bytes, vendor_data: str,
+                   network_config: bytes | None = None) -> bytes:
     files: list[tuple[str, bytes]] = [
         ("user-data", user_data),
         ("meta-data", meta_data(instance_id=name, hostname=name)),
     ]
     if vendor_data:
         files.append(("vendor-data", vendor_data.encode()))
+    if network_config is not None:
+        files.append(("network-config", network_config))
     iso = pycdlib.PyCdlib()
     # Joliet + Rock Ridge give cloud-init the real names (ISO9660 level 1 would mangle "user-data").
     iso.new(interchange_level=3, vol_ident=VOLUME_LABEL, joliet=3, rock_ridge="1.09")

@@ -159,3 +159,27 @@ async def test_orphan_gc_over_the_kvm_provider(kube: FakeKube, kvm, proxy_server
     collected = await c.collect_garbage()
     assert [x.name for x in collected] == [name]
     assert name not in hv["host0"].domains and instance_volumes(hv["host0"], name) == set()
+
+
+async def test_a_static_address_is_status_ip_without_any_discovery_and_probes_decide_ready(
+        kube: FakeKube, proxy_server: MiniProxy, make_controller) -> None:
+    # The only address a unit test may send to is loopback, so the range is one loopback address: the
+    # "VM" answering the probes is the test's proxy on 127.0.0.1. No agent, no neighbour entry is ever set.
+    static = {"cidr": "127.0.0.0/24", "gateway": "127.0.0.254", "range": "127.0.0.1-127.0.0.1"}
+    provider, hv = fake_kvm_provider(host_entries=[{"name": "host0", "address": "host0.test:22",
+                                                    "user": "virt", "bridge": "br0",
+                                                    "staticAddresses": static}], cluster_id="c1")
+    try:
+        make_controller({PROVIDER: provider})
+        kube.create_proxy("px1", kvm_spec(proxy_server))
+        await eventually(lambda: phase(kube) == "Ready")
+        st = kube.status(KEY)
+        assert (st["ip"], st["endpoint"]) == ("127.0.0.1", f"http://127.0.0.1:{proxy_server.port}")
+        name = st["instance"]["name"]
+        assert hv["host0"].agent_ips == {} and hv["host0"].neighbours.get("br0", []) == []
+        assert "network-config" in read_seed_iso(bytes(hv["host0"].volumes[f"{name}-seed.iso"].data)).files
+        kube.delete(KEY)
+        await eventually(lambda: KEY not in kube.objects)
+        assert name not in hv["host0"].domains
+    finally:
+        await provider.close()

@@ -36,6 +36,11 @@ def test_small_pool_flags():
     assert build_parser().parse_args(["lab", "pool", "--size", "none"]).size == "none"
 
 
+def test_no_dhcp_flag():
+    assert build_parser().parse_args(["lab", "up", "--no-dhcp"]).no_dhcp
+    assert not build_parser().parse_args(["lab", "up"]).no_dhcp
+
+
 def test_lab_needs_a_subcommand(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["lab"])

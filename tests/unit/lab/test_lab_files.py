@@ -100,3 +100,28 @@ def test_lab_json_round_trip_with_item_access(tmp_path):
     assert info.to_dict() == data
     info.save(tmp_path / "again.json")
     assert json.loads((tmp_path / "again.json").read_text()) == data
+
+
+def test_a_lab_without_dhcp_gives_each_host_its_range_as_static_addresses(tmp_path):
+    from testbed.lab.host import daemons
+
+    lab = LabLayout.make(index=1, hosts=2, state_dir=tmp_path, dhcp=False)
+    doc = yaml.safe_load(manifests.dump(manifests.providers_doc(lab, image=IMAGE)))
+    hosts = parse_providers(doc).providers[0].kvm.hosts
+    got = [(h.static_addresses.cidr, h.static_addresses.gateway, h.static_addresses.range) for h in hosts]
+    assert got == [("10.231.17.0/24", "10.231.17.1", "10.231.17.100-10.231.17.199"),
+                   ("10.231.19.0/24", "10.231.19.1", "10.231.19.100-10.231.19.199")]
+    assert "dnsmasq" not in daemons(lab.host(0))
+    with_dhcp = LabLayout.make(index=1, hosts=1, state_dir=tmp_path)
+    assert "dnsmasq" in daemons(with_dhcp.host(0))
+    plain = yaml.safe_load(manifests.dump(manifests.providers_doc(with_dhcp, image=IMAGE)))
+    assert "staticAddresses" not in plain["providers"][0]["kvm"]["hosts"][0]
+
+
+def test_lab_json_records_a_lab_without_dhcp_and_omits_the_default(tmp_path):
+    info = LabInfo(index=0, state_dir=str(tmp_path), ssh_key="k", known_hosts="kh", providers_file="p",
+                   image=None, http_target="t", http_target_body="b", hosts=[], dhcp=False)
+    info.save(tmp_path / "lab.json")
+    assert LabInfo.load(tmp_path).dhcp is False
+    info.dhcp = True
+    assert "dhcp" not in info.to_dict()

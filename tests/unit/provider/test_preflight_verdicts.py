@@ -193,3 +193,16 @@ def test_content_range_total(header: str | None, total: int | None) -> None:
 def test_key_file_hint(path: str, hint: str) -> None:
     got = v.key_file_hint(path, flag="--ssh-key")
     assert (hint in got) if hint else got == ""
+
+
+@pytest.mark.parametrize(("lookup", "static", "status", "needle"), [
+    (v.FilterLookup.FOUND, False, Status.PASS, "their IPv4 learned by DHCP"),
+    (v.FilterLookup.FOUND, True, Status.PASS, "pinned to the address allocated from staticAddresses"),
+    (v.FilterLookup.MISSING, True, Status.FAIL, "VMs cannot start"),
+])
+def test_filter_verdict_says_how_the_address_is_pinned(lookup: v.FilterLookup, static: bool, status: Status,
+                                                       needle: str) -> None:
+    from egress_kvm.config.models import TrafficFilter
+
+    verdict = v.filter_verdict(TrafficFilter.CLEAN_TRAFFIC, lookup, static=static)
+    assert verdict.status is status and needle in verdict.detail

@@ -161,3 +161,61 @@ async def test_state_counts_errors_by_code_and_kill_says_how_many_guests_it_stop
         assert (await ctl.request("state"))["errors"] == {"NO_DOMAIN": 1, "OPERATION_TIMEOUT": 2}
     assert await ctl.request("kill") == {"stopped": 1}
     await ctl.request("revive")
+
+
+STATIC_XML = """<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory>
+<devices><disk type='volume' device='disk'><source pool='default' volume='{name}.qcow2'/></disk>
+<disk type='volume' device='cdrom'><source pool='default' volume='{name}-seed.iso'/></disk>
+<interface type='bridge'><mac address='{mac}'/></interface></devices></domain>"""
+
+
+async def test_a_guest_takes_the_static_address_its_seed_gives_its_mac(sim: SimHost, tmp_path: Path) -> None:
+    from egress_kvm.config.models import StaticAddresses
+    from egress_kvm.providers.kvm import seed, static_ip
+
+    mac = "52:54:00:00:00:05"
+    cfg = StaticAddresses.model_validate({"cidr": "127.77.0.0/24", "gateway": "127.77.0.1",
+                                          "range": "127.77.0.50-127.77.0.60"})
+    net = static_ip.network_config(mac=mac, address="127.77.0.55", config=cfg)
+    iso = seed.build_seed_iso(name="g5", user_data=b"#cloud-config\n", vendor_data="", network_config=net)
+    sim.hyp.put_volume("g5-seed.iso", iso)
+    sim.leases = tmp_path / "leases"
+    async with await client(sim) as lv:
+        pool = await lv.storage_pool_lookup_by_name("default")
+        for name in ("g5", "g6"):
+            await lv.storage_vol_create_xml(pool, VOLUME_XML.format(name=f"{name}.qcow2"), 0)
+        static = await lv.domain_create_with_flags(await lv.domain_define_xml(
+            STATIC_XML.format(name="g5", mac=mac)), 0)
+        dhcp = await lv.domain_create_with_flags(await lv.domain_define_xml(
+            DOMAIN_XML.format(name="g6", mac="06")), 0)
+        await asyncio.sleep(0.3)
+
+        async def agent_ips(dom: object) -> list[str]:
+            ifaces = await lv.domain_interface_addresses(dom, InterfaceAddressesSource.AGENT, 0)  # type: ignore[arg-type]
+            return [a.addr for i in ifaces if i.name != "lo" for a in i.addrs if a.prefix == 24]
+
+        assert await agent_ips(static) == ["127.77.0.55"]
+        assert await agent_ips(dhcp) == ["127.77.0.2"]  # a DHCP guest still takes the next free one
+        _, writer = await asyncio.open_connection("127.77.0.55", 3128)  # its proxy serves there
+        writer.close()
+        # Only the DHCP guest left a lease: no DHCP ran for the static one.
+        assert [line.split()[1] for line in sim.leases.read_text().splitlines()] == ["52:54:00:00:00:06"]
+
+
+@pytest.mark.parametrize(("doc", "mac", "expected"), [
+    (b"version: 2\nethernets:\n  eth0:\n    match: {macaddress: '52:54:00:AA:00:01'}\n"
+     b"    addresses: [10.0.0.5/24]\n", "52:54:00:aa:00:01", "10.0.0.5"),
+    (b"version: 2\nethernets:\n  eth0:\n    match: {macaddress: '52:54:00:aa:00:02'}\n"
+     b"    addresses: [10.0.0.5/24]\n", "52:54:00:aa:00:01", None),  # another NIC's
+    (b"version: 2\nethernets:\n  eth0:\n    match: {macaddress: '52:54:00:aa:00:01'}\n"
+     b"    addresses: ['fd00::5/64', 10.0.0.6/24]\n", "52:54:00:aa:00:01", "10.0.0.6"),  # IPv4 only
+    (b"version: 2\nethernets:\n  eth0:\n    match: {macaddress: '52:54:00:aa:00:01'}\n    dhcp4: true\n",
+     "52:54:00:aa:00:01", None),
+    (b"version: 1\nconfig: []\n", "52:54:00:aa:00:01", None),
+    (b"{{{", "52:54:00:aa:00:01", None),
+    (None, "52:54:00:aa:00:01", None),
+])
+def test_static_address_from_network_config(doc: bytes | None, mac: str, expected: str | None) -> None:
+    from testbed.sim.host import static_address
+
+    assert static_address(doc, mac=mac) == expected
