@@ -345,7 +345,17 @@ async def test_foreign_domains_are_never_touched() -> None:
         hv["host0"].domains["proxy-theirs"].metadata.clear()
         with pytest.raises(PermanentError, match="not made by this operator"):
             await mine.delete("proxy-theirs", "host0")
-        assert [i.name for i in await theirs.list_managed()] == []
+        # Its listing keeps the element as first read (the operator never rewrites one, so GC reads each
+        # domain's once), but nothing acts on that alone: a delete reads the element afresh and refuses.
+        with pytest.raises(PermanentError, match="not made by this operator"):
+            await theirs.delete("proxy-theirs", "host0")
+        assert "proxy-theirs" in hv["host0"].domains
+        # A new provider (a restart) reads it again.
+        fresh = type(mine)(name=mine.name, config=mine.config, cluster_id="cluster-b", dial=hv.dial)
+        try:
+            assert [i.name for i in await fresh.list_managed()] == []
+        finally:
+            await fresh.close()
     finally:
         await mine.close()
         await theirs.close()
@@ -490,8 +500,8 @@ async def test_rpc_counts_for_create_and_get() -> None:
         assert create_calls.index("storage_pool_refresh") < create_calls.index("storage_pool_get_info")
         h.calls.clear()
         await provider.create(request())  # already there and running: a Get's worth of calls
-        assert h.calls == ["domain_lookup_by_name", "domain_get_metadata", "domain_get_state",
-                           "domain_interface_addresses"]
+        assert h.calls == ["domain_lookup_by_name", "storage_pool_lookup_by_name",  # (asked together)
+                           "domain_get_metadata", "domain_get_state", "domain_interface_addresses"]
     finally:
         await provider.close()
 
