@@ -35,6 +35,7 @@ class Context:
     providers: Mapping[str, Provider] = field(default_factory=dict)
     providers_hash: str = ""
     events: list[Event] = field(default_factory=list)  # recorded with the next status write
+    routine: bool = False  # queued only by the clock: a settled Proxy's probes may vouch for its VM
     generation: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -50,9 +50,11 @@ class Controller:
                  timings: Timings | None = None, transient_backoff: Backoff = TRANSIENT_BACKOFF,
                  quota_backoff: Backoff = QUOTA_BACKOFF, probe_time_scale: float = 1.0,
                  egress: EgressPolicies | None = None, reconcile_timeout: float = 300.0,
-                 wedge_grace: float = 60.0) -> None:
+                 wedge_grace: float = 60.0, probe_refresh: float | None = None) -> None:
         """`namespace` (optional, beyond the contract): the watch scope, so GC never judges instances
-        owned from other namespaces. The last four tune timings for tests."""
+        owned from other namespaces. The last four tune timings for tests. `probe_refresh`: how often
+        a probed Proxy is re-queued only to refresh `lastProbeTime` (default: the resync period; each
+        such pass writes status, so at once a minute 1,000 Proxies cost the API server ~17 writes/s)."""
         if workers < 1:
             raise ValueError(f"workers: {workers} must be at least 1")
         self.kube = kube
@@ -67,6 +69,7 @@ class Controller:
         self.queue: WorkQueue[Key] = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff)
         self.prober: Prober[ProbeKey] = Prober(
             kube=kube, on_change=self._enqueue_any, time_scale=probe_time_scale,
+            refresh=resync_period if probe_refresh is None else probe_refresh,
             on_refresh=self._enqueue_unless_backing_off, logger=self.log.with_name("health"),
             policies=egress)
         self.reconciler = Reconciler(kube=kube, prober=self.prober, providers=providers,
@@ -77,6 +80,9 @@ class Controller:
         self._stopped: asyncio.Event | None = None
         self._last_gc: list[Collected] = []
         self._seen: dict[Key, tuple[object, ...]] = {}  # key -> what of metadata last triggered a reconcile
+        # Keys queued only by the clock (a resync, a probe refresh) and by nothing since: their reconcile
+        # may trust healthy probes instead of reading the VM (planner.vouched). Any other add clears it.
+        self._routine: set[Key] = set()
         self.reconcile_timeout = reconcile_timeout
         self.wedge_grace = wedge_grace
         self._running_since: dict[Key, float] = {}  # key -> monotonic start of its reconcile in flight
@@ -87,11 +93,13 @@ class Controller:
     # --- what the process calls ----------------------------------------------------------------------
 
     def enqueue(self, key: Key) -> None:
+        self._routine.discard(key)  # somebody asks: the reconcile looks at the VM (planner.vouched)
         self.queue.add(key)
 
     def on_event(self, kind: str, obj: Obj) -> None:
         key = key_of(obj)
         if kind == "DELETED":
+            self._routine.discard(key)
             metrics.forget_proxy(*key)
             self.reconciler.forget(key)
             self.queue.drop(key)
@@ -176,10 +184,12 @@ class Controller:
     async def _process(self, key: Key) -> None:
         start = self._running_since[key] = time.monotonic()
         log = self.log.with_values(proxy=f"{key[0]}/{key[1]}")
+        routine = key in self._routine
+        self._routine.discard(key)
         deadline = asyncio.timeout(self.reconcile_timeout)
         try:
             async with deadline:
-                result: Result = await self.reconciler.reconcile(key)
+                result: Result = await self.reconciler.reconcile(key, routine=routine)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug, a Kubernetes API error, the timeout: retry with backoff, never die
@@ -221,7 +231,8 @@ class Controller:
                 self.log.error(e, "periodic task failed", task=getattr(fn, "__name__", str(fn)))
 
     async def _resync(self) -> None:
-        self._enqueue_all()
+        for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict
+            self._enqueue_routine(key)
 
     async def collect_garbage(self) -> list[Collected]:
         """One orphan GC pass (also run every gc_interval)."""
@@ -243,17 +254,23 @@ class Controller:
     # --- internals -----------------------------------------------------------------------------------
 
     def _enqueue_any(self, key: ProbeKey) -> None:
-        self.queue.add(key.proxy)
+        self.enqueue(key.proxy)
+
+    def _enqueue_routine(self, key: Key) -> None:
+        """Queue `key` for the clock's sake: routine unless something else already wants it."""
+        if not self.queue.wanted(key):
+            self._routine.add(key)
+        self.queue.add(key)
 
     def _enqueue_unless_backing_off(self, key: ProbeKey) -> None:
         """A probe refresh (no verdict change) for a key whose reconciles are failing waits for its
         backoff timer: reconciling it would only retry the provider (a dead host's lock) early."""
         if self.queue.failures(key.proxy) > 0:
             return
-        self.queue.add(key.proxy)
+        self._enqueue_routine(key.proxy)
 
     def _wake(self, key: Key, _done: asyncio.Future[None]) -> None:
-        self.queue.add(key)
+        self.enqueue(key)
 
     def _listen_for_hosts(self, providers: Mapping[str, Provider]) -> None:
         for provider in providers.values():
@@ -276,11 +293,11 @@ class Controller:
                       proxies=len(keys))
         for key in keys:
             self.queue.forget(key)
-            self.queue.add(key)
+            self.enqueue(key)
 
     def _enqueue_all(self) -> None:
         for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict
-            self.queue.add(key)
+            self.enqueue(key)
 
     def _update_phase_gauge(self) -> None:
         counts = self.reconciler.phase_counts()

@@ -99,6 +99,10 @@ class WorkQueue(Generic[K]):
         self._failures.pop(key, None)
         self._quota_failures.pop(key, None)
 
+    def wanted(self, key: K) -> bool:
+        """Queued, or to be queued again once its reconcile in flight ends."""
+        return key in self._dirty
+
     def failures(self, key: K) -> int:
         return self._failures.get(key, 0) + self._quota_failures.get(key, 0)
 

@@ -173,7 +173,7 @@ class SimHost:
             with self.leases.open("a") as f:
                 f.write(f"{int(time.time()) + 3600} {dom.mac} {ip} {dom.name} *\n")
         if self.bridge is not None:
-            await _ip("neigh", "replace", ip, "lladdr", dom.mac, "dev", self.bridge, "nud", "reachable")
+            await _ip("neigh", "replace", ip, "lladdr", dom.mac, "dev", self.bridge, "nud", "permanent")
 
     async def _forget(self, ip: str) -> None:
         if self.bridge is not None:

@@ -104,11 +104,42 @@ async def test_reconcile_errors_are_retried_with_backoff_and_counted(
 
 async def test_periodic_resync_reconciles_without_events(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
-    make_controller({"kvm-home": provider}, resync_period=0.05)
+    c = make_controller({"kvm-home": provider}, resync_period=0.05)
     kube.create_proxy("px1", spec_for(proxy_server))
     await eventually(lambda: phase(kube) == "Ready")
+    reads: list[tuple[str, str]] = []
+    real_get_proxy = kube.get_proxy
+
+    async def counted(namespace: str, name: str):  # type: ignore[no-untyped-def]
+        reads.append((namespace, name))
+        return await real_get_proxy(namespace, name)
+
+    kube.get_proxy = counted  # type: ignore[method-assign]
+    await eventually(lambda: len(reads) >= 3, what="three resync passes")
+    assert c.queue.failures(KEY) == 0
+
+
+async def test_a_resync_trusts_healthy_probes_and_an_explicit_enqueue_looks(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """A settled Ready Proxy's resync passes (routine: queued by the clock only) do not read the VM
+    (planner.vouched): its probes do. Anything that asks (here an enqueue) reads it again."""
+    c = make_controller({"kvm-home": provider}, resync_period=0.05)
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready" and kube.status(KEY).get("healthy") is True)
+    await asyncio.sleep(0.2)  # a pass or two already vouched for
+    reads: list[str] = []
+    real_get_proxy = kube.get_proxy
+
+    async def counted(namespace: str, name: str):  # type: ignore[no-untyped-def]
+        reads.append(name)
+        return await real_get_proxy(namespace, name)
+
+    kube.get_proxy = counted  # type: ignore[method-assign]
     gets = sum(1 for op, _ in provider.calls if op == "get")
-    await eventually(lambda: sum(1 for op, _ in provider.calls if op == "get") >= gets + 3)
+    await eventually(lambda: len(reads) >= 3, what="three resync passes")
+    assert sum(1 for op, _ in provider.calls if op == "get") == gets
+    c.enqueue(KEY)
+    await eventually(lambda: sum(1 for op, _ in provider.calls if op == "get") > gets, what="a real look")
 
 
 async def test_deleted_event_forgets_the_key(
