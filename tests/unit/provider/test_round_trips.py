@@ -46,7 +46,8 @@ async def waves(monkeypatch: pytest.MonkeyPatch, work: Awaitable[Any]) -> tuple[
     return len(rounds), rounds
 
 
-async def test_a_create_makes_seven_round_trips_in_a_row_not_fourteen(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_create_makes_seven_round_trips_in_a_row_not_fourteen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     provider, hv = fake_kvm_provider()
     try:
         count, rounds = await waves(monkeypatch, provider.create(request()))
@@ -97,13 +98,14 @@ async def fails(message: str, *, turns: int = 0) -> int:
     ((Boom("a"), Boom("b")), "a"),
     ((1, 2, Boom("c")), "c"),
 ])
-def test_first_failure_is_the_earliest_in_argument_order(results: tuple[object, ...], first: str | None) -> None:
+def test_first_failure_is_the_earliest_in_argument_order(results: tuple[object, ...],
+                                                         first: str | None) -> None:
     found = first_failure(results)
     assert (str(found) if found is not None else None) == first
 
 
 async def test_together_raises_the_first_failure_in_order_even_when_a_later_one_fails_first() -> None:
-    with pytest.raises(Boom, match="^early-in-order$"):
+    with pytest.raises(Boom, match=r"^early-in-order$"):
         await together(fails("early-in-order", turns=5), fails("fails-first"))
     assert await together(ok(1), ok(2), ok(3)) == (1, 2, 3)
 
