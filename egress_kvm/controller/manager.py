@@ -69,11 +69,13 @@ class Controller:
         self.queue: WorkQueue[Key] = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff)
         self.prober: Prober[ProbeKey] = Prober(
             kube=kube, on_change=self._enqueue_any, time_scale=probe_time_scale,
-            refresh=resync_period if probe_refresh is None else probe_refresh,
+            refresh=resync_period if probe_refresh is None else probe_refresh,  # scaled by the prober
             on_refresh=self._enqueue_unless_backing_off, logger=self.log.with_name("health"),
             policies=egress)
+        refresh = (resync_period if probe_refresh is None else probe_refresh) * probe_time_scale
         self.reconciler = Reconciler(kube=kube, prober=self.prober, providers=providers,
-                                     providers_hash=providers_hash, timings=timings, logger=self.log)
+                                     providers_hash=providers_hash, timings=timings, logger=self.log,
+                                     probe_refresh=refresh)
         self._tasks: list[asyncio.Task[None]] = []
         self._died: BaseException | None = None
         self._stopping = False

@@ -44,8 +44,10 @@ from .verdict import ProbeKey
 class Reconciler:
     def __init__(self, *, kube: KubeApi, prober: Prober[ProbeKey], providers: Mapping[str, Provider],
                  providers_hash: str = "", timings: Timings | None = None,
-                 logger: Logger | None = None) -> None:
+                 logger: Logger | None = None, probe_refresh: float = 0.0) -> None:
+        """`probe_refresh`: seconds before a newer lastProbeTime alone is worth a status write."""
         self.kube = kube
+        self.probe_refresh = probe_refresh
         self.prober = prober
         self.providers: Mapping[str, Provider] = dict(providers)
         self.providers_hash = providers_hash
@@ -76,7 +78,8 @@ class Reconciler:
             return Result()
         ctx = Context(key=key, proxy=proxy, log=self.log.with_values(proxy=f"{key[0]}/{key[1]}"),
                       kube=self.kube, prober=self.prober, memory=self.memory, providers=self.providers,
-                      providers_hash=self.providers_hash, routine=routine)
+                      providers_hash=self.providers_hash, routine=routine,
+                      probe_refresh=self.probe_refresh)
         try:
             return await self._outcome(ctx)
         except SpecChanged as e:
