@@ -231,10 +231,11 @@ class Host:
         return await session.exec(argv, time_limit=time_limit)
 
     async def shared_exec(self, argv: Sequence[str], *, max_age: float = SHARED_EXEC_MAX_AGE) -> ExecResult:
-        """`exec` for a read of host-wide state (the bridge's neighbour table), shared: a caller joins the
-        run in flight (or takes one finished less than `max_age` ago). Every Proxy's Get reads the same
-        table; at hundreds of VMs per host that was one SSH channel and one process on the host per Get.
-        A failure is not kept: the next caller runs it again."""
+        """`exec` for a read of host-wide state (the bridge's neighbour table, /proc/meminfo), shared: a
+        caller joins the run in flight (or takes one finished less than `max_age` ago). Every Proxy's Get
+        reads the same table; at hundreds of VMs per host that was one SSH channel and one process on the
+        host per Get, and sshd refuses channels past MaxSessions (10 by default) open at once. A failure
+        is not kept: the next caller runs it again."""
         key = tuple(argv)
         task = self._shared.get(key)
         if task is None:
