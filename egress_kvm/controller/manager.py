@@ -66,7 +66,9 @@ class Controller:
         self.resync_period = resync_period
         self.gc_interval = gc_interval
         self.gc_grace_period = gc_grace_period
-        self.queue: WorkQueue[Key] = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff)
+        # A delayed add (a requeue, a backoff retry) asks for a real look like any other add but the clock's.
+        self.queue: WorkQueue[Key] = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff,
+                                               on_due=self._not_routine)
         self.prober: Prober[ProbeKey] = Prober(
             kube=kube, on_change=self._enqueue_any, time_scale=probe_time_scale,
             refresh=resync_period if probe_refresh is None else probe_refresh,  # scaled by the prober
@@ -254,6 +256,9 @@ class Controller:
         return self._last_gc
 
     # --- internals -----------------------------------------------------------------------------------
+
+    def _not_routine(self, key: Key) -> None:
+        self._routine.discard(key)
 
     def _enqueue_any(self, key: ProbeKey) -> None:
         self.enqueue(key.proxy)
