@@ -110,6 +110,29 @@ async def test_together_raises_the_first_failure_in_order_even_when_a_later_one_
     assert await together(ok(1), ok(2), ok(3)) == (1, 2, 3)
 
 
+async def test_a_cancelled_together_returns_only_once_every_call_has_ended() -> None:
+    """A reconcile cut off (its timeout, a shutdown) mid-`together`: no call is left running behind it."""
+    started: list[int] = []
+    ended: list[int] = []
+
+    async def pending(i: int) -> int:
+        started.append(i)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append(i)
+        return i
+
+    task = asyncio.ensure_future(together(pending(1), pending(2)))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert sorted(started) == [1, 2]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sorted(ended) == [1, 2]
+
+
 @pytest.mark.parametrize(("finished_at", "now", "max_age", "reuse"), [
     (None, 10.0, 1.0, False),  # never ran
     (9.5, 10.0, 1.0, True),
