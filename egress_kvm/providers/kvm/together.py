@@ -5,9 +5,13 @@ that alone was most of a second per Proxy. Calls that do not need each other's a
 the pool lookups; the base image check, the pool's free space and the host's free memory) now go out
 together on the host's one connection, which pipelines them.
 
-`together` waits for every call, even after one fails: they are reads, and waiting keeps the error
-that surfaces the one the sequential code would have raised (`first_failure`: the earliest in argument
-order), so what a Proxy's status says does not depend on which reply arrived first.
+`together` waits for every call, even after one fails (siblings are not cancelled): most are reads, and
+waiting keeps the error that surfaces the one the sequential code would have raised (`first_failure`: the
+earliest in argument order), so what a Proxy's status says does not depend on which reply arrived first.
+The two writes (a Create's overlay and seed volumes) are waited for too: a volume call cut off mid-flight
+may still be made on the host, so its outcome is better known; either left by the other's failure is
+replaced by the retry or deleted with the instance (by name, recorded in status before the create).
+Cancelled itself (a reconcile's timeout, a shutdown), it returns only once every call has ended.
 """
 
 from __future__ import annotations
