@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from egress_kvm.kube.interfaces import Obj
 
@@ -114,6 +115,26 @@ def held(old: Obj, *, message: str, reason: str, generation: int, health: Health
         set_condition(status, type_=COND_HOST, value="False", reason="Unreachable", message=unreachable,
                       generation=generation)
     return status
+
+
+def worth_writing(old: Obj, new: Obj, *, now: datetime, refresh: float) -> bool:
+    """Whether `new` is worth a status write over `old`. A change of anything but `lastProbeTime` is; a
+    newer `lastProbeTime` alone only once the stored one is `refresh` seconds old (the resync period): a
+    settled Proxy's routine passes (a resync, a probe refresh) would otherwise each write the time of
+    the latest probe, two writes per Proxy per period that tell nobody anything new."""
+    if new == old:
+        return False
+    if {k: v for k, v in new.items() if k != "lastProbeTime"} != \
+            {k: v for k, v in old.items() if k != "lastProbeTime"}:
+        return True
+    stored, fresh = old.get("lastProbeTime"), new.get("lastProbeTime")
+    if not isinstance(stored, str) or not isinstance(fresh, str):
+        return True  # probing started or stopped
+    try:
+        at = datetime.strptime(stored, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return True
+    return (now - at).total_seconds() >= refresh
 
 
 def probe_fields(status: Obj, health: Health | None, *, probing: bool) -> Obj:

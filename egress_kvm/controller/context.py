@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from egress_kvm.kube.interfaces import Key, KubeApi, Obj
 from egress_kvm.log import Logger
 from egress_kvm.providers.base import NotOwned, Provider
 
-from .compose import Serving, Verdict, cap_messages, compose, held
+from .compose import Serving, Verdict, cap_messages, compose, held, worth_writing
 from .desired import provider_for_ref
 from .health import Prober
 from .memory import Memory
@@ -35,6 +36,8 @@ class Context:
     providers: Mapping[str, Provider] = field(default_factory=dict)
     providers_hash: str = ""
     events: list[Event] = field(default_factory=list)  # recorded with the next status write
+    routine: bool = False  # queued only by the clock: a settled Proxy's probes may vouch for its VM
+    probe_refresh: float = 0.0  # a newer lastProbeTime alone is written once the stored one is this old
     generation: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -101,7 +104,7 @@ class Context:
             old_phase=old.get("phase"), new_phase=status["phase"], message=status.get("message", ""),
             endpoint=status.get("endpoint"), ip=status.get("ip"))]
         self.events.clear()
-        if status != old:
+        if worth_writing(old, status, now=datetime.now(UTC), refresh=self.probe_refresh):
             self.proxy = await self.kube.update_proxy_status(self.proxy, status)
             if old.get("phase") != status["phase"]:
                 self.log.info("phase changed", old=old.get("phase"), new=status["phase"],

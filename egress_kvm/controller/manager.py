@@ -59,9 +59,11 @@ class Controller:
                  timings: Timings | None = None, transient_backoff: Backoff = TRANSIENT_BACKOFF,
                  quota_backoff: Backoff = QUOTA_BACKOFF, probe_time_scale: float = 1.0,
                  egress: EgressPolicies | None = None, reconcile_timeout: float = 300.0,
-                 wedge_grace: float = 60.0) -> None:
+                 wedge_grace: float = 60.0, probe_refresh: float | None = None) -> None:
         """`namespace` (optional, beyond the contract): the watch scope, so GC never judges instances
-        owned from other namespaces. The last four tune timings for tests."""
+        owned from other namespaces. The last four tune timings for tests. `probe_refresh`: how often
+        a probed Proxy is re-queued only to refresh `lastProbeTime` (default: the resync period; each
+        such pass writes status, so at once a minute 1,000 Proxies cost the API server ~17 writes/s)."""
         if workers < 1:
             raise ValueError(f"workers: {workers} must be at least 1")
         self.kube = kube
@@ -73,19 +75,27 @@ class Controller:
         self.resync_period = resync_period
         self.gc_interval = gc_interval
         self.gc_grace_period = gc_grace_period
-        self.queue: WorkQueue[Key] = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff)
+        # A delayed add (a requeue, a backoff retry) asks for a real look like any other add but the clock's.
+        self.queue: WorkQueue[Key] = WorkQueue(name=NAME, transient=transient_backoff, quota=quota_backoff,
+                                               on_due=self._not_routine)
         self.prober: Prober[ProbeKey] = Prober(
             kube=kube, on_change=self._enqueue_any, time_scale=probe_time_scale,
+            refresh=resync_period if probe_refresh is None else probe_refresh,  # scaled by the prober
             on_refresh=self._enqueue_unless_backing_off, logger=self.log.with_name("health"),
             policies=egress)
+        refresh = (resync_period if probe_refresh is None else probe_refresh) * probe_time_scale
         self.reconciler = Reconciler(kube=kube, prober=self.prober, providers=providers,
-                                     providers_hash=providers_hash, timings=timings, logger=self.log)
+                                     providers_hash=providers_hash, timings=timings, logger=self.log,
+                                     probe_refresh=refresh)
         self._tasks: list[asyncio.Task[None]] = []
         self._died: BaseException | None = None
         self._stopping = False
         self._stopped: asyncio.Event | None = None
         self._last_gc: list[Collected] = []
         self._seen: dict[Key, tuple[object, ...]] = {}  # key -> what of metadata last triggered a reconcile
+        # Keys queued only by the clock (a resync, a probe refresh) and by nothing since: their reconcile
+        # may trust healthy probes instead of reading the VM (planner.vouched). Any other add clears it.
+        self._routine: set[Key] = set()
         self.reconcile_timeout = reconcile_timeout
         self.wedge_grace = wedge_grace
         self._running_since: dict[Key, float] = {}  # key -> monotonic start of its reconcile in flight
@@ -98,11 +108,13 @@ class Controller:
     # --- what the process calls ----------------------------------------------------------------------
 
     def enqueue(self, key: Key) -> None:
+        self._routine.discard(key)  # somebody asks: the reconcile looks at the VM (planner.vouched)
         self.queue.add(key)
 
     def on_event(self, kind: str, obj: Obj) -> None:
         key = key_of(obj)
         if kind == "DELETED":
+            self._routine.discard(key)
             metrics.forget_proxy(*key)
             self.reconciler.forget(key)
             self.queue.drop(key)
@@ -190,10 +202,12 @@ class Controller:
     async def _process(self, key: Key) -> None:
         start = self._running_since[key] = time.monotonic()
         log = self.log.with_values(proxy=f"{key[0]}/{key[1]}")
+        routine = key in self._routine
+        self._routine.discard(key)
         deadline = asyncio.timeout(self.reconcile_timeout)
         try:
             async with deadline:
-                result: Result = await self.reconciler.reconcile(key)
+                result: Result = await self.reconciler.reconcile(key, routine=routine)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug, a Kubernetes API error, the timeout: retry with backoff, never die
@@ -235,7 +249,8 @@ class Controller:
                 self.log.error(e, "periodic task failed", task=getattr(fn, "__name__", str(fn)))
 
     async def _resync(self) -> None:
-        self._enqueue_all()
+        for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict
+            self._enqueue_routine(key)
 
     async def collect_garbage(self) -> list[Collected]:
         """One orphan GC pass (also run every gc_interval)."""
@@ -256,18 +271,27 @@ class Controller:
 
     # --- internals -----------------------------------------------------------------------------------
 
+    def _not_routine(self, key: Key) -> None:
+        self._routine.discard(key)
+
     def _enqueue_any(self, key: ProbeKey) -> None:
-        self.queue.add(key.proxy)
+        self.enqueue(key.proxy)
+
+    def _enqueue_routine(self, key: Key) -> None:
+        """Queue `key` for the clock's sake: routine unless something else already wants it."""
+        if not self.queue.wanted(key):
+            self._routine.add(key)
+        self.queue.add(key)
 
     def _enqueue_unless_backing_off(self, key: ProbeKey) -> None:
         """A probe refresh (no verdict change) for a key whose reconciles are failing waits for its
         backoff timer: reconciling it would only retry the provider (a dead host's lock) early."""
         if self.queue.failures(key.proxy) > 0:
             return
-        self.queue.add(key.proxy)
+        self._enqueue_routine(key.proxy)
 
     def _wake(self, key: Key, _done: asyncio.Future[None]) -> None:
-        self.queue.add(key)
+        self.enqueue(key)
 
     def _listen_for_hosts(self, providers: Mapping[str, Provider]) -> None:
         for provider in providers.values():
@@ -283,7 +307,7 @@ class Controller:
                       proxies=len(keys))
         for key in keys:
             self.queue.forget(key)
-            self.queue.add(key)
+            self.enqueue(key)
 
     def _zone_keys(self, provider: str, zone: str, name: str | None) -> list[Key]:
         return keys_for(provider=provider, zone=zone, name=name,
@@ -327,7 +351,7 @@ class Controller:
 
     def _enqueue_all(self) -> None:
         for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict
-            self.queue.add(key)
+            self.enqueue(key)
 
     def _update_phase_gauge(self) -> None:
         counts = self.reconciler.phase_counts()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 from egress_kvm import metrics
@@ -37,8 +37,11 @@ class WorkQueue(Generic[K]):
     """Keyed by `K` (the controller's: a Proxy's `Key`)."""
 
     def __init__(self, *, name: str = "proxy", transient: Backoff = TRANSIENT_BACKOFF,
-                 quota: Backoff = QUOTA_BACKOFF) -> None:
+                 quota: Backoff = QUOTA_BACKOFF, on_due: Callable[[K], None] | None = None) -> None:
+        """`on_due(key)`: called when a delayed add (`add_after`, a backoff retry) comes due, before the add
+        (the controller: such an add asks for a real look, see planner.vouched)."""
         self.name = name
+        self._on_due = on_due
         self._transient = transient
         self._quota = quota
         self._queue: deque[K] = deque()
@@ -98,6 +101,10 @@ class WorkQueue(Generic[K]):
         """Reset the key's backoff (after a successful reconcile)."""
         self._failures.pop(key, None)
         self._quota_failures.pop(key, None)
+
+    def wanted(self, key: K) -> bool:
+        """Queued, or to be queued again once its reconcile in flight ends."""
+        return key in self._dirty
 
     def failures(self, key: K) -> int:
         return self._failures.get(key, 0) + self._quota_failures.get(key, 0)
@@ -168,6 +175,8 @@ class WorkQueue(Generic[K]):
 
     def _fire(self, key: K) -> None:
         self._timers.pop(key, None)
+        if self._on_due is not None:
+            self._on_due(key)
         self.add(key)
 
     def _wake_one(self) -> None:

@@ -44,8 +44,10 @@ from .verdict import ProbeKey
 class Reconciler:
     def __init__(self, *, kube: KubeApi, prober: Prober[ProbeKey], providers: Mapping[str, Provider],
                  providers_hash: str = "", timings: Timings | None = None,
-                 logger: Logger | None = None) -> None:
+                 logger: Logger | None = None, probe_refresh: float = 0.0) -> None:
+        """`probe_refresh`: seconds before a newer lastProbeTime alone is worth a status write."""
         self.kube = kube
+        self.probe_refresh = probe_refresh
         self.prober = prober
         self.providers: Mapping[str, Provider] = dict(providers)
         self.providers_hash = providers_hash
@@ -68,14 +70,16 @@ class Reconciler:
 
     # --- entry point: errors become outcomes ---------------------------------------------------------
 
-    async def reconcile(self, key: Key) -> Result:
+    async def reconcile(self, key: Key, *, routine: bool = False) -> Result:
+        """`routine`: queued only by the clock (a resync, a probe refresh); see planner.vouched."""
         proxy = await self.kube.get_proxy(*key)
         if proxy is None:
             self.forget(key)
             return Result()
         ctx = Context(key=key, proxy=proxy, log=self.log.with_values(proxy=f"{key[0]}/{key[1]}"),
                       kube=self.kube, prober=self.prober, memory=self.memory, providers=self.providers,
-                      providers_hash=self.providers_hash)
+                      providers_hash=self.providers_hash, routine=routine,
+                      probe_refresh=self.probe_refresh)
         try:
             return await self._outcome(ctx)
         except SpecChanged as e:
@@ -146,7 +150,7 @@ class Reconciler:
                 # The instance exists and its user-data is baked in: keep looking after it meanwhile.
                 ctx.log.info("cannot compute the desired instance; keeping the current one", reason=waiting)
         obs = Observed(key=ctx.key, spec=spec, status=ctx.status, generation=ctx.generation,
-                       namespace=ctx.namespace, waiting=waiting,
+                       namespace=ctx.namespace, waiting=waiting, routine=ctx.routine,
                        desired=Ref(desired.name, desired.resolved.zone, provider=spec.provider)
                        if desired else None)
         for _ in range(MAX_ROUNDS):

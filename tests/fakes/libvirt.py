@@ -55,6 +55,10 @@ class FakeHypervisor(Hypervisor):
         self.dial_error = "connection refused"
         self.exec_allowed = True
         self.exec_log: list[list[str]] = []
+        # OpenSSH's MaxSessions (default 10): session channels (each exec) open at once on one connection;
+        # sshd refuses the next channel ("open failed"). The libvirt forward is not a session channel.
+        self.max_sessions = 10
+        self.execs_open = 0
         self.fail: dict[str, LibvirtError] = {}  # method -> error raised once on its next call
         self.sessions: list[FakeSession] = []
         self.events_refused = False  # registering for lifecycle events fails as on a daemon without it
@@ -362,6 +366,16 @@ class FakeSession:
             raise ConnectionLost(f"connection to fake {self.hyp.name} lost: {self.lost}")
         if not self.hyp.exec_allowed:
             raise ExecNotAllowed("exec refused by the host: administratively prohibited")
+        if self.hyp.execs_open >= self.hyp.max_sessions:
+            raise ExecNotAllowed("exec refused by the host: open failed")
+        self.hyp.execs_open += 1
+        try:
+            for _ in range(50):  # a process on the host takes a while: execs in flight together overlap
+                await asyncio.sleep(0)
+        finally:
+            self.hyp.execs_open -= 1
+        if self.lost is not None:
+            raise ConnectionLost(f"connection to fake {self.hyp.name} lost: {self.lost}")
         argv = list(argv)
         self.hyp.exec_log.append(argv)
         if argv[:4] == ["ip", "-j", "neigh", "show"] and len(argv) == 6 and argv[4] == "dev":

@@ -29,6 +29,7 @@ from rpc.types import Domain, DomainInterface
 
 from .hosts import Host
 from .session import ExecNotAllowed
+from .together import together
 
 
 def usable_ipv4(addr: str) -> bool:
@@ -112,7 +113,7 @@ async def _host_table(host: Host, dom: Domain, *, mac: str, bridge: str, log: Lo
     """The host's IPv4s for `mac`: `ip -j neigh` over SSH, else libvirt's ARP source; [] if neither."""
     neigh_error: str
     try:
-        result = await host.exec(["ip", "-j", "neigh", "show", "dev", bridge])
+        result = await host.shared_exec(["ip", "-j", "neigh", "show", "dev", bridge])
     except ExecNotAllowed as exc:
         neigh_error = str(exc)
     else:
@@ -133,16 +134,21 @@ async def _host_table(host: Host, dom: Domain, *, mac: str, bridge: str, log: Lo
 
 async def discover(host: Host, dom: Domain, *, mac: str, bridge: str, name: str) -> str | None:
     log = host.log.with_values(name=name).v(1)
-    agent: list[str] = []
-    try:
-        source = InterfaceAddressesSource.AGENT
-        ifaces = await host.call("domain_interface_addresses",
-                                 lambda lv: lv.domain_interface_addresses(dom, source, 0))
-        agent = pick_addresses(ifaces, mac)
-    except LibvirtError as exc:
-        log.info("address source gave nothing", source="agent", error=exc.message,
-                 libvirtCode=exc.code, libvirtCodeName=exc.code_name)
-    decision = decide(agent=agent, host=await _host_table(host, dom, mac=mac, bridge=bridge, log=log))
+
+    async def from_agent() -> list[str]:
+        try:
+            source = InterfaceAddressesSource.AGENT
+            ifaces = await host.call("domain_interface_addresses",
+                                     lambda lv: lv.domain_interface_addresses(dom, source, 0))
+        except LibvirtError as exc:
+            log.info("address source gave nothing", source="agent", error=exc.message,
+                     libvirtCode=exc.code, libvirtCodeName=exc.code_name)
+            return []
+        return pick_addresses(ifaces, mac)
+
+    # The guest's claim and the host's table are independent: asked at once (together.py).
+    agent, table = await together(from_agent(), _host_table(host, dom, mac=mac, bridge=bridge, log=log))
+    decision = decide(agent=agent, host=table)
     extra: dict[str, Any] = {"agentAddresses": agent, "address": decision.ip} if log.enabled(1) else {}
     if decision.verdict is Verdict.HOST_ONLY:
         log.info("address from the host's neighbour table", mac=mac, bridge=bridge, **extra)

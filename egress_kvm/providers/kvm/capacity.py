@@ -78,11 +78,15 @@ def paused_on_io_error(*, host: str, pool: str, name: str, available: int | None
 
 
 async def mem_available(host: Host) -> int | None:
-    """MemAvailable (bytes) from the host's /proc/meminfo over SSH exec; None if it cannot be read."""
+    """MemAvailable (bytes) from the host's /proc/meminfo over SSH exec; None if it cannot be read.
+
+    Shared (`Host.shared_exec`): the reconcile workers' creates on one host may all ask at once, and sshd
+    opens at most MaxSessions (10 by default) session channels per connection; a refused exec would read
+    as no MemAvailable and fail the create with a false QuotaError."""
     from .session import ExecNotAllowed
 
     try:
-        result = await host.exec(["cat", "/proc/meminfo"])
+        result = await host.shared_exec(["cat", "/proc/meminfo"])
     except ExecNotAllowed:
         return None
     if result.exit_status != 0:

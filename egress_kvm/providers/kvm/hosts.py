@@ -41,6 +41,17 @@ LINK_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionLost, ConnectFailed, DeadlineExceeded, ProtocolError, OSError, TimeoutError)
 
 
+#: How long a finished shared read (`Host.shared_exec`) serves later callers. 0: only callers that arrive
+#: while it runs share it, so an answer is never older than one run (a VM's address learnt a moment ago
+#: shows in the next Get, as before).
+SHARED_EXEC_MAX_AGE = 0.0
+
+
+def reusable(*, finished_at: float | None, now: float, max_age: float) -> bool:
+    """Whether a read that finished at `finished_at` (None: never) may answer a caller at `now`."""
+    return finished_at is not None and 0.0 <= now - finished_at < max_age
+
+
 class _KeyLock:
     __slots__ = ("lock", "users")
 
@@ -70,6 +81,8 @@ class Host:
         self._redial: asyncio.TimerHandle | None = None
         self._redialling: asyncio.Task[None] | None = None
         self._closed = False
+        self._shared: dict[tuple[str, ...], asyncio.Task[ExecResult]] = {}  # argv -> its run in flight
+        self._shared_done: dict[tuple[str, ...], tuple[float, ExecResult]] = {}  # argv -> (finished, result)
 
     def on_back(self, listener: Callable[[str], None]) -> None:
         """Call `listener(host name)` whenever a dial succeeds after a failed one."""
@@ -226,6 +239,35 @@ class Host:
         session = await self.session()
         return await session.exec(argv, time_limit=time_limit)
 
+    async def shared_exec(self, argv: Sequence[str], *, max_age: float = SHARED_EXEC_MAX_AGE) -> ExecResult:
+        """`exec` for a read of host-wide state (the bridge's neighbour table, /proc/meminfo), shared: a
+        caller joins the run in flight (or takes one finished less than `max_age` ago). Every Proxy's Get
+        reads the same table; at hundreds of VMs per host that was one SSH channel and one process on the
+        host per Get, and sshd refuses channels past MaxSessions (10 by default) open at once. A failure
+        is not kept: the next caller runs it again."""
+        key = tuple(argv)
+        task = self._shared.get(key)
+        if task is None:
+            done = self._shared_done.get(key)
+            if done is not None and reusable(finished_at=done[0], now=self._clock(), max_age=max_age):
+                return done[1]
+            task = asyncio.get_running_loop().create_task(self._run_shared(key),
+                                                          name=f"{argv[0]} on {self.name}")
+            self._shared[key] = task
+            task.add_done_callback(functools.partial(self._shared_finished, key))
+        return await asyncio.shield(task)
+
+    async def _run_shared(self, key: tuple[str, ...]) -> ExecResult:
+        result = await self.exec(key)
+        self._shared_done[key] = (self._clock(), result)
+        return result
+
+    def _shared_finished(self, key: tuple[str, ...], task: asyncio.Task[ExecResult]) -> None:
+        if self._shared.get(key) is task:
+            del self._shared[key]
+        if not task.cancelled():
+            task.exception()  # retrieved: every caller may have gone (cancelled) before it ended
+
     async def _drop(self, session: Session, reason: str) -> None:
         self._forget(reason)
         with contextlib.suppress(Exception):  # the link is already gone
@@ -243,6 +285,11 @@ class Host:
         for task in list(self._closing):
             with contextlib.suppress(Exception):
                 await task
+        for shared in list(self._shared.values()):
+            shared.cancel()
+            with contextlib.suppress(BaseException):
+                await shared
+        self._shared_done.clear()
         async with self._lock:
             session, self._session = self._session, None
         if session is not None:

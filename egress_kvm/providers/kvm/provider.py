@@ -66,6 +66,7 @@ from .images import BaseImage, ImageCache, ImportLimits, delete_volume, lookup_v
 from .imports import Importer
 from .placement import ImageSource
 from .session import Dialer, DialOptions, ssh_dial
+from .together import together
 from .watch import HostWatcher, Watchers
 
 GIB = 1024**3
@@ -145,6 +146,11 @@ class KvmProvider:
         self._watchers: list[Watchers] = []  # lifecycle event watchers handed out (closed with the provider)
         self._addresses = {h.name: static_ip.shared_book(dial, h.address, h.socket)  # static_ip.py
                            for h in config.hosts}
+        # host -> domain UUID -> its metadata element, as the last listing read it. The element is written
+        # once, when the operator defines the domain (never rewritten), and a UUID is never reused (the
+        # domain XML names none: libvirt draws a new one per define), so GC's listing reads the element
+        # of new domains only: one call per host per pass instead of one per domain.
+        self._listed_meta: dict[str, dict[bytes, Meta | None]] = {}
 
     # -- Provider interface ---------------------------------------------------------------------
 
@@ -169,13 +175,16 @@ class KvmProvider:
         host = self.host(resolved.zone)
         # One create per name at a time on this host: a second would replace the first one's volumes.
         async with self._operation(host, name, "create"), host.exclusive(f"instance:{name}"):
-            dom = await self._lookup_domain(host, name)
+            # Both lookups at once: a new VM (the usual case) needs the pool next.
+            dom, pool = await together(self._lookup_domain(host, name), self._find_pool(host))
             if dom is not None:
                 meta = await self._metadata(host, dom)
                 self._check_ours(host, name, meta, action="reuse", owner_uid=request.owner_uid)
                 st = await self._ensure_running(host, dom, name, machine_type=resolved.machine_type)
                 return await self._instance(host, dom, name, meta, state=st)
-            return await self._create_new(host, request, resolved, progress=progress)
+            if pool is None:
+                raise TransientError(f"host {host.name!r} has no storage pool {host.config.pool!r}")
+            return await self._create_new(host, request, resolved, pool, progress=progress)
 
     async def get(self, name: str, zone: str, *, owner_uid: str | None = None) -> Instance | None:
         host = self.host(zone)
@@ -184,10 +193,11 @@ class KvmProvider:
             if dom is None:
                 return None
             try:
-                meta = await self._metadata(host, dom)
+                # The metadata and the state at once (together.py): one round trip, not two.
+                meta, st = await together(self._metadata(host, dom), self._state(host, dom))
                 if owner_uid is not None:
                     self._check_ours(host, name, meta, action="manage", owner_uid=owner_uid)
-                return await self._instance(host, dom, name, meta)
+                return await self._instance(host, dom, name, meta, state=st)
             except NotFoundError:
                 return None  # undefined between our calls: it is gone
 
@@ -244,11 +254,17 @@ class KvmProvider:
                 listing = await host.call("connect_list_all_domains",
                                           lambda lv: lv.connect_list_all_domains(
                                               1, CONNECT_LIST_DOMAINS_PERSISTENT))
+                known = self._listed_meta.get(host.name, {})
+                listed: dict[bytes, Meta | None] = {}
                 for dom in listing.domains:
-                    try:
-                        meta = await self._metadata(host, dom)
-                    except NotFoundError:
-                        continue  # undefined since the listing
+                    if dom.uuid in known:
+                        meta = known[dom.uuid]
+                    else:
+                        try:
+                            meta = await self._metadata(host, dom)
+                        except NotFoundError:
+                            continue  # undefined since the listing
+                    listed[dom.uuid] = meta
                     if meta is None or not meta.managed or meta.cluster_id != self.cluster_id:
                         continue
                     out.append(Instance(
@@ -256,6 +272,7 @@ class KvmProvider:
                         power_state=PowerState.RUNNING if dom.id != -1 else PowerState.STOPPED,
                         ip=None, owner_uid=meta.owner_uid, created_at=meta.created_at,
                         owner_namespace=meta.owner_namespace, owner_name=meta.owner_name))
+                self._listed_meta[host.name] = listed  # only what this listing holds: nothing piles up
         return out
 
     async def evict_unused_images(self, *, grace: float = 600.0) -> list[str]:
@@ -309,18 +326,22 @@ class KvmProvider:
 
     # -- create ----------------------------------------------------------------------------------
 
-    async def _create_new(self, host: Host, request: CreateRequest, resolved: ResolvedPlacement, *,
-                          progress: ProgressCallback | None) -> Instance:
+    async def _create_new(self, host: Host, request: CreateRequest, resolved: ResolvedPlacement,
+                          pool: StoragePool, *, progress: ProgressCallback | None) -> Instance:
         name = request.name
         mtype = placement.machine_type(self.config, resolved.machine_type)
         source = placement.image_source(self.config, resolved.image)
-        pool = await self._pool(host)
-        base = await self._base(host, pool, source, request)
-
+        # Three independent reads at once (together.py); a failure is the one the sequential order would
+        # have raised first: the image (InProgress while imported), then pool space, then memory. Both
+        # checks come before any volume: a host short of room must not hold (or, on every retry,
+        # rewrite) this VM's overlay and its user-data-bearing seed while the Proxy waits.
+        base, available, _ = await together(
+            self._base(host, pool, source, request), capacity.refreshed_available(host, pool),
+            self._check_memory(host, memory_mib=mtype.memory_mib, machine_type=resolved.machine_type))
         ip = await self._static_address(host, name)
         try:
             return await self._create_at(host, request, resolved, mtype=mtype, source=source, pool=pool,
-                                         base=base, ip=ip)
+                                         base=base, available=available, ip=ip)
         except BaseException:
             # Freed at once: not defined, nothing holds it; defined, the domain's metadata holds it.
             if ip is not None:
@@ -329,21 +350,18 @@ class KvmProvider:
 
     async def _create_at(self, host: Host, request: CreateRequest, resolved: ResolvedPlacement, *,
                          mtype: MachineType, source: ImageSource, pool: StoragePool, base: BaseImage,
-                         ip: str | None) -> Instance:
-        """The rest of a create, once the image is there and the static address (if any) chosen."""
+                         available: int, ip: str | None) -> Instance:
+        """The rest of a create, once the image is there, the room checked and the static address (if
+        any) chosen."""
         name = request.name
         log = host.log.with_values(name=name)
         cfg = host.config
         iso = seed.build_seed_iso(name=name, user_data=request.user_data, vendor_data=self.config.vendor_data,
                                   network_config=self._network_config(host, name, ip))
         disk_bytes = self.config.disk_size_gb * GIB
-        available = await capacity.refreshed_available(host, pool)
         capacity.check_pool_space(host=host.name, pool=pool.name, available=available,
                                   needed=disk_bytes + len(iso), what=f"VM {name!r} (overlay + seed)",
                                   reserve=self._images.limits.reserve)
-        # Before any volume: a host short of memory must not hold (or, on every retry, rewrite) this
-        # VM's overlay and its user-data-bearing seed while the Proxy waits for room.
-        await self._check_memory(host, memory_mib=mtype.memory_mib, machine_type=resolved.machine_type)
 
         overlay_xml = volume_xml(name=naming.overlay_volume(name), capacity=disk_bytes, fmt="qcow2",
                                  backing_path=base.path, backing_format=base.format)
@@ -364,20 +382,29 @@ class KvmProvider:
         except ValueError as exc:  # lxml: a control character in a value (the spec checks should stop it)
             raise PermanentError(f"instance {name!r}: a placement or owner value cannot be written to the "
                                  f"domain XML ({type(exc).__name__})") from None
-        await self._create_volume(host, pool, overlay_xml, naming.overlay_volume(name), available=available)
-        log.v(1).info("overlay created", pool=pool.name, volume=naming.overlay_volume(name),
-                      backing=base.path, capacity=disk_bytes)
-        seed_vol = await self._create_volume(
-            host, pool, volume_xml(name=naming.seed_volume(name), capacity=len(iso), fmt="raw"),
-            naming.seed_volume(name), available=available)
-        try:
-            await host.upload(seed_vol, iso, length=len(iso))
-        except LibvirtError as exc:
-            if capacity.is_no_space(exc):
-                raise capacity.no_space(exc, host=host.name, pool=pool.name, available=available,
-                                        action="uploading the seed ISO") from None
-            raise
-        log.v(1).info("seed ISO uploaded", pool=pool.name, volume=naming.seed_volume(name), length=len(iso))
+        async def overlay() -> None:
+            await self._create_volume(host, pool, overlay_xml, naming.overlay_volume(name),
+                                      available=available)
+            log.v(1).info("overlay created", pool=pool.name, volume=naming.overlay_volume(name),
+                          backing=base.path, capacity=disk_bytes)
+
+        async def seed_disk() -> None:
+            seed_vol = await self._create_volume(
+                host, pool, volume_xml(name=naming.seed_volume(name), capacity=len(iso), fmt="raw"),
+                naming.seed_volume(name), available=available)
+            try:
+                await host.upload(seed_vol, iso, length=len(iso))
+            except LibvirtError as exc:
+                if capacity.is_no_space(exc):
+                    raise capacity.no_space(exc, host=host.name, pool=pool.name, available=available,
+                                            action="uploading the seed ISO") from None
+                raise
+            log.v(1).info("seed ISO uploaded", pool=pool.name, volume=naming.seed_volume(name),
+                          length=len(iso))
+
+        # The two volumes are independent: made at once. One left by a failure of the other is replaced
+        # by the retry (_create_volume) or removed with the instance (delete goes by name).
+        await together(overlay(), seed_disk())
 
         try:
             dom = await host.call("domain_define_xml", lambda lv: lv.domain_define_xml(xml))
@@ -441,12 +468,6 @@ class KvmProvider:
         raise AssertionError("unreachable")
 
     # -- shared steps ----------------------------------------------------------------------------
-
-    async def _pool(self, host: Host) -> StoragePool:
-        pool = await self._find_pool(host)
-        if pool is None:
-            raise TransientError(f"host {host.name!r} has no storage pool {host.config.pool!r}")
-        return pool
 
     async def _find_pool(self, host: Host) -> StoragePool | None:
         try:
@@ -607,10 +628,12 @@ class KvmProvider:
                 room.needed = max(info.capacity - info.allocation, RESUME_MIN_ROOM)
         return room
 
+    async def _state(self, host: Host, dom: Domain) -> DomainGetStateRet:
+        return await host.call("domain_get_state", lambda lv: lv.domain_get_state(dom, 0))
+
     async def _instance(self, host: Host, dom: Domain, name: str, meta: Meta | None, *,
                         state: DomainGetStateRet | None = None) -> Instance:
-        st = state if state is not None else await host.call("domain_get_state",
-                                                             lambda lv: lv.domain_get_state(dom, 0))
+        st = state if state is not None else await self._state(host, dom)
         message = ""
         if st.state == DomainState.PAUSED and st.reason == DOMAIN_PAUSED_IOERROR:
             # Reported as Paused (so the controller calls start, which resumes it) only once there is

@@ -56,7 +56,7 @@ async def test_probe_refreshes_do_not_cut_a_failing_keys_backoff_short(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
     """The host's libvirt is unreachable while the VM still answers its probes: the prober's periodic
     refresh (every 1.2 s here) must not re-run the failing reconcile before its 5 s backoff is up."""
-    c = make_controller({"kvm-home": provider}, transient_backoff=Backoff(5.0, 5.0))
+    c = make_controller({"kvm-home": provider}, transient_backoff=Backoff(5.0, 5.0), probe_refresh=60.0)
     kube.create_proxy("px1", spec_for(proxy_server))
     await eventually(lambda: phase(kube) == "Ready", what="Ready")
     provider.unreachable.add("nas1")

@@ -6,6 +6,7 @@ import asyncio
 
 from egress_kvm import metrics
 from egress_kvm.controller.manager import Controller
+from egress_kvm.controller.outcome import Result
 from egress_kvm.controller.verdict import ProbeKey
 
 from .conftest import FAST, LOOPBACK_POLICIES, eventually
@@ -104,11 +105,72 @@ async def test_reconcile_errors_are_retried_with_backoff_and_counted(
 
 async def test_periodic_resync_reconciles_without_events(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
-    make_controller({"kvm-home": provider}, resync_period=0.05)
+    c = make_controller({"kvm-home": provider}, resync_period=0.05)
     kube.create_proxy("px1", spec_for(proxy_server))
     await eventually(lambda: phase(kube) == "Ready")
+    reads: list[tuple[str, str]] = []
+    real_get_proxy = kube.get_proxy
+
+    async def counted(namespace: str, name: str):  # type: ignore[no-untyped-def]
+        reads.append((namespace, name))
+        return await real_get_proxy(namespace, name)
+
+    kube.get_proxy = counted  # type: ignore[method-assign]
+    await eventually(lambda: len(reads) >= 3, what="three resync passes")
+    assert c.queue.failures(KEY) == 0
+
+
+async def test_a_resync_trusts_healthy_probes_and_an_explicit_enqueue_looks(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """A settled Ready Proxy's resync passes (routine: queued by the clock only) do not read the VM
+    (planner.vouched): its probes do. Anything that asks (here an enqueue) reads it again."""
+    c = make_controller({"kvm-home": provider}, resync_period=0.05)
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready" and kube.status(KEY).get("healthy") is True)
+    await asyncio.sleep(0.2)  # a pass or two already vouched for
+    reads: list[str] = []
+    real_get_proxy = kube.get_proxy
+
+    async def counted(namespace: str, name: str):  # type: ignore[no-untyped-def]
+        reads.append(name)
+        return await real_get_proxy(namespace, name)
+
+    kube.get_proxy = counted  # type: ignore[method-assign]
     gets = sum(1 for op, _ in provider.calls if op == "get")
-    await eventually(lambda: sum(1 for op, _ in provider.calls if op == "get") >= gets + 3)
+    await eventually(lambda: len(reads) >= 3, what="three resync passes")
+    assert sum(1 for op, _ in provider.calls if op == "get") == gets
+    c.enqueue(KEY)
+    await eventually(lambda: sum(1 for op, _ in provider.calls if op == "get") > gets, what="a real look")
+
+
+async def test_a_requeue_that_comes_due_while_a_routine_pass_waits_makes_that_pass_look(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy) -> None:
+    """A resync queues a key (routine: planner.vouched may trust its probes); before a worker takes it, a
+    delayed add comes due (an earlier pass's requeue_after, a backoff retry). That add asks for a real
+    look, as every add but the clock's does: the queued pass must not stay routine."""
+    c = Controller(kube=kube, store=kube, providers={"kvm-home": provider}, egress=LOOPBACK_POLICIES, **FAST)
+    kube.create_proxy("px1", spec_for(proxy_server))
+    passes: list[bool] = []
+
+    async def reconcile(key, *, routine=False):  # type: ignore[no-untyped-def]
+        passes.append(routine)
+        return Result()
+
+    c.reconciler.reconcile = reconcile  # type: ignore[method-assign]
+    async def one_pass() -> None:  # what a worker does
+        key = await asyncio.wait_for(c.queue.get(), 5)
+        try:
+            await c._process(key)
+        finally:
+            c.queue.done(key)
+
+    await c._resync()
+    await one_pass()  # the clock alone: routine
+    await c._resync()
+    c.queue.add_after(KEY, 0.01)
+    await eventually(lambda: not c.queue.pending_delayed(), what="the delayed add fired")
+    await one_pass()
+    assert passes == [True, False]
 
 
 async def test_deleted_event_forgets_the_key(

@@ -105,8 +105,8 @@ async def test_a_restarted_operator_does_not_retry_a_failed_proxy_until_its_inpu
     done: list[object] = []
     real_reconcile = second.reconciler.reconcile
 
-    async def counted(key):  # type: ignore[no-untyped-def]
-        result = await real_reconcile(key)
+    async def counted(key, **kw):  # type: ignore[no-untyped-def]
+        result = await real_reconcile(key, **kw)
         done.append(key)
         return result
 

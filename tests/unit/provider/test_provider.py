@@ -344,7 +344,17 @@ async def test_foreign_domains_are_never_touched() -> None:
         hv["host0"].domains["proxy-theirs"].metadata.clear()
         with pytest.raises(PermanentError, match="not made by this operator"):
             await mine.delete("proxy-theirs", "host0")
-        assert [i.name for i in await theirs.list_managed()] == []
+        # Its listing keeps the element as first read (the operator never rewrites one, so GC reads each
+        # domain's once), but nothing acts on that alone: a delete reads the element afresh and refuses.
+        with pytest.raises(PermanentError, match="not made by this operator"):
+            await theirs.delete("proxy-theirs", "host0")
+        assert "proxy-theirs" in hv["host0"].domains
+        # A new provider (a restart) reads it again.
+        fresh = type(mine)(name=mine.name, config=mine.config, cluster_id="cluster-b", dial=hv.dial)
+        try:
+            assert [i.name for i in await fresh.list_managed()] == []
+        finally:
+            await fresh.close()
     finally:
         await mine.close()
         await theirs.close()
@@ -438,6 +448,25 @@ async def test_page_cache_is_not_a_memory_shortage() -> None:
         await provider.close()
 
 
+async def test_many_creates_at_once_on_a_page_cache_host_share_one_meminfo_read() -> None:
+    """32 reconcile workers may create on one host at once; each create short of MemFree reads MemAvailable
+    over SSH exec. sshd allows 10 session channels per connection (MaxSessions): an exec per create would
+    have the 11th refused and its create fail with a false QuotaError (which, during a replacement, deletes
+    the serving instance first: planner quota_fallback). The read is host-wide state: shared."""
+    provider, hv = fake_kvm_provider(host_kwargs={"memory": 64 * 1024**3})
+    h = hv["host0"]
+    h.page_cache = 64 * 1024**3 - 100 * 1024**2  # 100 MiB "free", the rest reclaimable
+    try:
+        names = [f"proxy-m{i:02d}" for i in range(24)]
+        results = await asyncio.gather(*(provider.create(request(n, uid=f"uid-{n}")) for n in names),
+                                       return_exceptions=True)
+        assert [r for r in results if isinstance(r, BaseException)] == []
+        assert all(h.domains[n].state == DomainState.RUNNING for n in names)
+        assert 1 <= h.exec_log.count(["cat", "/proc/meminfo"]) < len(names)
+    finally:
+        await provider.close()
+
+
 async def test_quota_no_space_from_libvirt_and_io_error_pause() -> None:
     provider, hv = fake_kvm_provider()
     h = hv["host0"]
@@ -489,8 +518,8 @@ async def test_rpc_counts_for_create_and_get() -> None:
         assert create_calls.index("storage_pool_refresh") < create_calls.index("storage_pool_get_info")
         h.calls.clear()
         await provider.create(request())  # already there and running: a Get's worth of calls
-        assert h.calls == ["domain_lookup_by_name", "domain_get_metadata", "domain_get_state",
-                           "domain_interface_addresses"]
+        assert h.calls == ["domain_lookup_by_name", "storage_pool_lookup_by_name",  # (asked together)
+                           "domain_get_metadata", "domain_get_state", "domain_interface_addresses"]
     finally:
         await provider.close()
 

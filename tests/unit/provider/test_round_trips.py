@@ -1,0 +1,189 @@
+"""How many round trips one after another a Create and a Get make (not how many calls): calls that do not
+need each other's answers go out together (providers/kvm/together.py), so a host far away costs a Create
+about half the latency it used to. Counted without a clock: every libvirt call waits for a "wave" the
+test releases, and the waves a call needs are its sequential round trips."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any
+
+import pytest
+from fakes import FakeLibvirtClient, fake_kvm_provider
+from provider_helpers import request
+
+from egress_kvm.providers.kvm.hosts import reusable
+from egress_kvm.providers.kvm.together import first_failure, together
+
+NAME = "proxy-abc"
+
+
+async def waves(monkeypatch: pytest.MonkeyPatch, work: Awaitable[Any]) -> tuple[int, list[list[str]]]:
+    """Run `work`, releasing the libvirt calls waiting at each moment as one wave; (waves, their calls)."""
+    waiting: list[tuple[str, asyncio.Future[None]]] = []
+    real = FakeLibvirtClient._call
+
+    async def gated(self: FakeLibvirtClient, method: str, args: tuple[Any, ...], fn: Any) -> Any:
+        gate = asyncio.get_running_loop().create_future()
+        waiting.append((method, gate))
+        await gate
+        return await real(self, method, args, fn)
+
+    monkeypatch.setattr(FakeLibvirtClient, "_call", gated)
+    task = asyncio.ensure_future(work)
+    rounds: list[list[str]] = []
+    while not task.done():
+        for _ in range(100):  # let every call that can be issued now be issued
+            await asyncio.sleep(0)
+        if waiting:
+            batch, waiting[:] = list(waiting), []
+            rounds.append(sorted(m for m, _ in batch))
+            for _, gate in batch:
+                gate.set_result(None)
+    await task
+    monkeypatch.setattr(FakeLibvirtClient, "_call", real)
+    return len(rounds), rounds
+
+
+async def test_a_create_makes_seven_round_trips_in_a_row_not_fourteen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    provider, hv = fake_kvm_provider()
+    try:
+        count, rounds = await waves(monkeypatch, provider.create(request()))
+        assert len(hv["host0"].calls) == 14  # the same calls as before (test_rpc_counts_for_create_and_get)
+        assert count == 7, rounds
+        assert rounds[0] == ["domain_lookup_by_name", "storage_pool_lookup_by_name"]
+        assert rounds[-2:] == [["domain_define_xml"], ["domain_create_with_flags"]]
+        # Both volumes before the define (which names them), the space and memory checks before both.
+        created = next(i for i, r in enumerate(rounds) if "storage_vol_create_xml" in r)
+        assert rounds[created].count("storage_vol_create_xml") == 2
+        assert all(i < created for i, r in enumerate(rounds) if "node_get_free_memory" in r
+                   or "storage_pool_get_info" in r)
+    finally:
+        await provider.close()
+
+
+async def test_a_get_makes_three_round_trips_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    provider, hv = fake_kvm_provider()
+    try:
+        await provider.create(request())
+        hv["host0"].set_vm_ip(NAME, "192.0.2.7")
+        count, rounds = await waves(monkeypatch, provider.get(NAME, "host0"))
+        assert rounds == [["domain_lookup_by_name"], ["domain_get_metadata", "domain_get_state"],
+                          ["domain_interface_addresses"]]
+        assert count == 3
+    finally:
+        await provider.close()
+
+
+class Boom(Exception):
+    pass
+
+
+async def ok(value: int) -> int:
+    await asyncio.sleep(0)
+    return value
+
+
+async def fails(message: str, *, turns: int = 0) -> int:
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    raise Boom(message)
+
+
+@pytest.mark.parametrize(("results", "first"), [
+    ((1, 2, 3), None),
+    ((1, Boom("a"), 3), "a"),
+    ((Boom("a"), Boom("b")), "a"),
+    ((1, 2, Boom("c")), "c"),
+])
+def test_first_failure_is_the_earliest_in_argument_order(results: tuple[object, ...],
+                                                         first: str | None) -> None:
+    found = first_failure(results)
+    assert (str(found) if found is not None else None) == first
+
+
+async def test_together_raises_the_first_failure_in_order_even_when_a_later_one_fails_first() -> None:
+    with pytest.raises(Boom, match=r"^early-in-order$"):
+        await together(fails("early-in-order", turns=5), fails("fails-first"))
+    assert await together(ok(1), ok(2), ok(3)) == (1, 2, 3)
+
+
+async def test_a_cancelled_together_returns_only_once_every_call_has_ended() -> None:
+    """A reconcile cut off (its timeout, a shutdown) mid-`together`: no call is left running behind it."""
+    started: list[int] = []
+    ended: list[int] = []
+
+    async def pending(i: int) -> int:
+        started.append(i)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append(i)
+        return i
+
+    task = asyncio.ensure_future(together(pending(1), pending(2)))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert sorted(started) == [1, 2]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sorted(ended) == [1, 2]
+
+
+@pytest.mark.parametrize(("finished_at", "now", "max_age", "reuse"), [
+    (None, 10.0, 1.0, False),  # never ran
+    (9.5, 10.0, 1.0, True),
+    (9.0, 10.0, 1.0, False),  # exactly max_age old: stale
+    (10.0, 10.0, 0.0, False),  # max_age 0 (the default): a finished run serves nobody
+    (11.0, 10.0, 5.0, False),  # a clock that went backwards: do not trust it
+])
+def test_reusable(finished_at: float | None, now: float, max_age: float, reuse: bool) -> None:
+    assert reusable(finished_at=finished_at, now=now, max_age=max_age) is reuse
+
+
+async def test_concurrent_gets_on_a_host_share_one_neighbour_table_read() -> None:
+    """Every Get reads the bridge's neighbour table over SSH exec; Gets in flight together on one host
+    share one run (Host.shared_exec), and a later Get runs it afresh (no answer older than one run)."""
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    names = [f"proxy-n{i}" for i in range(5)]
+    try:
+        for i, name in enumerate(names):
+            await provider.create(request(name=name))
+            h.set_vm_ip(name, f"192.0.2.{10 + i}")
+        h.exec_log.clear()
+        found = await asyncio.gather(*(provider.get(name, "host0") for name in names))
+        assert [inst.ip if inst else None for inst in found] == [f"192.0.2.{10 + i}" for i in range(5)]
+        neigh = [argv for argv in h.exec_log if argv[:3] == ["ip", "-j", "neigh"]]
+        assert len(neigh) == 1, h.exec_log
+        await provider.get(names[0], "host0")
+        assert len([argv for argv in h.exec_log if argv[:3] == ["ip", "-j", "neigh"]]) == 2
+    finally:
+        await provider.close()
+
+
+async def test_gc_listing_reads_each_domains_metadata_once() -> None:
+    """list_managed (GC, every gc interval) reads a domain's metadata element the first time it lists it,
+    then one listing call per host per pass; a domain defined since is read, one gone is forgotten."""
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        for name in ("proxy-a1", "proxy-a2", "proxy-a3"):
+            await provider.create(request(name=name))
+        h.calls.clear()
+        assert sorted(i.name for i in await provider.list_managed()) == ["proxy-a1", "proxy-a2", "proxy-a3"]
+        assert h.calls.count("domain_get_metadata") == 3
+        h.calls.clear()
+        assert len(await provider.list_managed()) == 3
+        assert h.calls == ["connect_list_all_domains"]
+        await provider.delete("proxy-a1", "host0")
+        await provider.create(request(name="proxy-a4"))
+        h.calls.clear()
+        assert sorted(i.name for i in await provider.list_managed()) == ["proxy-a2", "proxy-a3", "proxy-a4"]
+        assert h.calls == ["connect_list_all_domains", "domain_get_metadata"]
+        assert len(provider._listed_meta["host0"]) == 3  # nothing kept for the domain that went
+    finally:
+        await provider.close()
