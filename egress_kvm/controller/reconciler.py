@@ -190,9 +190,11 @@ class Reconciler:
 
     # --- deletion ------------------------------------------------------------------------------------
 
-    async def _finalize(self, ctx: Context) -> Result:
+    async def _finalize(self, ctx: Context) -> Result | Planned:
         if FINALIZER in (ctx.proxy["metadata"].get("finalizers") or []):
-            await finalize(ctx)
+            blocked = await finalize(ctx)
+            if blocked is not None:  # a provider entry is missing: the finalizer stays (deletion.py)
+                return blocked
         self.forget(ctx.key)
         return Result()
     # --- outcomes that are not a plan ----------------------------------------------------------------

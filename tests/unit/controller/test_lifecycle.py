@@ -261,17 +261,30 @@ async def test_delete_removes_the_vm_then_the_finalizer(
     assert ("Normal", "Deleted", f"deleted instance {name} on nas1") in kube.events_for("px1")
 
 
-async def test_delete_with_provider_removed_from_config_does_not_hang(
+async def test_delete_with_provider_removed_from_config_is_blocked_until_the_entry_is_back(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """Dropping the finalizer would leak the VM (issue 9 item 7): the Proxy stays DeleteBlocked with a
+    Warning naming the entry, and the providers file's return lets the delete proceed."""
     c = make_controller({"kvm-home": provider})
     kube.create_proxy("px1", spec_for(proxy_server))
     await eventually(lambda: phase(kube) == "Ready")
+    name = kube.status(KEY)["instance"]["name"]
     c.update_providers({}, "empty")
     await eventually(lambda: phase(kube) == "Failed")
     kube.delete(KEY)
-    await eventually(lambda: KEY not in kube.objects)
-    warnings = [m for t, r, m in kube.events_for("px1") if r == "ProviderMissing"]
-    assert warnings and "'kvm-home' is not in the providers file" in warnings[0]
+    await eventually(lambda: cond(kube, "Ready").get("reason") == "DeleteBlocked", what="DeleteBlocked")
+    assert kube.objects[KEY]["metadata"]["finalizers"] == [FINALIZER]
+    assert phase(kube) == "Deleting"
+    assert provider.names() == {name}  # the VM is still there, not forgotten
+    warnings = [m for t, r, m in kube.events_for("px1") if t == "Warning" and r == "DeleteBlocked"]
+    assert len(warnings) == 1
+    assert "provider 'kvm-home' is not in the providers file" in warnings[0] and name in warnings[0]
+    assert "kubectl patch px px1 -n default --type=json" in warnings[0]
+    assert "kubectl patch px px1" in kube.status(KEY)["message"]
+    c.update_providers({"kvm-home": provider}, "back")  # re-evaluates every Proxy at once
+    await eventually(lambda: KEY not in kube.objects, what="Proxy gone once the entry is back")
+    assert provider.names() == set()
+    assert ("Normal", "Deleted", f"deleted instance {name} on nas1") in kube.events_for("px1")
 
 
 async def test_a_host_that_answers_with_an_error_is_not_reported_unreachable(
@@ -302,7 +315,7 @@ async def test_delete_never_goes_to_another_providers_host_of_the_same_name(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
     """Host names are unique only within a provider. With the Proxy's provider removed from the file,
     another provider's `nas1` is not where its VM is: the delete must not be sent there and reported
-    done; the Decision's ProviderMissing Warning says the VM was left behind."""
+    done; the deletion is blocked naming the missing entry, until the finalizer is removed by hand."""
     other = FakeProvider("kvm-other", zones=("nas1",))
     c = make_controller({"kvm-home": provider, "kvm-other": other})
     kube.create_proxy("px1", spec_for(proxy_server))
@@ -311,11 +324,13 @@ async def test_delete_never_goes_to_another_providers_host_of_the_same_name(
     assert kube.status(KEY)["instance"]["provider"] == "kvm-home"
     c.update_providers({"kvm-other": other}, "without kvm-home")
     kube.delete(KEY)
-    await eventually(lambda: KEY not in kube.objects)
+    await eventually(lambda: "DeleteBlocked" in kube.reasons("px1"))
     assert ("delete", name) not in other.calls
     assert "Deleted" not in kube.reasons("px1")
-    warnings = [m for t, r, m in kube.events_for("px1") if r == "ProviderMissing"]
-    assert warnings and name in warnings[0] and "'kvm-home'" in warnings[0]
+    warnings = [m for t, r, m in kube.events_for("px1") if r == "DeleteBlocked"]
+    assert name in warnings[0] and "'kvm-home'" in warnings[0]
+    kube.force_remove(KEY)  # the escape hatch: the user removes the finalizer by hand
+    assert provider.names() == {name}  # nothing deleted it: that is what the user took on
 
 
 async def test_delete_while_host_unreachable_waits_and_keeps_the_finalizer(
