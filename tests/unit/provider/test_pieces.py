@@ -35,8 +35,10 @@ def spec(**over: object) -> DomainSpec:
 
 
 def test_names_follow_the_spec_table() -> None:
-    assert naming.overlay_volume("proxy-abc") == "proxy-abc.qcow2"
-    assert naming.seed_volume("proxy-abc") == "proxy-abc-seed.iso"
+    tag = naming.volume_tag(cluster_id="c1", namespace="ns1", name="proxy-abc")
+    assert naming.overlay_volume("proxy-abc", cluster_id="c1", namespace="ns1") == f"proxy-abc.ns1.{tag}.qcow2"
+    assert naming.seed_volume("proxy-abc", cluster_id="c1", namespace="ns1") == f"proxy-abc.ns1.{tag}-seed.iso"
+    assert naming.legacy_volumes("proxy-abc") == ("proxy-abc.qcow2", "proxy-abc-seed.iso")
     assert naming.base_volume(key="debian-13") == "base-debian-13.qcow2"
     assert naming.marker_volume("base-debian-13.qcow2") == "base-debian-13.qcow2.sha256"
     by_url = naming.base_volume(url="https://example.test/a.qcow2")
