@@ -60,7 +60,8 @@ def volume_tag(*, cluster_id: str, namespace: str, name: str) -> str:
 
 
 def instance_volume(name: str, kind: VolumeKind, *, cluster_id: str, namespace: str) -> str:
-    return f"{name}.{namespace}.{volume_tag(cluster_id=cluster_id, namespace=namespace, name=name)}{kind.value}"
+    tag = volume_tag(cluster_id=cluster_id, namespace=namespace, name=name)
+    return f"{name}.{namespace}.{tag}{kind.value}"
 
 
 def overlay_volume(name: str, *, cluster_id: str, namespace: str) -> str:
@@ -83,7 +84,8 @@ def parse_instance_volume(volume: str, *, cluster_id: str) -> InstanceVolumeName
     if m is None:
         return None
     instance, namespace = m["instance"], m["namespace"]
-    if not hmac.compare_digest(m["tag"], volume_tag(cluster_id=cluster_id, namespace=namespace, name=instance)):
+    expected = volume_tag(cluster_id=cluster_id, namespace=namespace, name=instance)
+    if not hmac.compare_digest(m["tag"], expected):
         return None
     return InstanceVolumeName(instance=instance, namespace=namespace, kind=VolumeKind(m["kind"]))
 

@@ -283,8 +283,8 @@ class KvmProvider:
             vol = await lookup_volume(host, pool, volume.name) if pool is not None else None
             if vol is not None:
                 await delete_volume(host, vol)
-                host.log.with_values(name=volume.instance).info("orphan volume deleted", pool=host.config.pool,
-                                                                volume=volume.name)
+                host.log.with_values(name=volume.instance).info(
+                    "orphan volume deleted", pool=host.config.pool, volume=volume.name)
             return True
 
     async def evict_unused_images(self, *, grace: float = 600.0) -> list[str]:

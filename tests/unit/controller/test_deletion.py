@@ -22,13 +22,15 @@ OLD_STYLE = Ref("proxy-old", "nas9")  # status from before the provider was reco
 ELSEWHERE = Ref("proxy-else", "nas1", provider="kvm-gone")
 
 
-def plan(refs: list[Ref], providers: dict[str, FakeProvider], spec_provider: str = "kvm-home") -> DeletionPlan:
+def plan(refs: list[Ref], providers: dict[str, FakeProvider],
+         spec_provider: str = "kvm-home") -> DeletionPlan:
     return plan_deletion(refs, spec_provider=spec_provider, providers=providers)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("refs", "providers", "spec_provider", "deleted_by", "missing"), [
     # every entry there: each instance to the entry that made it
-    ([CUR, PREV], {"kvm-home": HOME}, "kvm-home", [("proxy-cur", "kvm-home"), ("proxy-prev", "kvm-home")], []),
+    ([CUR, PREV], {"kvm-home": HOME}, "kvm-home",
+     [("proxy-cur", "kvm-home"), ("proxy-prev", "kvm-home")], []),
     # nothing to delete: nothing blocks
     ([], {}, "kvm-home", [], []),
     # the entry is gone (e.g. the providers ConfigMap reset to `providers: []`): blocked, named
@@ -36,7 +38,8 @@ def plan(refs: list[Ref], providers: dict[str, FakeProvider], spec_provider: str
     # another entry's same-named host is not where the VM is
     ([CUR], {"kvm-other": OTHER}, "kvm-home", [], [("proxy-cur", "kvm-home")]),
     # one entry gone, the other there: what can go goes, the rest blocks
-    ([CUR, ELSEWHERE], {"kvm-home": HOME}, "kvm-home", [("proxy-cur", "kvm-home")], [("proxy-else", "kvm-gone")]),
+    ([CUR, ELSEWHERE], {"kvm-home": HOME}, "kvm-home", [("proxy-cur", "kvm-home")],
+     [("proxy-else", "kvm-gone")]),
     # old status without a provider: the one entry serving the zone, else the spec's entry is missing
     ([OLD_STYLE], {"kvm-lone": LONE}, "kvm-home", [("proxy-old", "kvm-lone")], []),
     ([OLD_STYLE], {"kvm-home": HOME}, "kvm-home", [], [("proxy-old", "kvm-home")]),

@@ -11,7 +11,14 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from fakes import FakeHypervisor, FakeLibvirtClient, fake_kvm_provider, overlay_of, precache_image, qcow2_image
+from fakes import (
+    FakeHypervisor,
+    FakeLibvirtClient,
+    fake_kvm_provider,
+    overlay_of,
+    precache_image,
+    qcow2_image,
+)
 from provider_helpers import LogCapture, create_waiting, request
 
 from egress_kvm.providers.base import PermanentError, QuotaError, TransientError

@@ -61,7 +61,8 @@ async def test_another_clusters_volumes_are_never_listed_nor_deleted() -> None:
         await crash_before_define(theirs, hv, "proxy-theirs")
         their_overlay = overlay_of("proxy-theirs", cluster_id="cluster-b")
         assert (await mine.list_instance_volumes("host0")).volumes == ()
-        forged = InstanceVolume(zone="host0", name=their_overlay, instance="proxy-theirs", owner_namespace="ns1")
+        forged = InstanceVolume(zone="host0", name=their_overlay, instance="proxy-theirs",
+                                owner_namespace="ns1")
         with pytest.raises(PermanentError, match="not an instance volume of this cluster"):
             await mine.delete_orphan_volume(forged)
         await mine.delete("proxy-theirs", "host0")  # delete by name: ours only, theirs stay

@@ -36,8 +36,9 @@ def spec(**over: object) -> DomainSpec:
 
 def test_names_follow_the_spec_table() -> None:
     tag = naming.volume_tag(cluster_id="c1", namespace="ns1", name="proxy-abc")
-    assert naming.overlay_volume("proxy-abc", cluster_id="c1", namespace="ns1") == f"proxy-abc.ns1.{tag}.qcow2"
-    assert naming.seed_volume("proxy-abc", cluster_id="c1", namespace="ns1") == f"proxy-abc.ns1.{tag}-seed.iso"
+    owner = {"cluster_id": "c1", "namespace": "ns1"}
+    assert naming.overlay_volume("proxy-abc", **owner) == f"proxy-abc.ns1.{tag}.qcow2"
+    assert naming.seed_volume("proxy-abc", **owner) == f"proxy-abc.ns1.{tag}-seed.iso"
     assert naming.legacy_volumes("proxy-abc") == ("proxy-abc.qcow2", "proxy-abc-seed.iso")
     assert naming.base_volume(key="debian-13") == "base-debian-13.qcow2"
     assert naming.marker_volume("base-debian-13.qcow2") == "base-debian-13.qcow2.sha256"

@@ -50,4 +50,5 @@ def test_longest_names_fit_a_file_name_and_an_lvm_volume() -> None:
     ns = "n" * 63
     longest = naming.seed_volume(name, cluster_id=C1, namespace=ns)
     assert len(longest) <= 127  # LVM's limit; a dir pool's file name allows 255
-    assert naming.parse_instance_volume(longest, cluster_id=C1) == InstanceVolumeName(name, ns, VolumeKind.SEED)
+    parsed = naming.parse_instance_volume(longest, cluster_id=C1)
+    assert parsed == InstanceVolumeName(name, ns, VolumeKind.SEED)
