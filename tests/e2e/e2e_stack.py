@@ -310,6 +310,17 @@ INSTANCE_PREFIX = "proxy-"  # egress_kvm.controller.naming.PREFIX: every VM and 
 _VOLUME_SUFFIXES = (".qcow2", "-seed.iso")  # egress_kvm.providers.kvm.naming: overlay, seed
 
 
+def instance_of_volume(volume: str) -> str | None:
+    """The instance a per-instance volume belongs to, by its name alone, whoever made it: the cluster-
+    tagged `<instance>.<namespace>.<tag>.qcow2` / `-seed.iso` and the older `<instance>.qcow2` /
+    `<instance>-seed.iso` (egress_kvm.providers.kvm.naming; instance names contain no `.`). None for a
+    name of neither shape (a base, a marker, a half-written upload under another name)."""
+    if volume.startswith("base-"):
+        return None
+    stem = next((volume[: -len(s)] for s in _VOLUME_SUFFIXES if volume.endswith(s)), None)
+    return stem.split(".", 1)[0] if stem else None
+
+
 def owned_instances(kubectl: Kubectl) -> set[str]:
     """Instance names some Proxy in the cluster owns (status.instance, and previousInstance mid-replace)."""
     items = json.loads(kubectl("get", "px", "-A", "-o", "json").stdout).get("items", [])
@@ -324,8 +335,9 @@ def owned_instances(kubectl: Kubectl) -> set[str]:
 
 
 def leaks(lab: labmod.LabInfo, kubectl: Kubectl) -> dict[str, dict[str, list[str]]]:
-    """Per host: domains and volumes named as ours (`proxy-...`) that no Proxy owns, and any volume that
-    is neither that nor a base image or its marker (a half-written upload under another name)."""
+    """Per host: domains and volumes named as ours (`proxy-...`) that no Proxy owns (an orphan overlay or
+    seed left without its domain counts like an orphan domain), and any volume that is neither that nor
+    a base image or its marker (a half-written upload under another name)."""
     owned = owned_instances(kubectl)
     found: dict[str, dict[str, list[str]]] = {}
     for h in lab.hosts:
@@ -334,8 +346,8 @@ def leaks(lab: labmod.LabInfo, kubectl: Kubectl) -> dict[str, dict[str, list[str
         for v in volumes(lab, h.name):
             if v.startswith("base-"):
                 continue
-            stem = next((v[: -len(s)] for s in _VOLUME_SUFFIXES if v.endswith(s)), None)
-            if stem is None or stem not in owned:
+            instance = instance_of_volume(v)
+            if instance is None or instance not in owned:
                 vols.append(v)
         found[h.name] = {"domains": doms, "volumes": vols}
     return found
