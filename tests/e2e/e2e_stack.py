@@ -223,11 +223,13 @@ def reset_hosts(lab: labmod.LabInfo) -> None:
 
 class Stack:
     """Emulator + CRD + operator(s) on a lab, and the lab's sample Proxy to apply (its user-data carries
-    CANARY, which no log may show). `operator_image`: run the operator from that image, not the venv."""
+    CANARY, which no log may show). `operator_image`: run the operator from that image, not the venv.
+    `providers_file`: the operator's providers file (default the lab's; a test that edits it uses a copy)."""
 
     def __init__(self, lab: labmod.LabInfo, workdir: Path, *, operator_image: str | None = None,
-                 operator_flags: list[str] | None = None) -> None:
+                 operator_flags: list[str] | None = None, providers_file: str | None = None) -> None:
         self.lab = lab
+        self.providers_file = providers_file or lab.providers_file
         self.workdir = workdir
         self.operator_image = operator_image
         self.operator_flags = OPERATOR_FLAGS if operator_flags is None else operator_flags
@@ -263,7 +265,7 @@ class Stack:
     def start_operator(self) -> Operator | ContainerOperator:
         assert self.emulator is not None
         n = len(self.operators) + 1
-        common = {"kubeconfig": self.emulator.kubeconfig, "providers": self.lab.providers_file,
+        common = {"kubeconfig": self.emulator.kubeconfig, "providers": self.providers_file,
                   "log_path": self.workdir / f"operator-{n}.log", "extra": self.operator_flags}
         op = (ContainerOperator(image=self.operator_image, **common) if self.operator_image  # type: ignore[arg-type]
               else Operator(**common))  # type: ignore[arg-type]
