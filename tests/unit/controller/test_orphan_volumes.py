@@ -186,3 +186,16 @@ async def test_nothing_before_the_first_full_list_and_a_failing_zone_keeps_its_c
     hv.set_unreachable("host0")
     assert await gc_pass(kube, provider, clocks, T0 + GRACE) == set()
     assert set(clocks[(PROVIDER, "host0")]) == left  # kept while the host is away
+
+
+async def test_the_controllers_gc_pass_collects_orphan_volumes(  # type: ignore[no-untyped-def]
+        kube: FakeKube, kvm, make_controller) -> None:
+    """Wired into the manager's pass: the crash left volumes, the Proxy is gone (its finalizer removed
+    by hand), and `collect_garbage` returns them among what it collected."""
+    provider, hv = kvm
+    c = make_controller({PROVIDER: provider}, gc_grace_period=0.0)
+    left = await crashed_create(provider, hv, "proxy-crashed")
+    collected = await c.collect_garbage()
+    assert {x.name for x in collected} == left
+    assert all("no Proxy claims it" in x.reason for x in collected)
+    assert not left & set(hv["host0"].volumes)
