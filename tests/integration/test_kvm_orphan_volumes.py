@@ -15,7 +15,8 @@ import uuid
 from typing import Any
 
 import pytest
-from test_kvm_provider import create_waiting, provider_for, request, virsh_ok, volumes
+from test_kvm_provider import Logs, create_waiting, provider_for, request, virsh_ok, volumes
+from test_kvm_provider import logs as logs_fixture  # noqa: F401 - registers the `logs` fixture here
 
 from egress_kvm.controller.volume_gc import VolumeClocks, collect_orphan_volumes
 from egress_kvm.providers.base import TransientError
@@ -76,7 +77,8 @@ async def gc_pass(provider: KvmProvider, clocks: VolumeClocks, now: float) -> se
     return {c.name for c in done}
 
 
-async def test_volumes_of_a_create_cut_before_define_go_after_grace_not_another_clusters(lab: Any) -> None:
+async def test_volumes_of_a_create_cut_before_define_go_after_grace_not_another_clusters(
+        lab: Any, logs: Logs) -> None:
     info = lab
     run = uuid.uuid4().hex[:8]
     mine = provider_for(info, cluster_id=f"it-vol-a-{run}")
@@ -90,11 +92,27 @@ async def test_volumes_of_a_create_cut_before_define_go_after_grace_not_another_
                            naming.seed_volume(name, cluster_id=mine.cluster_id, namespace="it")}
         assert my_left.isdisjoint(their_left)
         assert virsh_ok(info, "vol-create-as", "default", legacy, "1M")
+        # Delete by name with no domain (a finalizer after such a crash) finds the volumes by listing.
+        gone = await crash_before_define(mine, info, f"{name}-del")
+        mark = logs.mark()
+        await mine.delete(f"{name}-del", "host0")
+        delete_rpcs = logs.rpcs(mark)
+        assert gone.isdisjoint(volumes(info))
+        assert delete_rpcs == ["domain_lookup_by_name", "storage_pool_lookup_by_name",
+                               "storage_pool_list_all_volumes", "storage_vol_delete", "storage_vol_delete"]
 
         clocks: VolumeClocks = {}
+        mark = logs.mark()
         assert await gc_pass(mine, clocks, T0) == set()  # first sight: the grace clock starts
+        listing_rpcs = logs.rpcs(mark)
         assert my_left <= volumes(info)
+        mark = logs.mark()
         assert await gc_pass(mine, clocks, T0 + GRACE) == my_left
+        collect_rpcs = logs.rpcs(mark)
+        print(f"\nRPCs: a GC pass that collects nothing {len(listing_rpcs)} {listing_rpcs}; one that "
+              f"collects two volumes {len(collect_rpcs)}")
+        assert listing_rpcs == ["storage_pool_lookup_by_name", "storage_pool_list_all_volumes",
+                                "connect_list_all_domains"]
         left_now = volumes(info)
         print(f"\norphan volumes: cluster A collected {sorted(my_left)}; pool keeps {len(left_now)} volumes")
         assert my_left.isdisjoint(left_now)
