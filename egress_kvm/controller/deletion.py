@@ -101,6 +101,10 @@ async def finalize(ctx: Context) -> Trouble | None:
         await ctx.kube.record_event(ctx.proxy, type_=NORMAL, reason="Deleted",
                                     message=f"deleted instance {ref.name} on {ref.zone}")
     if plan.missing:
+        if plan.delete:  # status names only what is left: a retry neither deletes nor announces it again
+            left = [m.ref for m in plan.missing]
+            await ctx.say(Verdict(DELETING, f"deleting {', '.join(r.name for r in left)}", "Deleting",
+                                  instance=left[0], previous=left[1] if len(left) > 1 else None))
         ctx.log.info("deletion blocked: provider entry missing; keeping the finalizer",
                      providers=sorted({m.entry for m in plan.missing}),
                      instances=[m.ref.name for m in plan.missing])

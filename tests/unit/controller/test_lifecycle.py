@@ -333,6 +333,27 @@ async def test_delete_never_goes_to_another_providers_host_of_the_same_name(
     assert provider.names() == {name}  # nothing deleted it: that is what the user took on
 
 
+async def test_a_blocked_delete_deletes_and_announces_what_it_can_once(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """The instance whose entry is there goes on the first pass; the retries while the other one's entry
+    is missing neither delete it again nor record another Normal Deleted, and status names only what is
+    left."""
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    name = kube.status(KEY)["instance"]["name"]
+    kube.objects[KEY]["status"]["previousInstance"] = {"name": "proxy-elsewhere", "zone": "nas9",
+                                                       "provider": "kvm-gone"}
+    kube.delete(KEY)
+    await eventually(lambda: "DeleteBlocked" in kube.reasons("px1"), what="DeleteBlocked")
+    for _ in range(2):  # two more blocked passes, as the slow retry or a providers change runs them
+        await c.reconciler.reconcile(KEY)
+    assert [c_ for c_ in provider.calls if c_ == ("delete", name)] == [("delete", name)]
+    assert kube.reasons("px1").count("Deleted") == 1
+    left = kube.status(KEY)
+    assert left["instance"]["name"] == "proxy-elsewhere" and "previousInstance" not in left
+
+
 async def test_delete_while_host_unreachable_waits_and_keeps_the_finalizer(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
     make_controller({"kvm-home": provider})
