@@ -3,6 +3,8 @@ I/O error only once the pool has room again, until then the QuotaError names hos
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from fakes import fake_kvm_provider, overlay_of
 from fakes.libvirt import lv_error
@@ -182,3 +184,20 @@ async def test_resume_racing_a_state_change(running, monkeypatch: pytest.MonkeyP
         with pytest.raises(TransientError, match=r"could not be resumed: .*domain is not running"):
             await provider.start(NAME, "host0")  # the next reconcile sees it shut off and starts it
         assert h.domains[NAME].state == DomainState.SHUTOFF
+
+
+async def test_io_error_resume_of_a_vm_from_the_previous_release_finds_its_untagged_overlay(running) -> None:  # type: ignore[no-untyped-def]
+    """Upgrade: a VM created before volumes carried the cluster tag has `<name>.qcow2`; its room check
+    must find that overlay (else it would wait for room for a whole new disk)."""
+    provider, h = running
+    tagged = h.volumes.pop(overlay_of(NAME, cluster_id="c1"))
+    legacy = f"{NAME}.qcow2"
+    h.volumes[legacy] = dataclasses.replace(tagged, name=legacy, path=f"{h.pool_path}/{legacy}")
+    grow = tagged.capacity - tagged.allocation
+    h.pause_on_io_error(NAME)
+    h.free_pool_space(grow - 1)
+    with pytest.raises(QuotaError):
+        await provider.start(NAME, "host0")
+    h.free_pool_space(1)  # exactly what its overlay may still grow by
+    await provider.start(NAME, "host0")
+    assert h.domains[NAME].state == DomainState.RUNNING
