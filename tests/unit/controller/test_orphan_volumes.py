@@ -165,6 +165,29 @@ async def test_a_lagging_cache_is_confirmed_by_a_fresh_list_with_desired_names(k
     assert left <= set(hv["host0"].volumes)
 
 
+async def test_the_fresh_check_evaluates_only_proxies_of_the_orphans_namespace(kube: FakeKube, kvm) -> None:  # type: ignore[no-untyped-def]
+    """Computing the name a Proxy would create may read its Secret: a Proxy of another namespace cannot
+    have made (or be about to make) a volume tagged with this one, so it costs nothing."""
+    provider, hv = kvm
+    left = await crashed_create(provider, hv, "proxy-orphan", namespace="team-a")
+    from_secret = {**spec(), "cloudInit": {"secretRef": {"name": "ud", "key": "user-data"}}}
+    for i in range(3):
+        kube.create_proxy(f"px{i}", from_secret, namespace="team-b")
+    kube.create_proxy("pxa", from_secret, namespace="team-a")
+    read: list[str] = []
+    real_read = kube.read_secret_labels
+
+    async def counting_read(namespace: str, name: str):  # type: ignore[no-untyped-def]
+        read.append(namespace)
+        return await real_read(namespace, name)
+
+    kube.read_secret_labels = counting_read  # type: ignore[method-assign]
+    clocks: VolumeClocks = {}
+    assert await gc_pass(kube, provider, clocks, T0) == set()
+    assert await gc_pass(kube, provider, clocks, T0 + GRACE) == left
+    assert "team-b" not in read and "team-a" in read
+
+
 async def test_a_namespace_scoped_operator_leaves_other_namespaces_volumes(kube: FakeKube, kvm) -> None:  # type: ignore[no-untyped-def]
     provider, hv = kvm
     mine = await crashed_create(provider, hv, "proxy-mine", namespace="team-a")
