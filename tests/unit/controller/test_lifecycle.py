@@ -333,6 +333,36 @@ async def test_delete_never_goes_to_another_providers_host_of_the_same_name(
     assert provider.names() == {name}  # nothing deleted it: that is what the user took on
 
 
+@pytest.mark.parametrize("to_external", [False, True], ids=["replaced", "switched-to-external"])
+async def test_an_instance_whose_entry_is_gone_is_kept_until_the_entry_is_back(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller,
+        to_external: bool) -> None:
+    """A replacement or a switch to External used to drop an instance whose providers-file entry was
+    gone from status with a ProviderMissing Warning, leaking its VM: it stays as previousInstance, and
+    the entry's return deletes it."""
+    other = FakeProvider("kvm-b", zones=("nas1",))
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    name = kube.status(KEY)["instance"]["name"]
+    c.update_providers({"kvm-b": other}, "kvm-home gone")
+    if to_external:
+        spec = {"mode": "External", "external": {"address": f"127.0.0.1:{proxy_server.port}"},
+                "healthCheck": {"intervalSeconds": 1, "timeoutSeconds": 2}}
+    else:
+        spec = {**spec_for(proxy_server), "provider": "kvm-b"}
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: "ProviderMissing" in kube.reasons("px1"), what="ProviderMissing")
+    await eventually(lambda: phase(kube) == "Ready", what="Ready on the new spec")
+    assert kube.status(KEY)["previousInstance"]["name"] == name
+    assert provider.names() == {name} and ("delete", name) not in provider.calls
+    type_, warning = next((t, m) for t, r, m in kube.events_for("px1") if r == "ProviderMissing")
+    assert type_ == "Warning" and name in warning and "'kvm-home'" in warning and "kept" in warning
+    c.update_providers({"kvm-b": other, "kvm-home": provider}, "kvm-home back")
+    await eventually(lambda: "previousInstance" not in kube.status(KEY), what="previous deleted")
+    assert provider.names() == set()
+
+
 async def test_a_blocked_delete_deletes_and_announces_what_it_can_once(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
     """The instance whose entry is there goes on the first pass; the retries while the other one's entry
