@@ -56,6 +56,15 @@ def provider_for_ref(providers: Mapping[str, Provider], provider_name: str, ref:
     return serving[0] if len(serving) == 1 else None
 
 
+def unserved(providers: Mapping[str, Provider], provider_name: str, status: Obj) -> frozenset[Ref]:
+    """The instances status names whose providers-file entry is gone (`provider_for_ref` is None): nothing
+    can delete them, so a replacement or a switch to External keeps them in status rather than leaking
+    their VMs (planner.py); deletion blocks on them (deletion.py)."""
+    refs = (Ref.from_status(status.get(f)) for f in ("instance", "previousInstance"))
+    return frozenset(r for r in refs
+                     if r is not None and provider_for_ref(providers, provider_name, r) is None)
+
+
 async def load_user_data(*, kube: KubeApi, namespace: str, spec: ProxySpec) -> bytes:
     if spec.user_data_ref is None:
         return (spec.user_data or "").encode()

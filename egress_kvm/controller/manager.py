@@ -8,7 +8,8 @@ A reconcile is cut off after `reconcile_timeout` (retried on the transient backo
 no single host or call can hold a worker for longer. One still running `wedge_grace` after that (it
 ignored its cancellation: a blocking call, a swallowed CancelledError) means the workers are wedged:
 `healthy()` turns False and the kubelet restarts the process. A host that answers again after an outage
-re-queues its Proxies at once (`_host_back`), and GC evicts unused URL base images after its pass.
+re-queues its Proxies at once (`_host_back`); a GC pass collects orphan domains (gc.py), then orphan
+volumes (volume_gc.py), then evicts unused URL base images.
 
 Shutdown: `stop` closes the queue (no key is handed out again), gives the reconciles in flight up to
 `timeout` to finish, then cancels them. A cancelled reconcile is safe to abandon: status is written
@@ -46,6 +47,7 @@ from .outcome import Result, Retry
 from .queue import QUOTA_BACKOFF, TRANSIENT_BACKOFF, QueueShutDown, WorkQueue
 from .reconciler import Reconciler, Timings
 from .verdict import ProbeKey
+from .volume_gc import VolumeClocks, collect_orphan_volumes
 
 NAME = "proxy"
 PHASES = ("Pending", "Provisioning", "Running", "Ready", "Failed", "Deleting")
@@ -100,6 +102,7 @@ class Controller:
         self.wedge_grace = wedge_grace
         self._running_since: dict[Key, float] = {}  # key -> monotonic start of its reconcile in flight
         self._gc_failing: set[tuple[str, str]] = set()  # (provider, zone) whose GC listing failed last
+        self._volume_clocks: VolumeClocks = {}  # orphan volumes' grace clocks (volume_gc.py)
         self._listened: set[int] = set()  # id() of providers whose host-back events we hear
         self._watches: dict[int, tuple[Provider, Closable]] = {}  # id(provider) -> its lifecycle-event watch
         self._unwatching: set[asyncio.Task[None]] = set()
@@ -258,6 +261,10 @@ class Controller:
             providers=self.reconciler.providers, store=self.store, kube=self.kube,
             grace_period=self.gc_grace_period, namespace=self.namespace, logger=self.log.with_name("gc"),
             failing=self._gc_failing)
+        self._last_gc += await collect_orphan_volumes(
+            providers=self.reconciler.providers, store=self.store, kube=self.kube,
+            grace_period=self.gc_grace_period, clocks=self._volume_clocks, namespace=self.namespace,
+            logger=self.log.with_name("gc"))
         for name, provider in self.reconciler.providers.items():
             if isinstance(provider, EvictsImages):
                 try:

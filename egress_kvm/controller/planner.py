@@ -31,7 +31,7 @@ from egress_kvm.providers.base import InProgress, Instance, PowerState, QuotaErr
 from . import plan as rules
 from .compose import Serving, Verdict, compose, external_verdict, reason_for
 from .memory import KeyState
-from .outcome import Fail, Result, Trouble, outcome_for
+from .outcome import Fail, Result, Retry, Trouble, outcome_for
 from .plan import NORMAL, WARNING, Action, Event, Plan
 from .proxyspec import EXTERNAL, ProxySpec, SpecError, parse_spec
 from .status import COND_HOST, PENDING, PROVISIONING, READY, RUNNING, Ref, get_condition, remove_condition
@@ -124,6 +124,10 @@ class Observed:
     importing: InProgress | None = field(default=None, compare=False)  # the last create waits on an import
     namespace: str = ""
     routine: bool = False  # queued only by the clock (a resync, a probe refresh): see vouched
+    # Instances status names whose providers-file entry is gone (desired.unserved): never retired by a
+    # Delete (nothing can delete them; dropping them from status would leak their VMs), kept in status
+    # as previousInstance until the entry is back.
+    unserved: frozenset[Ref] = frozenset()
 
     @property
     def own(self) -> ProbeKey:
@@ -332,9 +336,22 @@ def _replace(b: _Book, *, current: Ref, previous: Ref | None, target: Ref) -> St
         return Step((Look(need),))
     # `current` serves if it runs with an IP, or if its provider could not tell (kept, so it is deleted
     # once the replacement is Ready rather than leaked).
+    # An instance whose providers-file entry is gone is kept the same way: as previousInstance, deleted once
+    # the replacement is Ready and the entry is back.
     serves = previous is None and (_serving(o, current) is not None or isinstance(o.seen[current],
-                                                                                 Unanswered))
+                                                                                 Unanswered)
+                                   or current in o.unserved)
     retire = rules.plan_retire(current=current, previous=previous, target=target, current_serves=serves)
+    stuck = [r for r in retire.delete if r in o.unserved]
+    if stuck:
+        if retire.previous is not None:  # no slot left to keep it in: wait for the entry rather than leak
+            message = (f"{_unserved_message(o, stuck[0])}; the replacement of {current.name} by "
+                       f"{target.name} waits until the entry is back")
+            return b.step(Trouble("ProviderMissing", message, Retry.QUOTA,
+                                  Event(WARNING, "ProviderMissing", message)))
+        retire = rules.Retire(delete=tuple(r for r in retire.delete if r != stuck[0]), previous=stuck[0])
+    if retire.previous is not None and retire.previous in o.unserved:
+        b.actions.append(Record(_kept_event(o, retire.previous)))
     b.actions.extend(Delete(ref) for ref in retire.delete)
     b.actions.append(Record(Event(NORMAL, "Replacing", f"provisioning inputs changed: replacing instance "
                                                         f"{current.name} with {target.name}")))
@@ -380,7 +397,9 @@ def _instance(b: _Book, *, target: Ref, previous: Ref | None, serving: ProbeTarg
         delay = rules.restart_delay(starts, poll=t.poll, cap=t.restart_backoff_max)
     if not plan.probe:
         b.unwatch(probe_key)
-    if plan.delete_previous and previous is not None:
+    if plan.delete_previous and previous is not None and previous in o.unserved:
+        b.actions.append(Record(_kept_event(o, previous)))  # kept in status until its entry is back
+    elif plan.delete_previous and previous is not None:
         b.actions += [Delete(previous), Record(Event(NORMAL, "Replaced", f"instance {target.name} is Ready; "
                                                      f"deleted the instance it replaced, {previous.name}"))]
         if probe_key != o.own:
@@ -405,7 +424,8 @@ def _create(b: _Book, plan: Plan, *, target: Ref, previous: Ref | None, serving:
     if o.importing is not None:
         return b.step(Importing(str(o.importing), o.importing.wake))
     if o.quota is not None:
-        if previous is None or not rules.quota_fallback(previous=previous, target=target):
+        if (previous is None or previous in o.unserved  # nothing can delete it: no room is made
+                or not rules.quota_fallback(previous=previous, target=target)):
             return b.step(_trouble(o.quota))
         # No room for both on this host: give up create-before-delete for this one replacement.
         b.actions += [Delete(previous), Record(Event(
@@ -455,9 +475,13 @@ def _settle(b: _Book, plan: Plan, *, target: Ref, previous: Ref | None, serving:
 def plan_external(o: Observed, policies: EgressPolicies) -> Step:
     """An External Proxy: what a Managed spec left behind goes, and only the probes decide (one round)."""
     b = _Book(o, o.probes)
+    kept: list[Ref] = []
     for field_ in ("instance", "previousInstance"):
         ref = Ref.from_status(o.status.get(field_))
-        if ref is not None:  # switched from Managed: its instances go
+        if ref is not None and ref in o.unserved:  # nothing can delete it: kept in status, not leaked
+            kept.append(ref)
+            b.actions.append(Record(_kept_event(o, ref)))
+        elif ref is not None:  # switched from Managed: its instances go
             b.actions.append(Delete(ref))
     b.unwatch(ProbeKey(o.key, replacement=True))
     host, port = o.spec.external_host, o.spec.external_port
@@ -469,8 +493,10 @@ def plan_external(o: Observed, policies: EgressPolicies) -> Step:
         return b.step(failed)
     target = ProbeTarget(host, port, o.spec.health, o.namespace, o.spec.auth_secret, external=True)
     b.watch(o.own, target)
-    status = compose(o.status, external_verdict(b.probes.health(o.own), host=host, target=target),
-                     generation=o.generation)
+    verdict = external_verdict(b.probes.health(o.own), host=host, target=target)
+    if kept:  # the one left behind is previousInstance (two: the one that was current stays instance)
+        verdict = replace(verdict, previous=kept[-1], instance=kept[0] if len(kept) > 1 else None)
+    status = compose(o.status, verdict, generation=o.generation)
     remove_condition(status, COND_HOST)  # no host of ours is involved
     b.actions.append(WriteStatus(status))
     return b.step(Result())
@@ -494,6 +520,18 @@ def stored_probe(status: Obj, spec: object, *, key: Key, namespace: str, probes:
     if status.get("endpoint") != target.endpoint:
         return None
     return Watch(own, target, start_seed(status, target, own=True, probed=probes.target(own) is not None))
+
+
+def _unserved_message(o: Observed, ref: Ref) -> str:
+    entry = ref.provider or o.spec.provider
+    return (f"instance {ref.name} on {ref.zone} was made by provider {entry!r}, which is not in the "
+            f"providers file")
+
+
+def _kept_event(o: Observed, ref: Ref) -> Event:
+    """Said on every pass that would retire `ref` (Events of the same text are counted, not repeated)."""
+    return Event(WARNING, "ProviderMissing", f"{_unserved_message(o, ref)}: it is not deleted but kept as "
+                 f"status.previousInstance, and deleted once the entry is back")
 
 
 def _trouble(error: Exception) -> Trouble:

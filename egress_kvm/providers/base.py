@@ -201,6 +201,38 @@ class WatchesInstances(Protocol):
     def watch_instances(self, sink: EventSink) -> Closable: ...
 
 
+@dataclass(frozen=True)
+class InstanceVolume:
+    """A per-instance volume (overlay, seed) this cluster made, as a pool listing shows it."""
+
+    zone: str
+    name: str  # the volume's name in the pool
+    instance: str  # the instance it was made for
+    owner_namespace: str
+
+
+@dataclass(frozen=True)
+class VolumeListing:
+    """One zone's instance volumes of this cluster, and the names of every domain there (anyone's)."""
+
+    volumes: tuple[InstanceVolume, ...]
+    domains: frozenset[str]
+
+
+@runtime_checkable
+class CollectsVolumes(Protocol):
+    """A provider whose instances leave volumes a domain listing cannot see (a crash between creating
+    them and defining the domain): orphan GC lists them and deletes the ones nothing claims."""
+
+    async def list_instance_volumes(self, zone: str) -> VolumeListing:
+        """Only volumes this cluster provably made (another cluster's never appear)."""
+        ...
+
+    async def delete_orphan_volume(self, volume: InstanceVolume) -> bool:
+        """Delete it unless a domain of its instance exists now (False: spared); gone already is True."""
+        ...
+
+
 @runtime_checkable
 class ReportsHostBack(Protocol):
     """A provider that tells when a host answers again after failed dials: `listener(provider, zone)`."""

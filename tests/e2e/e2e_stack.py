@@ -233,11 +233,13 @@ def reset_hosts(lab: labmod.LabInfo) -> None:
 
 class Stack:
     """Emulator + CRD + operator(s) on a lab, and the lab's sample Proxy to apply (its user-data carries
-    CANARY, which no log may show). `operator_image`: run the operator from that image, not the venv."""
+    CANARY, which no log may show). `operator_image`: run the operator from that image, not the venv.
+    `providers_file`: the operator's providers file (default the lab's; a test that edits it uses a copy)."""
 
     def __init__(self, lab: labmod.LabInfo, workdir: Path, *, operator_image: str | None = None,
-                 operator_flags: list[str] | None = None) -> None:
+                 operator_flags: list[str] | None = None, providers_file: str | None = None) -> None:
         self.lab = lab
+        self.providers_file = providers_file or lab.providers_file
         self.workdir = workdir
         self.operator_image = operator_image
         self.operator_flags = OPERATOR_FLAGS if operator_flags is None else operator_flags
@@ -273,7 +275,7 @@ class Stack:
     def start_operator(self) -> Operator | ContainerOperator:
         assert self.emulator is not None
         n = len(self.operators) + 1
-        common = {"kubeconfig": self.emulator.kubeconfig, "providers": self.lab.providers_file,
+        common = {"kubeconfig": self.emulator.kubeconfig, "providers": self.providers_file,
                   "log_path": self.workdir / f"operator-{n}.log", "extra": self.operator_flags}
         op = (ContainerOperator(image=self.operator_image, **common) if self.operator_image  # type: ignore[arg-type]
               else Operator(**common))  # type: ignore[arg-type]
@@ -320,6 +322,17 @@ INSTANCE_PREFIX = "proxy-"  # egress_kvm.controller.naming.PREFIX: every VM and 
 _VOLUME_SUFFIXES = (".qcow2", "-seed.iso")  # egress_kvm.providers.kvm.naming: overlay, seed
 
 
+def instance_of_volume(volume: str) -> str | None:
+    """The instance a per-instance volume belongs to, by its name alone, whoever made it: the cluster-
+    tagged `<instance>.<namespace>.<tag>.qcow2` / `-seed.iso` and the older `<instance>.qcow2` /
+    `<instance>-seed.iso` (egress_kvm.providers.kvm.naming; instance names contain no `.`). None for a
+    name of neither shape (a base, a marker, a half-written upload under another name)."""
+    if volume.startswith("base-"):
+        return None
+    stem = next((volume[: -len(s)] for s in _VOLUME_SUFFIXES if volume.endswith(s)), None)
+    return stem.split(".", 1)[0] if stem else None
+
+
 def owned_instances(kubectl: Kubectl) -> set[str]:
     """Instance names some Proxy in the cluster owns (status.instance, and previousInstance mid-replace)."""
     items = json.loads(kubectl("get", "px", "-A", "-o", "json").stdout).get("items", [])
@@ -334,8 +347,9 @@ def owned_instances(kubectl: Kubectl) -> set[str]:
 
 
 def leaks(lab: labmod.LabInfo, kubectl: Kubectl) -> dict[str, dict[str, list[str]]]:
-    """Per host: domains and volumes named as ours (`proxy-...`) that no Proxy owns, and any volume that
-    is neither that nor a base image or its marker (a half-written upload under another name)."""
+    """Per host: domains and volumes named as ours (`proxy-...`) that no Proxy owns (an orphan overlay or
+    seed left without its domain counts like an orphan domain), and any volume that is neither that nor
+    a base image or its marker (a half-written upload under another name)."""
     owned = owned_instances(kubectl)
     found: dict[str, dict[str, list[str]]] = {}
     for h in lab.hosts:
@@ -344,8 +358,8 @@ def leaks(lab: labmod.LabInfo, kubectl: Kubectl) -> dict[str, dict[str, list[str
         for v in volumes(lab, h.name):
             if v.startswith("base-"):
                 continue
-            stem = next((v[: -len(s)] for s in _VOLUME_SUFFIXES if v.endswith(s)), None)
-            if stem is None or stem not in owned:
+            instance = instance_of_volume(v)
+            if instance is None or instance not in owned:
                 vols.append(v)
         found[h.name] = {"domains": doms, "volumes": vols}
     return found

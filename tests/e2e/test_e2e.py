@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from e2e_stack import CANARY, Stack, domains, lab_base, log_records, volumes, wait_until
+from e2e_stack import CANARY, Stack, domains, instance_of_volume, lab_base, log_records, volumes, wait_until
 
 from testbed import lab as labmod
 
@@ -264,7 +264,7 @@ def test_step5_orphan_gc_removes_a_vm_whose_proxy_vanished(step):
     def collected() -> bool:
         vols = volumes(step.lab, zone)
         gone = name not in domains(step.lab, zone)
-        return gone and f"{name}.qcow2" not in vols and f"{name}-seed.iso" not in vols
+        return gone and not [v for v in vols if instance_of_volume(v) == name]
     wait_until(collected, timeout=300, what=f"orphan GC of {name} on {zone}", interval=2)
     for other in (FIRST, SECOND):  # live Proxies' VMs are untouched
         assert step.status(other)["instance"]["name"] in domains(step.lab, "host0")

@@ -1,8 +1,9 @@
 """Fault campaign (issue 13 item 10): the real operator process, the API emulator and a 2-host lab, with
 faults injected where they hurt. Scenarios run in order on one stack and build on each other:
 
-0. The leak counter catches a leak: a planted `proxy-...` domain and seed volume that no Proxy owns are
-   counted (1 + 1 on host0), and 0 once removed. Every later "0 leaks" relies on this counter.
+0. The leak counter catches a leak: a planted `proxy-...` domain, its seed volume and an orphan overlay
+   named as this operator names them (cluster-tagged, no domain) that no Proxy owns are counted (1 + 2 on
+   host0), and 0 once removed. Every later "0 leaks" relies on this counter.
 1. Operator SIGKILLed mid-download (host0's first base-image fetch), then restarted: the Proxy converges.
 2. Libvirtd restarted mid-upload (host1's base image, into a pool on a 1.5 GiB tmpfs): the import resumes
    and the Proxy stops at QuotaExceeded (no room for its overlay) with nothing half-made left behind.
@@ -26,7 +27,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from e2e_stack import Stack, domains, lab_base, leak_counts, leaks, volumes, wait_until
+from e2e_stack import Stack, domains, instance_of_volume, lab_base, leak_counts, leaks, volumes, wait_until
 
 from testbed import lab as labmod
 from testbed.lab import faults
@@ -144,15 +145,19 @@ def test_0_the_leak_counter_finds_a_planted_orphan(step):
            "<os><type arch='x86_64'>hvm</type></os></domain>")
     labmod.host_run(step.lab, "host0", ["sh", "-c", f"printf '%s' \"$0\" > /tmp/{orphan}.xml", xml])
     labmod.virsh(step.lab, "host0", "define", f"/tmp/{orphan}.xml")
-    labmod.virsh(step.lab, "host0", "vol-create-as", "default", f"{orphan}-seed.iso", "1M")
+    orphan_overlay = "proxy-campaignplanted0001.default.0123456789abcdef.qcow2"  # a domainless overlay
+    planted = sorted([f"{orphan}-seed.iso", orphan_overlay])
+    for v in planted:
+        labmod.virsh(step.lab, "host0", "vol-create-as", "default", v, "1M")
     try:
         found = leaks(step.lab, step.kubectl)
         print(f"\n[planted orphan] unowned: {leak_counts(found)}")
-        assert found["host0"] == {"domains": [orphan], "volumes": [f"{orphan}-seed.iso"]}
+        assert found["host0"]["domains"] == [orphan] and sorted(found["host0"]["volumes"]) == planted
         assert found["host1"] == {"domains": [], "volumes": []}
     finally:
         labmod.virsh(step.lab, "host0", "undefine", orphan)
-        labmod.virsh(step.lab, "host0", "vol-delete", "--pool", "default", f"{orphan}-seed.iso")
+        for v in planted:
+            labmod.virsh(step.lab, "host0", "vol-delete", "--pool", "default", v)
     assert not_converged(step) == []
 
 
@@ -220,7 +225,7 @@ def test_5_vm_destroyed_and_vm_undefined_behind_the_operators_back(step):
     # Undefined while running, its volumes deleted, then destroyed: the domain is gone the moment it stops.
     # (Destroyed first, the operator, told by the lifecycle event, may start it again before the undefine.)
     labmod.virsh(step.lab, "host0", "undefine", c, "--nvram")
-    for v in (f"{c}.qcow2", f"{c}-seed.iso"):
+    for v in [v for v in volumes(step.lab, "host0") if instance_of_volume(v) == c]:
         labmod.virsh(step.lab, "host0", "vol-delete", "--pool", "default", v)
     labmod.virsh(step.lab, "host0", "destroy", c)
     converge(step, "VM destroyed + VM undefined")

@@ -47,7 +47,9 @@ __all__ = [
     "FakeVolume",
     "fake_kvm_provider",
     "kvm_config",
+    "overlay_of",
     "qcow2_image",
+    "seed_of",
 ]
 
 DEFAULT_IMAGES: dict[str, dict[str, Any]] = {"debian-12": {"url": "http://127.0.0.1:9/debian-12.qcow2"}}
@@ -86,6 +88,16 @@ def kvm_config(*, hosts: Sequence[str], images: dict[str, dict[str, Any]] | None
         },
     }
     return parse_providers([entry]).providers[0]
+
+
+def overlay_of(name: str, *, namespace: str = "ns1", cluster_id: str = "test-cluster") -> str:
+    """The overlay volume the provider names for instance `name` (naming.py; defaults: the provider
+    tests' request and `fake_kvm_provider`)."""
+    return naming.overlay_volume(name, cluster_id=cluster_id, namespace=namespace)
+
+
+def seed_of(name: str, *, namespace: str = "ns1", cluster_id: str = "test-cluster") -> str:
+    return naming.seed_volume(name, cluster_id=cluster_id, namespace=namespace)
 
 
 def precache_image(hyp: FakeHypervisor, key: str, data: bytes, *, url: str, sha256: str | None = None) -> str:

@@ -240,6 +240,8 @@ async def test_create_boot_ip_fallback_and_delete_on_sata(lab: Any, logs: Logs) 
     cluster = f"it-{uuid.uuid4().hex[:8]}"
     provider = provider_for(info, cluster_id=cluster, images={key: image})
     name = "proxy-it-sata"
+    overlay_vol = naming.overlay_volume(name, cluster_id=cluster, namespace="it")
+    seed_vol = naming.seed_volume(name, cluster_id=cluster, namespace="it")
     try:
         # -- create: the image is fetched through libvirt into the pool, then overlay, seed, domain.
         mark = logs.mark()
@@ -257,16 +259,16 @@ async def test_create_boot_ip_fallback_and_delete_on_sata(lab: Any, logs: Logs) 
               f"= {rate:.0f} MB/s; create with download: {len(create_rpcs)} RPCs in {create_s:.1f}s")
 
         # -- what lands on the host, row by row, as libvirt serves it (virsh vol-download).
-        assert {base, marker, f"{name}.qcow2", f"{name}-seed.iso"} <= volumes(info)
+        assert {base, marker, overlay_vol, seed_vol} <= volumes(info)
         assert vol_bytes(info, marker).decode() == info.image.sha256
         assert vol_sha256(info, base) == info.image.sha256
-        overlay = etree.fromstring(virsh(info, "vol-dumpxml", "--pool", "default", f"{name}.qcow2").encode())
+        overlay = etree.fromstring(virsh(info, "vol-dumpxml", "--pool", "default", overlay_vol).encode())
         assert overlay.find("target/format").get("type") == "qcow2"
         assert overlay.findtext("backingStore/path") == f"{info.hosts[0].pool_path}/{base}"
         assert overlay.find("backingStore/format").get("type") == "qcow2"
         assert int(overlay.findtext("capacity")) == 10 * 1024**3
         assert int(overlay.findtext("allocation")) < 100 * 1024**2  # thin
-        iso = seed.read_seed_iso(vol_bytes(info, f"{name}-seed.iso"))
+        iso = seed.read_seed_iso(vol_bytes(info, seed_vol))
         assert iso.label == "cidata"
         assert iso.files["user-data"] == user_data(info)
         assert iso.files["meta-data"] == f"instance-id: {name}\nlocal-hostname: {name}\n".encode()
@@ -278,10 +280,10 @@ async def test_create_boot_ip_fallback_and_delete_on_sata(lab: Any, logs: Logs) 
         assert dom.find("cpu").get("mode") == "maximum"
         disk = dom.find("devices/disk[@device='disk']")
         assert disk.find("target").get("bus") == "virtio"
-        assert disk.find("source").get("volume") == f"{name}.qcow2"
+        assert disk.find("source").get("volume") == overlay_vol
         cdrom = dom.find("devices/disk[@device='cdrom']")
         assert cdrom.find("target").get("bus") == "sata"
-        assert cdrom.find("source").get("volume") == f"{name}-seed.iso"
+        assert cdrom.find("source").get("volume") == seed_vol
         nics = dom.findall("devices/interface")
         assert len(nics) == 1 and nics[0].find("source").get("bridge") == info.hosts[0].bridge
         assert nics[0].find("model").get("type") == "virtio"
@@ -529,7 +531,7 @@ async def test_a_control_character_in_placement_image_leaves_nothing(lab: Any, l
         assert volumes(info) == pool_before
         assert set(virsh(info, "list", "--all", "--name").split()) == domains_before
         print(f"\npool volumes before/after: {len(pool_before)}/{len(volumes(info))}; "
-              f"no {naming.overlay_volume('proxy-it-ctl')}, no {naming.seed_volume('proxy-it-ctl')}")
+              "no volume of proxy-it-ctl")
     finally:
         await provider.close()
         for vol in (naming.marker_volume(base), base):

@@ -3,12 +3,24 @@
 All of it derives from the instance name (or the image key, URL and sha256) and nothing else, so a
 reconcile after a crash finds what an earlier one left, Delete can remove volumes by name with no domain
 to consult, and a LAN admin can make DHCP reservations for a VM before it exists.
+
+An instance's volumes also carry who made them, since a volume has no metadata element to say so: the
+owner's namespace and a tag keyed by the cluster id (`<instance>.<namespace>.<tag>.qcow2`,
+`<instance>.<namespace>.<tag>-seed.iso`, tag = HMAC-SHA256(cluster id, namespace and instance name), 16
+hex digits). Orphan-volume GC collects only volumes whose tag it can recompute with its own cluster id,
+so two clusters sharing a pool never collect each other's (docs/kvm-provider.md, "Orphan volumes").
+Names, namespaces and tags contain no `.`, so the name parses back unambiguously. Volumes made before
+the tag existed (`<instance>.qcow2`, `<instance>-seed.iso`) are still found and deleted with their
+instance, but GC, which cannot prove whose they are, leaves them alone.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
+import hmac
 import re
+from dataclasses import dataclass
 
 _URL_HASH_LEN = 16
 # What libvirt (and our own names) accept as a domain name here: the operator's `proxy-<hash>` fits.
@@ -21,12 +33,61 @@ def check_instance_name(name: str) -> str:
     return name
 
 
-def overlay_volume(name: str) -> str:
-    return f"{name}.qcow2"
+_VOLUME_CONTEXT = b"egress-kvm instance volumes v1\x00"
+VOLUME_TAG_CHARS = 16  # 64 bits: another cluster's tag matching ours by chance is not a practical concern
+_DNS_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+_INSTANCE_VOLUME = re.compile(rf"^(?P<instance>{_DNS_LABEL})\.(?P<namespace>(?:{_DNS_LABEL})?)"
+                              rf"\.(?P<tag>[0-9a-f]{{{VOLUME_TAG_CHARS}}})(?P<kind>\.qcow2|-seed\.iso)$")
 
 
-def seed_volume(name: str) -> str:
-    return f"{name}-seed.iso"
+class VolumeKind(enum.Enum):
+    OVERLAY = ".qcow2"
+    SEED = "-seed.iso"
+
+
+@dataclass(frozen=True)
+class InstanceVolumeName:
+    """A volume name parsed back: which instance, whose namespace, which of its volumes."""
+
+    instance: str
+    namespace: str
+    kind: VolumeKind
+
+
+def volume_tag(*, cluster_id: str, namespace: str, name: str) -> str:
+    msg = _VOLUME_CONTEXT + namespace.encode() + b"\x00" + name.encode()
+    return hmac.new(cluster_id.encode(), msg, hashlib.sha256).hexdigest()[:VOLUME_TAG_CHARS]
+
+
+def instance_volume(name: str, kind: VolumeKind, *, cluster_id: str, namespace: str) -> str:
+    tag = volume_tag(cluster_id=cluster_id, namespace=namespace, name=name)
+    return f"{name}.{namespace}.{tag}{kind.value}"
+
+
+def overlay_volume(name: str, *, cluster_id: str, namespace: str) -> str:
+    return instance_volume(name, VolumeKind.OVERLAY, cluster_id=cluster_id, namespace=namespace)
+
+
+def seed_volume(name: str, *, cluster_id: str, namespace: str) -> str:
+    return instance_volume(name, VolumeKind.SEED, cluster_id=cluster_id, namespace=namespace)
+
+
+def legacy_volumes(name: str) -> tuple[str, str]:
+    """The overlay and seed names volumes had before they carried the cluster tag."""
+    return f"{name}.qcow2", f"{name}-seed.iso"
+
+
+def parse_instance_volume(volume: str, *, cluster_id: str) -> InstanceVolumeName | None:
+    """The instance volume `volume` names if this cluster made it (its tag recomputes with `cluster_id`);
+    None for anything else: another cluster's, a legacy name, a base image, a stranger's file."""
+    m = _INSTANCE_VOLUME.fullmatch(volume)
+    if m is None:
+        return None
+    instance, namespace = m["instance"], m["namespace"]
+    expected = volume_tag(cluster_id=cluster_id, namespace=namespace, name=instance)
+    if not hmac.compare_digest(m["tag"], expected):
+        return None
+    return InstanceVolumeName(instance=instance, namespace=namespace, kind=VolumeKind(m["kind"]))
 
 
 def url_hash(url: str) -> str:

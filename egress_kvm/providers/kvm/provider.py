@@ -34,6 +34,7 @@ from egress_kvm.providers.base import (
     CreateRequest,
     EventSink,
     Instance,
+    InstanceVolume,
     NotOwned,
     PermanentError,
     Placement,
@@ -43,6 +44,7 @@ from egress_kvm.providers.base import (
     QuotaError,
     ResolvedPlacement,
     TransientError,
+    VolumeListing,
 )
 from rpc.constants import (
     CONNECT_LIST_DOMAINS_PERSISTENT,
@@ -234,12 +236,10 @@ class KvmProvider:
                     log.v(1).info("domain undefined")
             pool = await self._find_pool(host)
             if pool is not None:
-                for vol_name in (naming.overlay_volume(name), naming.seed_volume(name)):
-                    vol = await lookup_volume(host, pool, vol_name)
-                    if vol is not None:
-                        await delete_volume(host, vol)
-                        removed.append(vol_name)
-                        log.v(1).info("volume deleted", pool=pool.name, volume=vol_name)
+                for vol in await self._instance_volumes(host, pool, name):
+                    await delete_volume(host, vol)
+                    removed.append(vol.name)
+                    log.v(1).info("volume deleted", pool=pool.name, volume=vol.name)
             self._addresses[host.name].release(name)
             if removed:
                 log.info("KVM instance deleted", removed=removed)
@@ -274,6 +274,44 @@ class KvmProvider:
                         owner_namespace=meta.owner_namespace, owner_name=meta.owner_name))
                 self._listed_meta[host.name] = listed  # only what this listing holds: nothing piles up
         return out
+
+    async def list_instance_volumes(self, zone: str) -> VolumeListing:
+        """This cluster's overlays and seeds in the zone's pool (naming.py: the tag proves whose), and
+        every domain's name there, for orphan-volume GC."""
+        host = self.host(zone)
+        async with self._operation(host, "", "list volumes"):
+            pool = await self._find_pool(host)
+            if pool is None:
+                return VolumeListing(volumes=(), domains=frozenset())
+            listing = await host.call("storage_pool_list_all_volumes",
+                                      lambda lv: lv.storage_pool_list_all_volumes(pool, 1, 0))
+            doms = await host.call("connect_list_all_domains", lambda lv: lv.connect_list_all_domains(1, 0))
+        ours = []
+        for vol in listing.vols:
+            parsed = naming.parse_instance_volume(vol.name, cluster_id=self.cluster_id)
+            if parsed is not None:
+                ours.append(InstanceVolume(zone=host.name, name=vol.name, instance=parsed.instance,
+                                           owner_namespace=parsed.namespace))
+        return VolumeListing(volumes=tuple(ours), domains=frozenset(d.name for d in doms.domains))
+
+    async def delete_orphan_volume(self, volume: InstanceVolume) -> bool:
+        """Delete one of this cluster's instance volumes unless a domain of its instance exists now: under
+        the instance's lock, so a create of that name in this process is never cut in two."""
+        parsed = naming.parse_instance_volume(volume.name, cluster_id=self.cluster_id)
+        if parsed is None or parsed.instance != volume.instance:
+            raise PermanentError(f"volume {volume.name!r} is not an instance volume of this cluster")
+        host = self.host(volume.zone)
+        async with self._operation(host, volume.instance, "delete orphan volume"), \
+                host.exclusive(f"instance:{volume.instance}"):
+            if await self._lookup_domain(host, volume.instance) is not None:
+                return False
+            pool = await self._find_pool(host)
+            vol = await lookup_volume(host, pool, volume.name) if pool is not None else None
+            if vol is not None:
+                await delete_volume(host, vol)
+                host.log.with_values(name=volume.instance).info(
+                    "orphan volume deleted", pool=host.config.pool, volume=volume.name)
+            return True
 
     async def evict_unused_images(self, *, grace: float = 600.0) -> list[str]:
         """Delete the bases nothing backs onto (URL, superseded and legacy ones; eviction.py), on every
@@ -363,7 +401,9 @@ class KvmProvider:
                                   needed=disk_bytes + len(iso), what=f"VM {name!r} (overlay + seed)",
                                   reserve=self._images.limits.reserve)
 
-        overlay_xml = volume_xml(name=naming.overlay_volume(name), capacity=disk_bytes, fmt="qcow2",
+        owner = {"cluster_id": self.cluster_id, "namespace": request.owner_namespace}
+        overlay_name, seed_name = naming.overlay_volume(name, **owner), naming.seed_volume(name, **owner)
+        overlay_xml = volume_xml(name=overlay_name, capacity=disk_bytes, fmt="qcow2",
                                  backing_path=base.path, backing_format=base.format)
         # Every document is built before the first volume exists: a value lxml refuses must leave
         # nothing behind (and, being permanent, would otherwise leave it on every retry).
@@ -374,8 +414,8 @@ class KvmProvider:
             address=ip or "")
         spec = DomainSpec(
             name=name, domain_type=cfg.domain_type, vcpus=mtype.vcpus, memory_mib=mtype.memory_mib,
-            cpu=cfg.cpu_config, pool=pool.name, overlay_volume=naming.overlay_volume(name),
-            seed_volume=naming.seed_volume(name), seed_bus=cfg.seed_bus, bridge=cfg.bridge,
+            cpu=cfg.cpu_config, pool=pool.name, overlay_volume=overlay_name,
+            seed_volume=seed_name, seed_bus=cfg.seed_bus, bridge=cfg.bridge,
             mac=naming.mac_address(name), meta=meta, traffic_filter=self.config.traffic_filter, ip=ip)
         try:
             xml = domain_xml(spec)
@@ -383,15 +423,15 @@ class KvmProvider:
             raise PermanentError(f"instance {name!r}: a placement or owner value cannot be written to the "
                                  f"domain XML ({type(exc).__name__})") from None
         async def overlay() -> None:
-            await self._create_volume(host, pool, overlay_xml, naming.overlay_volume(name),
+            await self._create_volume(host, pool, overlay_xml, overlay_name,
                                       available=available)
-            log.v(1).info("overlay created", pool=pool.name, volume=naming.overlay_volume(name),
+            log.v(1).info("overlay created", pool=pool.name, volume=overlay_name,
                           backing=base.path, capacity=disk_bytes)
 
         async def seed_disk() -> None:
             seed_vol = await self._create_volume(
-                host, pool, volume_xml(name=naming.seed_volume(name), capacity=len(iso), fmt="raw"),
-                naming.seed_volume(name), available=available)
+                host, pool, volume_xml(name=seed_name, capacity=len(iso), fmt="raw"),
+                seed_name, available=available)
             try:
                 await host.upload(seed_vol, iso, length=len(iso))
             except LibvirtError as exc:
@@ -399,7 +439,7 @@ class KvmProvider:
                     raise capacity.no_space(exc, host=host.name, pool=pool.name, available=available,
                                             action="uploading the seed ISO") from None
                 raise
-            log.v(1).info("seed ISO uploaded", pool=pool.name, volume=naming.seed_volume(name),
+            log.v(1).info("seed ISO uploaded", pool=pool.name, volume=seed_name,
                           length=len(iso))
 
         # The two volumes are independent: made at once. One left by a failure of the other is replaced
@@ -475,6 +515,19 @@ class KvmProvider:
                                    lambda lv: lv.storage_pool_lookup_by_name(host.config.pool))
         except NotFoundError:
             return None
+
+    async def _instance_volumes(self, host: Host, pool: StoragePool, name: str) -> list[StorageVol]:
+        """The volumes of instance `name` in the pool: this cluster's tagged ones (any namespace: delete
+        is told only the name) and the legacy untagged names (naming.py)."""
+        listing = await host.call("storage_pool_list_all_volumes",
+                                  lambda lv: lv.storage_pool_list_all_volumes(pool, 1, 0))
+        legacy = naming.legacy_volumes(name)
+        found = []
+        for vol in listing.vols:
+            parsed = naming.parse_instance_volume(vol.name, cluster_id=self.cluster_id)
+            if (parsed is not None and parsed.instance == name) or vol.name in legacy:
+                found.append(vol)
+        return found
 
     async def _lookup_domain(self, host: Host, name: str) -> Domain | None:
         try:
@@ -620,7 +673,8 @@ class KvmProvider:
                                                           error=exc.message)
             room.available = (await host.call("storage_pool_get_info",
                                               lambda lv: lv.storage_pool_get_info(pool))).available
-            overlay = await lookup_volume(host, pool, naming.overlay_volume(name))
+            overlay = next((v for v in await self._instance_volumes(host, pool, name)
+                            if v.name.endswith(naming.VolumeKind.OVERLAY.value)), None)
             if overlay is None:
                 room.needed = self.config.disk_size_gb * GIB
             else:

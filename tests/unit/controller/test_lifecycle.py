@@ -261,17 +261,30 @@ async def test_delete_removes_the_vm_then_the_finalizer(
     assert ("Normal", "Deleted", f"deleted instance {name} on nas1") in kube.events_for("px1")
 
 
-async def test_delete_with_provider_removed_from_config_does_not_hang(
+async def test_delete_with_provider_removed_from_config_is_blocked_until_the_entry_is_back(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """Dropping the finalizer would leak the VM (issue 9 item 7): the Proxy stays DeleteBlocked with a
+    Warning naming the entry, and the providers file's return lets the delete proceed."""
     c = make_controller({"kvm-home": provider})
     kube.create_proxy("px1", spec_for(proxy_server))
     await eventually(lambda: phase(kube) == "Ready")
+    name = kube.status(KEY)["instance"]["name"]
     c.update_providers({}, "empty")
     await eventually(lambda: phase(kube) == "Failed")
     kube.delete(KEY)
-    await eventually(lambda: KEY not in kube.objects)
-    warnings = [m for t, r, m in kube.events_for("px1") if r == "ProviderMissing"]
-    assert warnings and "'kvm-home' is not in the providers file" in warnings[0]
+    await eventually(lambda: cond(kube, "Ready").get("reason") == "DeleteBlocked", what="DeleteBlocked")
+    assert kube.objects[KEY]["metadata"]["finalizers"] == [FINALIZER]
+    assert phase(kube) == "Deleting"
+    assert provider.names() == {name}  # the VM is still there, not forgotten
+    warnings = [m for t, r, m in kube.events_for("px1") if t == "Warning" and r == "DeleteBlocked"]
+    assert len(warnings) == 1
+    assert "provider 'kvm-home' is not in the providers file" in warnings[0] and name in warnings[0]
+    assert "kubectl patch px px1 -n default --type=json" in warnings[0]
+    assert "kubectl patch px px1" in kube.status(KEY)["message"]
+    c.update_providers({"kvm-home": provider}, "back")  # re-evaluates every Proxy at once
+    await eventually(lambda: KEY not in kube.objects, what="Proxy gone once the entry is back")
+    assert provider.names() == set()
+    assert ("Normal", "Deleted", f"deleted instance {name} on nas1") in kube.events_for("px1")
 
 
 async def test_a_host_that_answers_with_an_error_is_not_reported_unreachable(
@@ -302,7 +315,7 @@ async def test_delete_never_goes_to_another_providers_host_of_the_same_name(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
     """Host names are unique only within a provider. With the Proxy's provider removed from the file,
     another provider's `nas1` is not where its VM is: the delete must not be sent there and reported
-    done; the Decision's ProviderMissing Warning says the VM was left behind."""
+    done; the deletion is blocked naming the missing entry, until the finalizer is removed by hand."""
     other = FakeProvider("kvm-other", zones=("nas1",))
     c = make_controller({"kvm-home": provider, "kvm-other": other})
     kube.create_proxy("px1", spec_for(proxy_server))
@@ -311,11 +324,64 @@ async def test_delete_never_goes_to_another_providers_host_of_the_same_name(
     assert kube.status(KEY)["instance"]["provider"] == "kvm-home"
     c.update_providers({"kvm-other": other}, "without kvm-home")
     kube.delete(KEY)
-    await eventually(lambda: KEY not in kube.objects)
+    await eventually(lambda: "DeleteBlocked" in kube.reasons("px1"))
     assert ("delete", name) not in other.calls
     assert "Deleted" not in kube.reasons("px1")
-    warnings = [m for t, r, m in kube.events_for("px1") if r == "ProviderMissing"]
-    assert warnings and name in warnings[0] and "'kvm-home'" in warnings[0]
+    warnings = [m for t, r, m in kube.events_for("px1") if r == "DeleteBlocked"]
+    assert name in warnings[0] and "'kvm-home'" in warnings[0]
+    kube.force_remove(KEY)  # the escape hatch: the user removes the finalizer by hand
+    assert provider.names() == {name}  # nothing deleted it: that is what the user took on
+
+
+@pytest.mark.parametrize("to_external", [False, True], ids=["replaced", "switched-to-external"])
+async def test_an_instance_whose_entry_is_gone_is_kept_until_the_entry_is_back(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller,
+        to_external: bool) -> None:
+    """A replacement or a switch to External used to drop an instance whose providers-file entry was
+    gone from status with a ProviderMissing Warning, leaking its VM: it stays as previousInstance, and
+    the entry's return deletes it."""
+    other = FakeProvider("kvm-b", zones=("nas1",))
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    name = kube.status(KEY)["instance"]["name"]
+    c.update_providers({"kvm-b": other}, "kvm-home gone")
+    if to_external:
+        spec = {"mode": "External", "external": {"address": f"127.0.0.1:{proxy_server.port}"},
+                "healthCheck": {"intervalSeconds": 1, "timeoutSeconds": 2}}
+    else:
+        spec = {**spec_for(proxy_server), "provider": "kvm-b"}
+    kube.set_spec(KEY, spec)
+    await eventually(lambda: "ProviderMissing" in kube.reasons("px1"), what="ProviderMissing")
+    await eventually(lambda: phase(kube) == "Ready", what="Ready on the new spec")
+    assert kube.status(KEY)["previousInstance"]["name"] == name
+    assert provider.names() == {name} and ("delete", name) not in provider.calls
+    type_, warning = next((t, m) for t, r, m in kube.events_for("px1") if r == "ProviderMissing")
+    assert type_ == "Warning" and name in warning and "'kvm-home'" in warning and "kept" in warning
+    c.update_providers({"kvm-b": other, "kvm-home": provider}, "kvm-home back")
+    await eventually(lambda: "previousInstance" not in kube.status(KEY), what="previous deleted")
+    assert provider.names() == set()
+
+
+async def test_a_blocked_delete_deletes_and_announces_what_it_can_once(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """The instance whose entry is there goes on the first pass; the retries while the other one's entry
+    is missing neither delete it again nor record another Normal Deleted, and status names only what is
+    left."""
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    name = kube.status(KEY)["instance"]["name"]
+    kube.objects[KEY]["status"]["previousInstance"] = {"name": "proxy-elsewhere", "zone": "nas9",
+                                                       "provider": "kvm-gone"}
+    kube.delete(KEY)
+    await eventually(lambda: "DeleteBlocked" in kube.reasons("px1"), what="DeleteBlocked")
+    for _ in range(2):  # two more blocked passes, as the slow retry or a providers change runs them
+        await c.reconciler.reconcile(KEY)
+    assert [c_ for c_ in provider.calls if c_ == ("delete", name)] == [("delete", name)]
+    assert kube.reasons("px1").count("Deleted") == 1
+    left = kube.status(KEY)
+    assert left["instance"]["name"] == "proxy-elsewhere" and "previousInstance" not in left
 
 
 async def test_delete_while_host_unreachable_waits_and_keeps_the_finalizer(

@@ -10,7 +10,7 @@ from .conftest import eventually
 from .fakekube import FakeKube
 from .proxyserver import MiniProxy
 from .test_lifecycle import phase
-from .test_with_kvm_provider import PROVIDER, instance_volumes, kvm, kvm_spec
+from .test_with_kvm_provider import PROVIDER, instance_volumes, kvm, kvm_spec, volumes_of
 
 _ = kvm  # the fixture
 
@@ -34,6 +34,6 @@ async def test_a_forged_status_instance_is_not_deleted(
     kube.delete(("default", "attacker"))
     await eventually(lambda: ("default", "attacker") not in kube.objects, what="attacker gone")
     assert victim["name"] in h.domains and h.domains[victim["name"]].id != -1
-    assert instance_volumes(h, victim["name"]) == {f"{victim['name']}.qcow2", f"{victim['name']}-seed.iso"}
+    assert instance_volumes(h, victim["name"]) == volumes_of(victim["name"])
     warnings = [e for e in kube.events_for("attacker") if e[1] == "NotOwner"]
     assert warnings and warnings[0][0] == "Warning" and "belongs to another Proxy" in warnings[0][2]

@@ -19,6 +19,7 @@ from egress_kvm.controller.planner import (
     Importing,
     Look,
     Looked,
+    NoProvider,
     Observed,
     Probe,
     Probes,
@@ -196,6 +197,33 @@ ROWS: list[tuple[str, Observed, list[tuple[Any, ...]], object]] = [
       ("Record", "Replaced"), ("HandOver", "ns/px (replacement)", "ns/px"),
       ("Status", "Ready", "10.0.0.2", "proxy-new", None), ("Remember", 0, None), ("Remember", None, 0)],
      Result()),
+    # An instance whose providers-file entry is gone (the ConfigMap reset) cannot be deleted: dropping it
+    # from status would leak its VM, so it is kept as previousInstance until the entry is back.
+    ("inputs changed, the current one's entry is gone: kept as previous, not deleted",
+     observed(instance=OLD, seen={OLD: NoProvider()}, unserved=frozenset({OLD})),
+     [("Record", "ProviderMissing"), ("Record", "Replacing"), U_REPL, U_OWN,
+      ("Status", "Provisioning", None, "proxy-new", "proxy-old")], None),
+    ("back to the serving one mid-replacement, the one in between has no entry: it becomes previous",
+     observed(instance=Ref("proxy-mid", "nas1"), previous=NEW, seen={NEW: vm(NEW)},
+              unserved=frozenset({Ref("proxy-mid", "nas1")})),
+     [("Record", "ProviderMissing"), ("Record", "Replacing"), U_REPL, U_OWN,
+      ("Status", "Provisioning", None, "proxy-new", "proxy-mid")], None),
+    ("changed again mid-replacement, the one in between has no entry and the old one serves: waits",
+     observed(instance=Ref("proxy-mid", "nas1"), previous=OLD, seen={OLD: vm(OLD)},
+              unserved=frozenset({Ref("proxy-mid", "nas1")})),
+     [], Trouble("ProviderMissing", "instance proxy-mid on nas1 was made by provider 'kvm', which is not "
+                 "in the providers file; the replacement of proxy-mid by proxy-new waits until the entry is "
+                 "back", Retry.QUOTA)),
+    ("the replacement is Ready, the old one's entry is gone: kept as previous, not deleted",
+     observed(instance=NEW, previous=OLD, seen={OLD: NoProvider(), NEW: vm(NEW, ip="10.0.0.2")},
+              probes={OWN: probe("10.0.0.2")}, unserved=frozenset({OLD})),
+     [U_REPL, ("Watch", "ns/px", "10.0.0.2"), ("Record", "ProviderMissing"),
+      ("Status", "Ready", "10.0.0.2", "proxy-new", "proxy-old"), ("Remember", 0, None),
+      ("Remember", None, 0)], Result()),
+    ("no capacity next to one whose entry is gone: nothing is deleted to make room",
+     observed(instance=NEW, previous=OLD, seen={NEW: None, OLD: NoProvider()}, quota=QuotaError("no memory"),
+              unserved=frozenset({OLD})),
+     [U_REPL], Trouble("QuotaExceeded", "out of capacity: no memory", Retry.QUOTA)),
     ("stopped: started, the 2nd start in a row is told",
      observed(instance=NEW, ip="10.0.0.1", seen={NEW: vm(NEW, PowerState.STOPPED)},
               memory=KeyState(restarts=1)),
@@ -311,6 +339,28 @@ def test_plan_external(policies: EgressPolicies, actions: list[tuple[Any, ...]],
         assert step.end.reason == "InvalidExternalAddress"
     else:
         assert step.end == Result()
+
+
+@pytest.mark.parametrize(("instance", "previous", "unserved", "actions"), [
+    # switched to External while the instance's entry is gone: kept as previousInstance, not leaked
+    (OLD, None, {OLD}, [("Record", "ProviderMissing"), U_REPL, ("Watch", "ns/px", "127.0.0.1"),
+                        ("Status", "Running", "127.0.0.1", None, "proxy-old")]),
+    # kept there on the next pass; one that can be deleted still is
+    (NEW, OLD, {OLD}, [("Delete", "proxy-new"), ("Record", "ProviderMissing"), U_REPL,
+                       ("Watch", "ns/px", "127.0.0.1"),
+                       ("Status", "Running", "127.0.0.1", None, "proxy-old")]),
+    # both without an entry: both kept, the one that was current stays instance
+    (NEW, OLD, {NEW, OLD}, [("Record", "ProviderMissing"), ("Record", "ProviderMissing"), U_REPL,
+                            ("Watch", "ns/px", "127.0.0.1"),
+                            ("Status", "Running", "127.0.0.1", "proxy-new", "proxy-old")]),
+])
+def test_plan_external_keeps_what_nothing_can_delete(instance: Ref, previous: Ref | None, unserved: set[Ref],
+                                                     actions: list[tuple[Any, ...]]) -> None:
+    o = replace(observed(instance=instance, previous=previous, desired=None), spec=EXTERNAL,
+                unserved=frozenset(unserved))
+    step = plan_external(o, EgressPolicies.from_config(LOOPBACK_EGRESS))
+    assert table(step) == actions
+    assert step.end == Result()
 
 
 READY_STATUS = {"phase": "Ready", "healthy": True, "ip": "10.0.0.1", "endpoint": "http://10.0.0.1:3128"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from fakes import DEFAULT_BASE, FakeHypervisors, fake_kvm_provider
+from fakes import DEFAULT_BASE, FakeHypervisors, fake_kvm_provider, overlay_of, seed_of
 from fakes.libvirt import FakeHypervisor
 
 from egress_kvm.providers.kvm import KvmProvider, addresses
@@ -48,6 +48,12 @@ def instance_volumes(h: FakeHypervisor, name: str) -> set[str]:
     return {v for v in h.volumes if v.startswith(name)}
 
 
+def volumes_of(name: str, namespace: str = "default") -> set[str]:
+    """The overlay and seed the provider names for instance `name` of a Proxy in `namespace`."""
+    return {overlay_of(name, namespace=namespace, cluster_id="c1"), seed_of(name, namespace=namespace,
+                                                                            cluster_id="c1")}
+
+
 async def boot(kube: FakeKube, h: FakeHypervisor, ip: str = "127.0.0.1") -> str:
     """Wait for the domain to be defined and running, then let its guest agent report `ip`."""
     await eventually(lambda: (kube.status(KEY).get("instance") or {}).get("name") in h.domains,
@@ -69,9 +75,9 @@ async def test_lifecycle_to_ready_and_deletion_over_the_kvm_provider(
     st = kube.status(KEY)
     assert st["instance"] == {"name": name, "zone": "host0", "provider": PROVIDER}
     assert st["endpoint"] == f"http://127.0.0.1:{proxy_server.port}"
-    seed = read_seed_iso(bytes(hv["host0"].volumes[f"{name}-seed.iso"].data))
+    seed = read_seed_iso(bytes(hv["host0"].volumes[seed_of(name, namespace="default", cluster_id="c1")].data))
     assert seed.files["user-data"] == b"#cloud-config\nruncmd: [tinyproxy]\n"  # not rewritten
-    assert instance_volumes(hv["host0"], name) == {f"{name}.qcow2", f"{name}-seed.iso"}
+    assert instance_volumes(hv["host0"], name) == volumes_of(name)
 
     kube.delete(KEY)
     await eventually(lambda: KEY not in kube.objects)

@@ -11,7 +11,14 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from fakes import FakeHypervisor, FakeLibvirtClient, fake_kvm_provider, precache_image, qcow2_image
+from fakes import (
+    FakeHypervisor,
+    FakeLibvirtClient,
+    fake_kvm_provider,
+    overlay_of,
+    precache_image,
+    qcow2_image,
+)
 from provider_helpers import LogCapture, create_waiting, request
 
 from egress_kvm.providers.base import PermanentError, QuotaError, TransientError
@@ -298,7 +305,7 @@ async def test_raw_image_backs_the_overlay_as_raw(server: ImageServer) -> None:
     provider, hv = provider_for(server, sha256=None, fmt="raw")
     try:
         await create_waiting(provider, request())
-        assert hv["host0"].volumes["proxy-abc.qcow2"].backing_format == "raw"
+        assert hv["host0"].volumes[overlay_of("proxy-abc")].backing_format == "raw"
     finally:
         await provider.close()
 

@@ -35,8 +35,11 @@ def spec(**over: object) -> DomainSpec:
 
 
 def test_names_follow_the_spec_table() -> None:
-    assert naming.overlay_volume("proxy-abc") == "proxy-abc.qcow2"
-    assert naming.seed_volume("proxy-abc") == "proxy-abc-seed.iso"
+    tag = naming.volume_tag(cluster_id="c1", namespace="ns1", name="proxy-abc")
+    owner = {"cluster_id": "c1", "namespace": "ns1"}
+    assert naming.overlay_volume("proxy-abc", **owner) == f"proxy-abc.ns1.{tag}.qcow2"
+    assert naming.seed_volume("proxy-abc", **owner) == f"proxy-abc.ns1.{tag}-seed.iso"
+    assert naming.legacy_volumes("proxy-abc") == ("proxy-abc.qcow2", "proxy-abc-seed.iso")
     sha = "ab" * 32
     url = "https://example.test/a.qcow2"
     # Content-addressed: a pinned image by its sha256, an unpinned one by its URL (naming.image_digest).

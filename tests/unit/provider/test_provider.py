@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from fakes import DEFAULT_BASE, DEFAULT_MARKER, FakeLibvirtClient, fake_kvm_provider
+from fakes import DEFAULT_BASE, DEFAULT_MARKER, FakeLibvirtClient, fake_kvm_provider, overlay_of, seed_of
 from fakes.libvirt import lv_error
 from lxml import etree
 from provider_helpers import SECRET, LogCapture, request
@@ -23,6 +23,8 @@ from egress_kvm.providers.kvm import metadata, naming, seed
 from rpc.constants import DomainState, ErrorCode
 from rpc.errors import ConnectionLost
 
+OVERLAY, SEED = overlay_of("proxy-abc"), seed_of("proxy-abc")  # naming.py: namespace ns1, cluster-tagged
+
 NAME = "proxy-abc"
 
 
@@ -34,13 +36,14 @@ async def test_create_lands_every_object_of_the_spec_table() -> None:
         h = hv["host0"]
         assert inst.name == NAME and inst.zone == "host0" and inst.power_state == PowerState.RUNNING
         assert inst.owner_uid == "uid-1" and inst.created_at is not None and inst.ip is None
-        assert h.volume_names() == {DEFAULT_BASE, DEFAULT_MARKER, "proxy-abc.qcow2", "proxy-abc-seed.iso"}
-        overlay = h.volumes["proxy-abc.qcow2"]
+        assert h.volume_names() == {DEFAULT_BASE, DEFAULT_MARKER,
+                                    overlay_of(NAME, cluster_id="c1"), seed_of(NAME, cluster_id="c1")}
+        overlay = h.volumes[overlay_of(NAME, cluster_id="c1")]
         assert overlay.format == "qcow2"
         assert overlay.backing_path == h.volumes[DEFAULT_BASE].path
         assert overlay.backing_format == "qcow2"
         assert overlay.capacity == 10 * 1024**3
-        iso = seed.read_seed_iso(bytes(h.volumes["proxy-abc-seed.iso"].data))
+        iso = seed.read_seed_iso(bytes(h.volumes[seed_of(NAME, cluster_id="c1")].data))
         assert iso.label == "cidata"
         assert iso.files["user-data"] == SECRET
         assert iso.files["meta-data"] == b"instance-id: proxy-abc\nlocal-hostname: proxy-abc\n"
@@ -81,7 +84,7 @@ async def test_empty_vendor_data_sends_none() -> None:
     provider, hv = fake_kvm_provider(vendorData="")
     try:
         await provider.create(request())
-        files = seed.read_seed_iso(bytes(hv["host0"].volumes["proxy-abc-seed.iso"].data)).files
+        files = seed.read_seed_iso(bytes(hv["host0"].volumes[SEED].data)).files
         assert set(files) == {"user-data", "meta-data"}
     finally:
         await provider.close()
@@ -130,11 +133,11 @@ async def test_leftover_volumes_of_an_interrupted_create_are_replaced() -> None:
     provider, hv = fake_kvm_provider()
     h = hv["host0"]
     try:
-        h.put_volume("proxy-abc.qcow2", b"stale overlay", fmt="qcow2")
-        h.put_volume("proxy-abc-seed.iso", b"stale seed")
+        h.put_volume(OVERLAY, b"stale overlay", fmt="qcow2")
+        h.put_volume(SEED, b"stale seed")
         await provider.create(request())
-        assert h.volumes["proxy-abc.qcow2"].backing_path is not None
-        assert seed.read_seed_iso(bytes(h.volumes["proxy-abc-seed.iso"].data)).files["user-data"] == SECRET
+        assert h.volumes[OVERLAY].backing_path is not None
+        assert seed.read_seed_iso(bytes(h.volumes[SEED].data)).files["user-data"] == SECRET
     finally:
         await provider.close()
 
@@ -311,10 +314,10 @@ async def test_delete_removes_domain_overlay_and_seed_but_keeps_the_base(logs: L
         assert h.volume_names() == {DEFAULT_BASE, DEFAULT_MARKER}
         await provider.delete(NAME, "host0")  # already gone: success, quietly
         assert [r["removed"] for r in logs.lines("KVM instance deleted")] == [
-            ["domain", "proxy-abc.qcow2", "proxy-abc-seed.iso"]]
+            ["domain", OVERLAY, SEED]]
         assert logs.lines("KVM instance already gone")
-        h.put_volume("proxy-abc.qcow2", b"orphan", fmt="qcow2")  # crash before define left volumes
-        h.put_volume("proxy-abc-seed.iso", b"orphan")
+        h.put_volume(OVERLAY, b"orphan", fmt="qcow2")  # crash before define left volumes
+        h.put_volume(SEED, b"orphan")
         await provider.delete(NAME, "host0")
         assert h.volume_names() == {DEFAULT_BASE, DEFAULT_MARKER}
         await provider.create(request())
@@ -339,7 +342,7 @@ async def test_foreign_domains_are_never_touched() -> None:
             with pytest.raises(PermanentError, match="belongs to cluster 'cluster-b'"):
                 await action
         assert "proxy-theirs" in hv["host0"].domains
-        assert "proxy-theirs.qcow2" in hv["host0"].volumes
+        assert overlay_of("proxy-theirs", cluster_id="cluster-b") in hv["host0"].volumes
         # A domain without our metadata (someone's hand-made VM) is not ours either.
         hv["host0"].domains["proxy-theirs"].metadata.clear()
         with pytest.raises(PermanentError, match="not made by this operator"):
@@ -536,7 +539,7 @@ async def test_libvirt_call_lines_and_no_secrets(logs: LogCapture) -> None:
         assert all(r["provider"] == "kvm-test" and r["host"] == "host0" for r in calls)
         assert all(r.get("name") == NAME for r in calls)
         upload = next(r for r in calls if r["method"] == "storage_vol_upload")
-        assert upload["volume"] == "proxy-abc-seed.iso" and upload["length"] > 0 and "duration" in upload
+        assert upload["volume"] == SEED and upload["length"] > 0 and "duration" in upload
         failed = next(r for r in calls if r["method"] == "domain_get_state")
         assert failed["libvirtCode"] == 1 and failed["libvirtCodeName"] == "INTERNAL_ERROR"
         assert failed["libvirtMessage"] == "internal error: x" and "error" in failed

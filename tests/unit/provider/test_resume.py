@@ -3,8 +3,10 @@ I/O error only once the pool has room again, until then the QuotaError names hos
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
-from fakes import fake_kvm_provider
+from fakes import fake_kvm_provider, overlay_of
 from fakes.libvirt import lv_error
 from provider_helpers import LogCapture, request
 
@@ -85,7 +87,7 @@ async def test_io_error_pause_with_room_again_is_resumed_and_logged(running, log
     await provider.start(NAME, "host0")
     assert h.domains[NAME].state == DomainState.RUNNING
     [line] = logs.lines("VM paused on an I/O error resumed: the pool has room again")
-    overlay = h.volumes[f"{NAME}.qcow2"]
+    overlay = h.volumes[overlay_of(NAME, cluster_id="c1")]
     assert line["level"] == "info" and line["pool"] == "default" and line["name"] == NAME
     assert line["needed"] == overlay.capacity - overlay.allocation
     assert line["available"] == h.pool_available() >= line["needed"]
@@ -93,7 +95,7 @@ async def test_io_error_pause_with_room_again_is_resumed_and_logged(running, log
 
 async def test_io_error_resume_needs_what_the_overlay_may_still_grow_by(running) -> None:  # type: ignore[no-untyped-def]
     provider, h = running
-    overlay = h.volumes[f"{NAME}.qcow2"]
+    overlay = h.volumes[overlay_of(NAME, cluster_id="c1")]
     grow = overlay.capacity - overlay.allocation
     h.pause_on_io_error(NAME)
     h.free_pool_space(grow - 1)  # one byte short
@@ -106,7 +108,7 @@ async def test_io_error_resume_needs_what_the_overlay_may_still_grow_by(running)
 
 async def test_io_error_resume_of_a_fully_allocated_overlay_needs_the_floor(running) -> None:  # type: ignore[no-untyped-def]
     provider, h = running
-    overlay = h.volumes[f"{NAME}.qcow2"]
+    overlay = h.volumes[overlay_of(NAME, cluster_id="c1")]
     overlay.capacity = overlay.allocation  # grown to its full size: nothing left to grow by
     h.pause_on_io_error(NAME)
     h.free_pool_space(RESUME_MIN_ROOM - 1)
@@ -120,7 +122,7 @@ async def test_io_error_resume_of_a_fully_allocated_overlay_needs_the_floor(runn
 async def test_io_error_pause_without_its_overlay_needs_the_full_disk_size(running) -> None:  # type: ignore[no-untyped-def]
     provider, h = running
     h.pause_on_io_error(NAME, fill_pool=False)
-    del h.volumes[f"{NAME}.qcow2"]  # someone deleted the disk under the paused VM
+    del h.volumes[overlay_of(NAME, cluster_id="c1")]  # someone deleted the disk under the paused VM
     h.outside_usage = h.pool_capacity - 10 * GIB + 1
     with pytest.raises(QuotaError, match=r"resuming needs 10\.0 GiB"):
         await provider.start(NAME, "host0")
@@ -182,3 +184,20 @@ async def test_resume_racing_a_state_change(running, monkeypatch: pytest.MonkeyP
         with pytest.raises(TransientError, match=r"could not be resumed: .*domain is not running"):
             await provider.start(NAME, "host0")  # the next reconcile sees it shut off and starts it
         assert h.domains[NAME].state == DomainState.SHUTOFF
+
+
+async def test_io_error_resume_of_a_vm_from_the_previous_release_finds_its_untagged_overlay(running) -> None:  # type: ignore[no-untyped-def]
+    """Upgrade: a VM created before volumes carried the cluster tag has `<name>.qcow2`; its room check
+    must find that overlay (else it would wait for room for a whole new disk)."""
+    provider, h = running
+    tagged = h.volumes.pop(overlay_of(NAME, cluster_id="c1"))
+    legacy = f"{NAME}.qcow2"
+    h.volumes[legacy] = dataclasses.replace(tagged, name=legacy, path=f"{h.pool_path}/{legacy}")
+    grow = tagged.capacity - tagged.allocation
+    h.pause_on_io_error(NAME)
+    h.free_pool_space(grow - 1)
+    with pytest.raises(QuotaError):
+        await provider.start(NAME, "host0")
+    h.free_pool_space(1)  # exactly what its overlay may still grow by
+    await provider.start(NAME, "host0")
+    assert h.domains[NAME].state == DomainState.RUNNING
