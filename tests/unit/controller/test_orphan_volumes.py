@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from fakes import FakeHypervisors, fake_kvm_provider
+from fakes import DEFAULT_BASE, DEFAULT_MARKER, FakeHypervisors, fake_kvm_provider
 from fakes.libvirt import lv_error
 
 from egress_kvm.controller.orphan_volumes import judge_volumes
@@ -114,7 +114,7 @@ async def test_volumes_of_a_crashed_create_go_after_the_grace_period(kube: FakeK
     assert left <= set(hv["host0"].volumes)
     assert await gc_pass(kube, provider, clocks, T0 + GRACE) == left
     assert not left & set(hv["host0"].volumes)
-    assert {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256"} <= set(hv["host0"].volumes)  # not ours
+    assert {DEFAULT_BASE, DEFAULT_MARKER} <= set(hv["host0"].volumes)  # not ours
     assert clocks[(PROVIDER, "host0")] == {}
 
 

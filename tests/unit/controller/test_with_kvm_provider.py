@@ -183,7 +183,8 @@ async def test_a_static_address_is_status_ip_without_any_discovery_and_probes_de
         assert (st["ip"], st["endpoint"]) == ("127.0.0.1", f"http://127.0.0.1:{proxy_server.port}")
         name = st["instance"]["name"]
         assert hv["host0"].agent_ips == {} and hv["host0"].neighbours.get("br0", []) == []
-        assert "network-config" in read_seed_iso(bytes(hv["host0"].volumes[f"{name}-seed.iso"].data)).files
+        seed_vol = hv["host0"].volumes[seed_of(name, namespace="default", cluster_id="c1")]
+        assert "network-config" in read_seed_iso(bytes(seed_vol.data)).files
         kube.delete(KEY)
         await eventually(lambda: KEY not in kube.objects)
         assert name not in hv["host0"].domains

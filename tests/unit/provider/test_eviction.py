@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 
 import pytest
-from fakes import DEFAULT_BASE, DEFAULT_MARKER, FakeHypervisor, fake_kvm_provider, qcow2_image
+from fakes import DEFAULT_BASE, DEFAULT_MARKER, FakeHypervisor, fake_kvm_provider, overlay_of, qcow2_image
 from provider_helpers import request
 
 from egress_kvm.providers.kvm import naming
@@ -142,13 +142,14 @@ async def test_a_legacy_base_is_kept_while_an_old_overlay_backs_onto_it_then_col
     overlay_onto(h, "proxy-old.qcow2", LEGACY)
     try:
         await provider.create(request(name="proxy-new"))
-        assert h.volumes["proxy-new.qcow2"].backing_path == h.volumes[DEFAULT_BASE].path
+        new_overlay = h.volumes[overlay_of("proxy-new", cluster_id="c1")]
+        assert new_overlay.backing_path == h.volumes[DEFAULT_BASE].path
         assert await provider.evict_unused_images(grace=0.0) == []
         assert {LEGACY, LEGACY + ".sha256", "proxy-old.qcow2"} <= set(h.volumes)
         del h.volumes["proxy-old.qcow2"]  # its Proxy deleted (by the old operator or this one)
         assert sorted(await provider.evict_unused_images(grace=0.0)) == [f"host0/{LEGACY}"]
         assert {LEGACY, LEGACY + ".sha256"}.isdisjoint(h.volumes)
-        assert {DEFAULT_BASE, DEFAULT_MARKER, "proxy-new.qcow2"} <= set(h.volumes)
+        assert {DEFAULT_BASE, DEFAULT_MARKER, overlay_of("proxy-new", cluster_id="c1")} <= set(h.volumes)
     finally:
         await provider.close()
 

@@ -211,7 +211,7 @@ async def test_a_changed_sha256_imports_a_new_base_beside_the_old_one(server: Im
         await create_waiting(provider, request())
         assert bytes(h.volumes[BASE].data) == IMAGE and old_base != BASE
         assert bytes(h.volumes[old_base].data) == old  # untouched
-        assert h.volumes["proxy-abc.qcow2"].backing_path == h.volumes[BASE].path
+        assert h.volumes[overlay_of("proxy-abc")].backing_path == h.volumes[BASE].path
         assert server.requests == ["/debian-12.qcow2"]
     finally:
         await provider.close()

@@ -5,7 +5,7 @@ and deleting one only while no domain of its instance exists. The decision is th
 from __future__ import annotations
 
 import pytest
-from fakes import fake_kvm_provider, overlay_of, seed_of
+from fakes import DEFAULT_BASE, DEFAULT_MARKER, fake_kvm_provider, overlay_of, seed_of
 from fakes.libvirt import lv_error
 from provider_helpers import request
 
@@ -36,7 +36,7 @@ async def test_volumes_of_a_create_that_died_before_define_are_listed_and_delete
         assert NAME not in listing.domains
         for v in listing.volumes:
             assert await provider.delete_orphan_volume(v) is True
-        assert hv["host0"].volume_names() == {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256"}
+        assert hv["host0"].volume_names() == {DEFAULT_BASE, DEFAULT_MARKER}
         assert await provider.delete_orphan_volume(listing.volumes[0]) is True  # gone already: done
     finally:
         await provider.close()
@@ -84,6 +84,6 @@ async def test_legacy_volumes_go_with_their_instance_but_gc_never_sees_them() ->
         h.put_volume(f"{NAME}-seed.iso", b"old seed")
         assert (await provider.list_instance_volumes("host0")).volumes == ()
         await provider.delete(NAME, "host0")
-        assert h.volume_names() == {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256"}
+        assert h.volume_names() == {DEFAULT_BASE, DEFAULT_MARKER}
     finally:
         await provider.close()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fakes import FakeHypervisors, fake_kvm_provider, kvm_config
+from fakes import FakeHypervisors, fake_kvm_provider, kvm_config, seed_of
 from lxml import etree
 from provider_helpers import request
 
@@ -90,7 +90,7 @@ async def test_create_knows_the_ip_before_boot_and_writes_seed_metadata_and_filt
     try:
         inst = await provider.create(request(name))
         assert inst.ip == "192.0.2.10"
-        files = seed.read_seed_iso(bytes(h.volumes[naming.seed_volume(name)].data[:])).files
+        files = seed.read_seed_iso(bytes(h.volumes[seed_of(name)].data[:])).files
         net = yaml.safe_load(files["network-config"])
         assert net["ethernets"]["eth0"]["match"]["macaddress"] == naming.mac_address(name)
         assert net["ethernets"]["eth0"]["addresses"] == ["192.0.2.10/24"]
@@ -116,7 +116,7 @@ async def test_a_dhcp_host_gets_no_network_config_and_learns_its_ip() -> None:
     try:
         inst = await provider.create(request("proxy-dhcp"))
         assert inst.ip is None
-        iso = bytes(hv["host0"].volumes[naming.seed_volume("proxy-dhcp")].data[:])
+        iso = bytes(hv["host0"].volumes[seed_of("proxy-dhcp")].data[:])
         files = seed.read_seed_iso(iso).files
         assert "network-config" not in files
         dom = etree.fromstring(hv["host0"].domains["proxy-dhcp"].xml.encode())
