@@ -61,10 +61,11 @@ class Snapshot:
 
 
 def volume_owner(volume: str) -> str | None:
-    """The instance a volume belongs to by its name (overlay or seed), None for any other name."""
+    """The instance a volume belongs to by its name (overlay or seed: `<instance>.<namespace>.<tag>` or the
+    older `<instance>` before the suffix; instance names hold no `.`), None for any other name."""
     for suffix in VOLUME_SUFFIXES:
         if volume.endswith(suffix) and volume.startswith(INSTANCE_PREFIX):
-            return volume[: -len(suffix)]
+            return volume[: -len(suffix)].split(".", 1)[0]
     return None
 
 

@@ -169,7 +169,11 @@ def test_step3b_a_vm_undefined_with_its_volumes_gone_is_recreated(step):
     name = step.status(SECOND)["instance"]["name"]
     before = len(step.log_msgs("instance event; reconciling its Proxy", proxy=f"default/{SECOND}"))
     labmod.virsh(step.lab, "host0", "undefine", name, "--nvram")
-    for vol in (f"{name}.qcow2", f"{name}-seed.iso"):
+    def its_volumes() -> list[str]:
+        return sorted(v for v in volumes(step.lab, "host0") if instance_of_volume(v) == name)
+    gone = its_volumes()
+    assert len(gone) == 2  # overlay and seed
+    for vol in gone:
         labmod.virsh(step.lab, "host0", "vol-delete", "--pool", "default", vol)
     labmod.virsh(step.lab, "host0", "destroy", name)
     lines = wait_until(
@@ -178,7 +182,7 @@ def test_step3b_a_vm_undefined_with_its_volumes_gone_is_recreated(step):
         timeout=60, what="the operator's reaction to the destroy", interval=0.2)
     assert lines[0]["instance"] == name
     wait_until(lambda: name in domains(step.lab, "host0"), timeout=120, what="the VM recreated", interval=0.5)
-    assert {f"{name}.qcow2", f"{name}-seed.iso"} <= set(volumes(step.lab, "host0"))
+    assert its_volumes() == gone  # the same names: made again
     st = step.wait_ready(SECOND)
     assert st["instance"]["name"] == name
     events = step.kubectl("get", "events", "--field-selector", f"involvedObject.name={SECOND}",

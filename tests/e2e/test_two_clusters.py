@@ -40,6 +40,7 @@ import pytest
 from e2e_stack import OPERATOR_FLAGS as STACK_FLAGS
 from e2e_stack import Stack, domains, log_records, volumes, wait_until
 
+from egress_kvm.providers.kvm import naming
 from egress_kvm.providers.kvm.capacity import fmt_bytes
 from testbed import lab as labmod
 from testbed.lab.pool import set_pool_size
@@ -229,7 +230,9 @@ def test_2_space_freed_both_clusters_same_name_get_their_own_vms(step):
         facts = domain_facts(step.lab, name)
         assert facts["cluster"] == cluster_id(st), facts
         assert facts["state"] == "running"
-        assert facts["volumes"] == sorted([f"{name}.qcow2", f"{name}-seed.iso"]), facts
+        owner = {"cluster_id": cluster_id(st), "namespace": "default"}
+        assert facts["volumes"] == sorted([naming.overlay_volume(name, **owner),
+                                           naming.seed_volume(name, **owner)]), facts
     print(f"\n[two clusters] A {cluster_id(a)}: {name_a}; B {cluster_id(b)}: {name_b}")
 
 
