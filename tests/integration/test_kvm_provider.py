@@ -408,7 +408,8 @@ async def test_static_address_on_a_bridge_without_dhcp(lab: Any, logs: Logs) -> 
             got = await provider.get(name, "host0")  # still booting: no agent, no neighbour entry yet
             assert got is not None and got.power_state == PowerState.RUNNING and got.ip == first
             assert metadata.parse(virsh(info, "metadata", name, metadata.NAMESPACE)).address == first
-            files = seed.read_seed_iso(vol_bytes(info, naming.seed_volume(name, cluster_id=provider.cluster_id, namespace="it"))).files
+            seed_name = naming.seed_volume(name, cluster_id=provider.cluster_id, namespace="it")
+            files = seed.read_seed_iso(vol_bytes(info, seed_name)).files
             net = yaml.safe_load(files["network-config"])
             assert net["ethernets"]["eth0"]["match"] == {"macaddress": mac}
             dom = etree.fromstring(virsh(info, "dumpxml", name).encode())
