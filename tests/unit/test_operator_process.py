@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -301,6 +302,14 @@ async def test_sigterm_mid_reconcile_abandons_the_stuck_call_and_exits_cleanly(t
             await create_proxy(client, "stuck", placement={"machineType": "small", "image": "deb"},
                                cloudInit={"userData": "#cloud-config\n"})
             await asyncio.wait_for(connected.wait(), 30)
+
+            # The host's event watch dials it at start, so a connection alone does not say the reconcile
+            # is in the provider yet: wait for its worker too (it then hangs on the silent host).
+            async def reconcile_in_flight() -> bool:
+                _, text = await op.get(op.metrics, "/metrics")
+                return re.search(r"^controller_runtime_active_workers\{[^}]*\} 1\.0$", text, re.M) is not None
+
+            await until(reconcile_in_flight)
             assert await op.terminate(within=15) == 0
             stopping = op.logged("controller stopping")[0]
             assert stopping["inFlight"] == 1
