@@ -634,6 +634,10 @@ async def test_a_changed_image_url_imports_a_new_base_and_the_old_one_goes_after
     old_base, new_base = (naming.base_volume(key=key, url=v["url"]) for v in (v1, v2))
     legacy = naming.legacy_base_volume(key)
     pool = info.hosts[0].pool_path
+
+    def overlay(name: str) -> str:
+        return naming.overlay_volume(name, cluster_id=cluster, namespace="it")
+
     try:
         # The legacy base and an overlay on it, as an operator before content addressing left them.
         labmod.host_run(info, "host0", ["sh", "-c", (
@@ -650,8 +654,8 @@ async def test_a_changed_image_url_imports_a_new_base_and_the_old_one_goes_after
         await create_waiting(before, request(before, "proxy-it-v1", info, image=key))
         await create_waiting(after, request(after, "proxy-it-v2", info, image=key))
         assert {old_base, new_base, f"{old_base}.sha256", f"{new_base}.sha256"} <= volumes(info)
-        assert backing_of(info, "proxy-it-v1.qcow2") == f"{pool}/{old_base}"  # untouched, still running
-        assert backing_of(info, "proxy-it-v2.qcow2") == f"{pool}/{new_base}"
+        assert backing_of(info, overlay("proxy-it-v1")) == f"{pool}/{old_base}"  # untouched, still running
+        assert backing_of(info, overlay("proxy-it-v2")) == f"{pool}/{new_base}"
         assert backing_of(info, "proxy-it-legacy.qcow2") == f"{pool}/{legacy}"
         assert virsh(info, "domstate", "proxy-it-v1").strip() == "running"
 
@@ -665,7 +669,7 @@ async def test_a_changed_image_url_imports_a_new_base_and_the_old_one_goes_after
         collected = await after.evict_unused_images(grace=0.0)
         assert {f"host0/{old_base}", f"host0/{legacy}"} <= set(collected), collected
         assert not {old_base, f"{old_base}.sha256", legacy, f"{legacy}.sha256"} & volumes(info)
-        assert {new_base, f"{new_base}.sha256", "proxy-it-v2.qcow2"} <= volumes(info)  # current: kept
+        assert {new_base, f"{new_base}.sha256", overlay("proxy-it-v2")} <= volumes(info)  # current: kept
         print(f"\ncollected after the last overlay went: {collected}")
     finally:
         await before.close()
