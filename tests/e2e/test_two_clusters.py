@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 from e2e_stack import OPERATOR_FLAGS as STACK_FLAGS
-from e2e_stack import Stack, domains, log_records, volumes, wait_until
+from e2e_stack import Stack, domains, lab_base, log_records, volumes, wait_until
 
 from egress_kvm.providers.kvm import naming
 from egress_kvm.providers.kvm.capacity import fmt_bytes
@@ -194,7 +194,7 @@ def test_1_no_room_is_quota_exceeded_naming_pool_and_sizes_on_the_slow_backoff(s
     assert available < (POOL_MIB - 200) * 2**20  # the base image took its share
     assert f"{m['need']} {m['nunit']}" == "10.0 GiB", msg  # diskSizeGb 10 (in full) + a seed of KiB
     step.quota_vm = m["vm"]
-    assert {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256"} <= set(volumes(step.lab, HOST))
+    assert set(lab_base(step.lab)) <= set(volumes(step.lab, HOST))
     assert not [d for d in domains(step.lab, HOST) if d.startswith("proxy-")]  # nothing half-made
     assert not [v for v in volumes(step.lab, HOST) if v.startswith(m["vm"])]
     # the slow schedule: the retry is the quota backoff's first step
@@ -286,4 +286,4 @@ def test_5_a_leftover_of_cluster_a_is_collected_by_a_and_ignored_by_b(step):
     done = a.log_msgs("orphan instance deleted", instance=name)
     assert len(done) == 1 and "no longer exists" in done[0]["reason"], done
     assert not gc_attempts(b), gc_attempts(b)
-    assert {"base-debian-12.qcow2", "base-debian-12.qcow2.sha256"} <= set(volumes(step.lab, HOST))
+    assert set(lab_base(step.lab)) <= set(volumes(step.lab, HOST))
