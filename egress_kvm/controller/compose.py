@@ -121,7 +121,8 @@ def worth_writing(old: Obj, new: Obj, *, now: datetime, refresh: float) -> bool:
     """Whether `new` is worth a status write over `old`. A change of anything but `lastProbeTime` is; a
     newer `lastProbeTime` alone only once the stored one is `refresh` seconds old (the resync period): a
     settled Proxy's routine passes (a resync, a probe refresh) would otherwise each write the time of
-    the latest probe, two writes per Proxy per period that tell nobody anything new."""
+    the latest probe, two writes per Proxy per period that tell nobody anything new. `refresh`
+    math.inf: a newer `lastProbeTime` alone is never written."""
     if new == old:
         return False
     if {k: v for k, v in new.items() if k != "lastProbeTime"} != \

@@ -7,8 +7,9 @@ consecutive failures: one good probe proves little while cloud-init is still res
 (docs/lab.md, quirk 3), and one lost probe should not page anyone.
 
 The prober owns no status: it keeps the latest `Health` per key and enqueues the key when the verdict
-changes (and every `refresh` seconds, so `status.lastProbeTime` stays roughly current without a status
-write per probe). The reconciler reads the verdict and decides the phase.
+changes (and, when `refresh` is finite, every `refresh` seconds, so `status.lastProbeTime` stays
+roughly current without a status write per probe: the operator's `--probe-time-refresh`). The
+reconciler reads the verdict and decides the phase.
 
 Credentials travel only in the Proxy-Authorization header, never in a URL we build. A user's
 `healthCheck.url` may still carry some (userinfo, a signed query string): every message shows it through

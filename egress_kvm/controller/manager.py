@@ -65,7 +65,8 @@ class Controller:
         """`namespace` (optional, beyond the contract): the watch scope, so GC never judges instances
         owned from other namespaces. The last four tune timings for tests. `probe_refresh`: how often
         a probed Proxy is re-queued only to refresh `lastProbeTime` (default: the resync period; each
-        such pass writes status, so at once a minute 1,000 Proxies cost the API server ~17 writes/s)."""
+        such pass writes status, so at once a minute 1,000 Proxies cost the API server ~17 writes/s;
+        math.inf: never, the operator's default, `--probe-time-refresh`)."""
         if workers < 1:
             raise ValueError(f"workers: {workers} must be at least 1")
         self.kube = kube

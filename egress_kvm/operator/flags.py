@@ -174,6 +174,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                         "see docs/security.md)")
     p.add_argument("--resync-period", type=_duration_arg, default=300.0, metavar="DURATION",
                    help="re-reconcile every Proxy this often (default 5m)")
+    p.add_argument("--probe-time-refresh", type=_duration_arg, default=0.0, metavar="DURATION",
+                   help="write a newer status.lastProbeTime alone this often; 0 (default): never, "
+                        "status is written only when something else changed (docs/crd.md)")
     p.add_argument("--gc-interval", type=_duration_arg, default=120.0, metavar="DURATION",
                    help="how often orphan VMs are looked for (default 2m)")
     p.add_argument("--gc-grace-period", type=_duration_arg, default=600.0, metavar="DURATION",
@@ -202,6 +205,7 @@ class Options:
     cluster_id: str = ""
     instance_name_key_file: str = namekey.DEFAULT_PATH
     resync_period: float = 300.0
+    probe_time_refresh: float = 0.0
     gc_interval: float = 120.0
     gc_grace_period: float = 600.0
     graceful_shutdown_timeout: float = 25.0

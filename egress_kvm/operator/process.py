@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import platform
 import signal
 import sys
@@ -169,6 +170,7 @@ class Operator:
         self.controller = Controller(
             kube=kube, store=self.informer, providers=self.providers, providers_hash=self.loaded.digest,
             workers=opts.max_concurrent_reconciles, resync_period=opts.resync_period,
+            probe_refresh=opts.probe_time_refresh or math.inf,  # 0: a lone lastProbeTime is never written
             gc_interval=opts.gc_interval, gc_grace_period=opts.gc_grace_period,
             logger=log.get_logger("controller"), namespace=opts.namespace or None,
             egress=EgressPolicies.from_config(self.loaded.config.egress))

@@ -26,6 +26,7 @@ def test_every_flag_parses() -> None:
         "--leader-elect", "--leader-election-namespace=ops", "--providers-config=/tmp/p.yaml",
         "--namespace=team-a", "--kubeconfig=/tmp/kc", "--max-concurrent-reconciles=8",
         "--cluster-id=abc", "--resync-period=1m", "--gc-interval=30s", "--gc-grace-period=1h",
+        "--probe-time-refresh=10m",
     ])
     assert o.zap_log_level == logging.INFO - 1
     assert o.metrics_bind_address is None
@@ -38,6 +39,8 @@ def test_every_flag_parses() -> None:
     assert o.max_concurrent_reconciles == 8
     assert o.cluster_id == "abc"
     assert (o.resync_period, o.gc_interval, o.gc_grace_period) == (60, 30, 3600)
+    assert o.probe_time_refresh == 600
+    assert parse_options([]).probe_time_refresh == 0  # default: a lone lastProbeTime is never written
 
 
 @pytest.mark.parametrize("text,expected", [("--leader-elect=false", False), ("--leader-elect=true", True),
@@ -56,6 +59,7 @@ def test_zap_levels(level: str, expected: int) -> None:
     (["--zap-log-level=loud"], "--zap-log-level"),
     (["--max-concurrent-reconciles=0"], "at least 1"),
     (["--resync-period=soon"], "not a duration"),
+    (["--probe-time-refresh=often"], "not a duration"),
     (["--metrics-bind-address=8080"], "host:port"),
     (["--health-probe-bind-address=:http"], "not a number"),
 ])

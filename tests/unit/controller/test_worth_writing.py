@@ -3,6 +3,7 @@ alone only once the stored one is a refresh period old."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +27,9 @@ CASES = [
     ("only a newer probe time, stored one a period old", st("2026-12-01T11:55:00Z"),
      st("2026-12-01T11:59:55Z"), 300, True),
     ("refresh 0 (the Context default): any change", st(), st("2026-12-01T11:59:55Z"), 0, True),
+    ("refresh inf (the operator's default): never alone", st("2026-01-01T00:00:00Z"),
+     st("2026-12-01T11:59:55Z"), math.inf, False),
+    ("refresh inf, the phase changed", st(), st("2026-12-01T11:59:55Z", phase="Running"), math.inf, True),
     ("the phase changed", st(), st(phase="Running"), 300, True),
     ("the message changed, probe time too", st(), st("2026-12-01T11:59:55Z", message="x"), 300, True),
     ("probing stopped", st(), st(None), 300, True),
