@@ -111,9 +111,10 @@ class Controller:
 
     # --- what the process calls ----------------------------------------------------------------------
 
-    def enqueue(self, key: Key) -> None:
+    def enqueue(self, key: Key, *, urgent: bool = False) -> None:
+        """`urgent`: work in flight (queue.py's lanes), served before new work."""
         self._routine.discard(key)  # somebody asks: the reconcile looks at the VM (planner.vouched)
-        self.queue.add(key)
+        self.queue.add(key, urgent=urgent)
 
     def on_event(self, kind: str, obj: Obj) -> None:
         key = key_of(obj)
@@ -283,7 +284,7 @@ class Controller:
         self._routine.discard(key)
 
     def _enqueue_any(self, key: ProbeKey) -> None:
-        self.enqueue(key.proxy)
+        self.enqueue(key.proxy, urgent=True)  # a changed verdict: the Proxy turns Ready (or not) now
 
     def _enqueue_routine(self, key: Key) -> None:
         """Queue `key` for the clock's sake: routine unless something else already wants it."""
@@ -299,7 +300,7 @@ class Controller:
         self._enqueue_routine(key.proxy)
 
     def _wake(self, key: Key, _done: asyncio.Future[None]) -> None:
-        self.enqueue(key)
+        self.enqueue(key, urgent=True)
 
     def _listen_for_hosts(self, providers: Mapping[str, Provider]) -> None:
         for provider in providers.values():

@@ -9,6 +9,11 @@
   `forget` resets a key after a success.
 - `add_after` schedules a delayed add (polling for an IP, waiting for a Secret); a pending timer is only
   ever moved earlier, so a short requeue cannot be postponed by a long one.
+- Two lanes: an `urgent` add (work already in flight: a delayed add coming due, a probe verdict that
+  changed) is handed out before the plain ones, and promotes a key already waiting in the plain lane.
+  With 1,000 Proxies applied at once a first-come order let every Proxy's boot follow-up wait behind all
+  the creates not yet started (none reached Running before the last create, 38 s in); finishing what
+  is in flight first leaves the total work the same and the latency of each Proxy far shorter.
 - After `shutdown` no key is handed out again; `get` raises `QueueShutDown` so workers exit.
 """
 
@@ -45,6 +50,8 @@ class WorkQueue(Generic[K]):
         self._transient = transient
         self._quota = quota
         self._queue: deque[K] = deque()
+        self._urgent: deque[K] = deque()  # served first (module docstring)
+        self._urgent_keys: set[K] = set()  # dirty keys whose pending add is urgent
         self._dirty: set[K] = set()  # wanted: queued, or to be queued once processing ends
         self._processing: set[K] = set()
         self._failures: dict[K, int] = {}
@@ -56,14 +63,23 @@ class WorkQueue(Generic[K]):
 
     # --- adding ---------------------------------------------------------------------------------------
 
-    def add(self, key: K) -> None:
-        if self._shutting_down or key in self._dirty:
+    def add(self, key: K, *, urgent: bool = False) -> None:
+        if self._shutting_down:
+            return
+        if key in self._dirty:
+            if urgent and key not in self._urgent_keys:
+                self._urgent_keys.add(key)
+                if key not in self._processing:  # waiting in the plain lane: move it up
+                    self._queue.remove(key)
+                    self._urgent.append(key)
             return
         self._dirty.add(key)
         self._metrics.added(key)
+        if urgent:
+            self._urgent_keys.add(key)
         if key in self._processing:
             return  # `done` queues it again
-        self._queue.append(key)
+        (self._urgent if urgent else self._queue).append(key)
         self._changed()
         self._wake_one()
 
@@ -123,9 +139,10 @@ class WorkQueue(Generic[K]):
         while True:
             if self._shutting_down:
                 raise QueueShutDown
-            if self._queue:
-                key = self._queue.popleft()
+            if self._urgent or self._queue:
+                key = self._urgent.popleft() if self._urgent else self._queue.popleft()
                 self._dirty.discard(key)
+                self._urgent_keys.discard(key)
                 self._processing.add(key)
                 self._metrics.taken(key)
                 self._changed()
@@ -145,14 +162,14 @@ class WorkQueue(Generic[K]):
         self._processing.discard(key)
         self._metrics.done(key)
         if key in self._dirty and not self._shutting_down:
-            self._queue.append(key)
+            (self._urgent if key in self._urgent_keys else self._queue).append(key)
             self._changed()
             self._wake_one()
 
     # --- state ------------------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._urgent) + len(self._queue)
 
     def processing(self) -> frozenset[K]:
         return frozenset(self._processing)
@@ -177,7 +194,7 @@ class WorkQueue(Generic[K]):
         self._timers.pop(key, None)
         if self._on_due is not None:
             self._on_due(key)
-        self.add(key)
+        self.add(key, urgent=True)  # a follow-up of work in flight
 
     def _wake_one(self) -> None:
         while self._waiters:
@@ -187,4 +204,4 @@ class WorkQueue(Generic[K]):
                 return
 
     def _changed(self) -> None:
-        self._metrics.depth(len(self._queue))
+        self._metrics.depth(len(self))

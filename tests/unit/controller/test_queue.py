@@ -144,3 +144,35 @@ async def test_a_cancelled_getter_passes_its_wakeup_on() -> None:
 def test_backoff_never_overflows() -> None:
     assert Backoff(base=1.0, cap=300.0).delay(10_000) == 300.0
     assert Backoff(base=1.0, cap=300.0).delay(0) == 0.0
+
+
+async def test_urgent_adds_are_served_before_plain_ones_and_promote_a_waiting_key() -> None:
+    q = WorkQueue()
+    for k in ("new1", "new2", "new3"):
+        q.add(k)
+    q.add("followup", urgent=True)
+    q.add("new2", urgent=True)  # already waiting in the plain lane: moved up, not queued twice
+    q.add("new2")  # a plain add does not demote it
+    assert len(q) == 4
+    assert [await q.get() for _ in range(4)] == ["followup", "new2", "new1", "new3"]
+
+
+async def test_an_urgent_add_during_processing_requeues_the_key_urgently() -> None:
+    q = WorkQueue()
+    q.add("k")
+    key = await q.get()
+    q.add("plain")
+    q.add("k", urgent=True)  # its verdict changed mid-reconcile
+    q.done(key)
+    assert [await q.get(), await q.get()] == ["k", "plain"]
+
+
+async def test_a_delayed_add_comes_due_ahead_of_the_backlog() -> None:
+    """A Proxy's boot follow-up (add_after) must not wait behind 1,000 creates applied at once."""
+    q = WorkQueue()
+    q.add_after("booted", 0.01)
+    for i in range(1000):
+        q.add(f"create-{i}")
+    await asyncio.sleep(0.05)
+    assert await q.get() == "booted"
+    assert await q.get() == "create-0"
