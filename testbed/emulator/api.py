@@ -18,7 +18,6 @@ The rules are the real server's where a controller or kubectl can observe them:
 from __future__ import annotations
 
 import base64
-import copy
 import random
 import re
 import uuid
@@ -31,7 +30,7 @@ from testbed.emulator.errors import ApiError, FieldError
 from testbed.emulator.fieldmanager import Change, Operation
 from testbed.emulator.resources import CRD_KEY, NAMESPACE_KEY, SECRET_KEY, Registry, ResourceType
 from testbed.emulator.selectors import field_matcher, label_matcher
-from testbed.emulator.store import Store
+from testbed.emulator.store import Store, clone
 
 Obj = dict[str, Any]
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -179,7 +178,7 @@ class Api:
             raise errors.bad_request(
                 f"the body of the request must be a JSON object, not {type(body).__name__}"
             )
-        obj = copy.deepcopy(body)
+        obj = clone(body)
         api_version, kind = obj.get("apiVersion"), obj.get("kind")
         if api_version and api_version != rt.api_version:
             raise errors.bad_request(
@@ -357,7 +356,7 @@ class Api:
                 dry_run=dry_run,
             )
         ns, current = self._existing(rt, ns, name, subresource)
-        base = self.served(rt, copy.deepcopy(current))
+        base = self.served(rt, clone(current))
         if content_type == "application/merge-patch+json":
             if not isinstance(body, dict):
                 raise errors.bad_request("merge patch: the body must be a JSON object")
@@ -439,7 +438,7 @@ class Api:
             return self.create(
                 rt, ns, applied, field_validation=field_validation, dry_run=dry_run, change=change
             )
-        live = self.served(rt, copy.deepcopy(current))
+        live = self.served(rt, clone(current))
         owners = fieldmanager.entries(current["metadata"])
         found = fieldmanager.conflicts(live, applied, paths, owners, manager=manager, subresource=subresource)
         if found and manager == "kubectl":
@@ -507,7 +506,7 @@ class Api:
     ) -> tuple[Obj, list[str]]:
         name = current["metadata"]["name"]
         if subresource == "status":
-            new = copy.deepcopy(current)
+            new = clone(current)
             if "status" in obj:
                 new["status"] = obj["status"]
             else:
@@ -516,13 +515,13 @@ class Api:
             new = obj
             if rt.status_subresource:
                 if "status" in current:
-                    new["status"] = copy.deepcopy(current["status"])
+                    new["status"] = clone(current["status"])
                 else:
                     new.pop("status", None)
         meta, old_meta = new["metadata"], current["metadata"]
         for k in _SERVER_META:
             if k in old_meta:
-                meta[k] = copy.deepcopy(old_meta[k])
+                meta[k] = clone(old_meta[k])
             else:
                 meta.pop(k, None)
         if old_meta.get("deletionTimestamp"):
@@ -551,7 +550,7 @@ class Api:
             meta.pop("finalizers", None)
         self._track(rt, current, new, change or Change("unknown", subresource=subresource))
         if self._same(current, new):
-            return self.served(rt, copy.deepcopy(current)), warnings
+            return self.served(rt, clone(current)), warnings
         if dry_run:
             return self.served(rt, new), warnings
         if meta.get("deletionTimestamp") and not meta.get("finalizers") and self._may_vanish(rt, new):
@@ -565,7 +564,7 @@ class Api:
 
     @staticmethod
     def _same(a: Obj, b: Obj) -> bool:
-        a, b = copy.deepcopy(a), copy.deepcopy(b)
+        a, b = clone(a), clone(b)
         for o in (a, b):
             o["metadata"].pop("resourceVersion", None)
             o.pop("apiVersion", None)
@@ -793,7 +792,7 @@ class Api:
         """Established and NamesAccepted at once: nothing here runs the naming controller's delay."""
         now = self.now()
         old_times = {c.get("type"): c.get("lastTransitionTime") for c in (old or {}).get("conditions") or []}
-        names = copy.deepcopy((crd.get("spec") or {}).get("names") or {})
+        names = clone((crd.get("spec") or {}).get("names") or {})
         names.setdefault("singular", str(names.get("kind", "")).lower())
         names.setdefault("listKind", f"{names.get('kind', '')}List")
         conds = [

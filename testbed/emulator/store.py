@@ -12,13 +12,24 @@ replays history and then subscribes can never miss or duplicate an event.
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 Obj = dict[str, Any]
 TypeKey = tuple[str, str]  # (group, plural)
+
+
+def clone(value: Any) -> Any:
+    """A deep copy of JSON data (dicts, lists, scalars): 3-4x faster than copy.deepcopy, which keeps a memo
+    for cycles and shared references JSON cannot have. The emulator copies on every read and write; at
+    1,000 Proxies deepcopy was a third of its CPU, taken from the operator it stands beside."""
+    kind = type(value)
+    if kind is dict:
+        return {k: clone(v) for k, v in value.items()}
+    if kind is list:
+        return [clone(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -51,12 +62,12 @@ class Store:
 
     def get(self, key: TypeKey, namespace: str, name: str) -> Obj | None:
         obj = self._objects.get(key, {}).get((namespace, name))
-        return copy.deepcopy(obj) if obj is not None else None
+        return clone(obj) if obj is not None else None
 
     def list(self, key: TypeKey, namespace: str | None = None) -> list[Obj]:
         items = self._objects.get(key, {})
         return [
-            copy.deepcopy(o) for (ns, _), o in sorted(items.items()) if namespace is None or ns == namespace
+            clone(o) for (ns, _), o in sorted(items.items()) if namespace is None or ns == namespace
         ]
 
     def type_keys(self) -> list[TypeKey]:
@@ -76,11 +87,11 @@ class Store:
         ident = (meta.get("namespace", ""), meta["name"])
         old = self._objects.get(key, {}).get(ident)
         rv = self.next_rv()
-        stored = copy.deepcopy(obj)
+        stored = clone(obj)
         stored["metadata"]["resourceVersion"] = str(rv)
         self._objects.setdefault(key, {})[ident] = stored
         self._publish(Event(event, key, stored, old, rv))
-        return copy.deepcopy(stored)
+        return clone(stored)
 
     def remove(self, key: TypeKey, obj: Obj) -> Obj:
         """Delete for good; the DELETED event carries the final state under a new resourceVersion."""
@@ -88,10 +99,10 @@ class Store:
         ident = (meta.get("namespace", ""), meta["name"])
         old = self._objects.get(key, {}).pop(ident, None)
         rv = self.next_rv()
-        final = copy.deepcopy(obj)
+        final = clone(obj)
         final["metadata"]["resourceVersion"] = str(rv)
         self._publish(Event("DELETED", key, final, old, rv))
-        return copy.deepcopy(final)
+        return clone(final)
 
     def _publish(self, ev: Event) -> None:
         self._history.append(ev)

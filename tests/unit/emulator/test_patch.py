@@ -75,3 +75,14 @@ def test_custom_resources_refuse_strategic_merge(api: Api, proxies: ResourceType
         "the body of the request was in an unknown format - accepted media types include: "
         "application/json-patch+json, application/merge-patch+json"
     )
+
+
+def test_store_clone_is_a_deep_copy_of_json_data() -> None:
+    from testbed.emulator.store import clone
+
+    obj = {"a": [1, {"b": "c"}, None, 2.5, True], "d": {"e": {"f": ["g"]}}}
+    copied = clone(obj)
+    assert copied == obj
+    copied["a"][1]["b"] = "changed"
+    copied["d"]["e"]["f"].append("h")
+    assert obj == {"a": [1, {"b": "c"}, None, 2.5, True], "d": {"e": {"f": ["g"]}}}
