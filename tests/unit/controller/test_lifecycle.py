@@ -109,8 +109,10 @@ async def test_spec_error_fails_naming_the_field_and_is_not_retried_until_genera
     st = kube.status(KEY)
     assert "spec.placement" in st["message"] and "'huge'" in st["message"], st["message"]
     assert cond(kube, "Ready")["reason"] == "InvalidPlacement"  # what `kubectl get px` shows as REASON
-    assert ("Warning", "Failed", st["message"]) in kube.events_for("px1")
+    # The Event is written after the status (its own request): wait for it, not for the status alone.
+    await eventually(lambda: ("Warning", "Failed", st["message"]) in kube.events_for("px1"), what="Event")
     assert provider.names() == set()
+    await eventually(lambda: len(c.queue) == 0 and not c.queue.processing())
 
     writes = kube.status_writes
     calls = len(provider.calls)
@@ -233,8 +235,9 @@ async def test_quota_error_backs_off_slowly_with_a_message(
     kube.create_proxy("px1", spec_for(proxy_server))
     await eventually(lambda: "out of capacity" in kube.status(KEY).get("message", ""))
     assert cond(kube, "Ready")["reason"] == "QuotaExceeded"
-    assert "QuotaExceeded" in kube.reasons("px1")
-    assert c.queue.failures(KEY) >= 1
+    # The Event and the backoff follow the status write within the same reconcile: wait for them.
+    await eventually(lambda: "QuotaExceeded" in kube.reasons("px1"), what="QuotaExceeded Event")
+    await eventually(lambda: c.queue.failures(KEY) >= 1, what="the failure counted")
     # Retries of the same shortage neither rewrite status nor repeat the Event.
     await eventually(lambda: sum(1 for op, _ in provider.calls if op == "create") >= 3)
     writes = kube.status_writes
