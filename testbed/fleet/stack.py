@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from testbed import lab as labmod
+from testbed.process import Process
 from testbed.sim.control import AsyncSimControl
 
 BIN = Path(sys.executable).parent
@@ -43,43 +43,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-class Process:
-    """A child process with its output in a file, in its own session, stopped by PID."""
-
-    def __init__(self, argv: list[str], *, log_path: Path) -> None:
-        self.argv = argv
-        self.log_path = log_path
-        self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL, as a node dying or the OOM killer would (no shutdown path runs)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-        self._log.close()
-
-    def stop(self, *, timeout: float = 60) -> int:
-        """SIGTERM, then SIGKILL after `timeout`; a process already gone (killed, exited) is only reaped."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._log.close()
-        return self.proc.returncode
 
 
 @dataclass

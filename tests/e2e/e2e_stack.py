@@ -13,7 +13,6 @@ import copy
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import yaml
 from egress_kvm.providers.kvm import naming
 from testbed import image as imagemod
 from testbed import lab as labmod
+from testbed.process import Process
 
 T = TypeVar("T")
 BIN = Path(sys.executable).parent
@@ -57,38 +57,6 @@ def wait_until(fn: Callable[[], T | None], *, timeout: float, what: str, interva
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
         time.sleep(interval)
-
-
-class Process:
-    """A child process with its output in a file, stopped by PID."""
-
-    def __init__(self, argv: list[str], *, log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.argv = argv
-        self.log_path = log_path
-        self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, env=env)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self, *, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._log.close()
-        return self.proc.returncode
-
-    def log_lines(self) -> list[str]:
-        return self.log_path.read_text(errors="replace").splitlines()
 
 
 class Emulator(Process):
