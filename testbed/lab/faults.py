@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.lab import host as host_mod
-from testbed.lab import pool as pool_mod
 from testbed.lab.info import LabInfo
 from testbed.lab.layout import SSH_USER, LabLayout
 from testbed.lab.lifecycle import _host_layout
@@ -169,18 +168,6 @@ def link_down(info: LabInfo, host_name: str) -> Iterator[None]:
     finally:
         run(["ip", "link", "set", host.veth_root, "up"])
         run(["ip", "route", "replace", host.lan_cidr, "via", host.ip, "dev", host.veth_root], check=False)
-
-
-@contextlib.contextmanager
-def small_pool(info: LabInfo, host_name: str, *, mib: int) -> Iterator[None]:
-    """The host's pool on a `mib`-MiB tmpfs (testbed/lab/pool.py; the pool must be empty, and the caller
-    empties it before leaving): a pool that can be filled without filling the machine's disk. Resize it
-    inside with `pool.set_pool_size(info, host_name, MIB)`."""
-    pool_mod.set_pool_size(info, host_name, mib)
-    try:
-        yield
-    finally:
-        pool_mod.set_pool_size(info, host_name, None)
 
 
 @contextlib.contextmanager
