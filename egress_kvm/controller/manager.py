@@ -356,7 +356,7 @@ class Controller:
                 if woken:
                     keys.append(key)
         for key in keys:
-            self.queue.add(key)
+            self.enqueue(key)  # not queue.add: a pass a resync queued must look, not trust the probes
 
     def _enqueue_all(self) -> None:
         for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict

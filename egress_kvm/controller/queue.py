@@ -13,7 +13,11 @@
   changed) is handed out before the plain ones, and promotes a key already waiting in the plain lane.
   With 1,000 Proxies applied at once a first-come order let every Proxy's boot follow-up wait behind all
   the creates not yet started (none reached Running before the last create, 38 s in); finishing what
-  is in flight first leaves the total work the same and the latency of each Proxy far shorter.
+  is in flight first leaves the total work the same and the latency of each Proxy far shorter. The
+  lane is bounded: after `URGENT_BURST` urgent keys in a row while plain work waits, one plain key goes
+  next, so urgent work that never runs out (1,000 Proxies' boot polls, flapping verdicts, a dead host's
+  retries) cannot hold back a new Proxy, a delete or a spec edit forever; plain work keeps at least
+  1/(URGENT_BURST+1) of the hand-outs, urgent work at least URGENT_BURST/(URGENT_BURST+1).
 - After `shutdown` no key is handed out again; `get` raises `QueueShutDown` so workers exit.
 """
 
@@ -34,6 +38,7 @@ class QueueShutDown(Exception):
 
 TRANSIENT_BACKOFF = Backoff(base=1.0, cap=300.0)
 QUOTA_BACKOFF = Backoff(base=60.0, cap=900.0)
+URGENT_BURST = 4  # at most this many urgent keys in a row while a plain one waits (module docstring)
 
 K = TypeVar("K", bound=Hashable)
 
@@ -52,6 +57,7 @@ class WorkQueue(Generic[K]):
         self._queue: deque[K] = deque()
         self._urgent: deque[K] = deque()  # served first (module docstring)
         self._urgent_keys: set[K] = set()  # dirty keys whose pending add is urgent
+        self._urgent_streak = 0  # urgent keys handed out in a row while a plain one waited
         self._dirty: set[K] = set()  # wanted: queued, or to be queued once processing ends
         self._processing: set[K] = set()
         self._failures: dict[K, int] = {}
@@ -140,7 +146,7 @@ class WorkQueue(Generic[K]):
             if self._shutting_down:
                 raise QueueShutDown
             if self._urgent or self._queue:
-                key = self._urgent.popleft() if self._urgent else self._queue.popleft()
+                key = self._next()
                 self._dirty.discard(key)
                 self._urgent_keys.discard(key)
                 self._processing.add(key)
@@ -189,6 +195,14 @@ class WorkQueue(Generic[K]):
                 w.set_result(None)
 
     # --- internals --------------------------------------------------------------------------------------
+
+    def _next(self) -> K:
+        """The urgent lane first, but never more than URGENT_BURST in a row past a waiting plain key."""
+        if self._urgent and (not self._queue or self._urgent_streak < URGENT_BURST):
+            self._urgent_streak = self._urgent_streak + 1 if self._queue else 0
+            return self._urgent.popleft()
+        self._urgent_streak = 0
+        return self._queue.popleft()
 
     def _fire(self, key: K) -> None:
         self._timers.pop(key, None)

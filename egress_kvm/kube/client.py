@@ -14,13 +14,13 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
-from urllib.request import proxy_bypass_environment
 
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import ConfigException
 from kubernetes_asyncio.config.incluster_config import SERVICE_HOST_ENV_NAME, InClusterConfigLoader
 from kubernetes_asyncio.config.kube_config import load_kube_config
+
+from egress_kvm.kube.envproxy import env_proxy
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 SERVICE_ACCOUNT_NAMESPACE_FILE = f"{SERVICE_ACCOUNT_DIR}/namespace"
@@ -79,26 +79,13 @@ def _client(configuration: Configuration, source: ClientSource,
     # kubernetes-asyncio's session trusts the environment, so aiohttp reads ~/.netrc and scans the
     # proxy variables in a thread on every request: at 1,000 Proxies that was a fifth of the operator's
     # samples. The proxy is the same for every request to one server: resolved once here instead
-    # (client-go honours HTTPS_PROXY/NO_PROXY too, and no netrc).
+    # (by client-go's rules, envproxy.py; client-go reads no netrc). A kubeconfig's proxy-url wins, as
+    # in client-go.
     rest = client.rest_client
     if not rest.proxy:
         rest.proxy = env_proxy(configuration.host, env)
     rest.pool_manager._trust_env = False  # aiohttp has no setter; the attribute is stable across 3.x
     return client, source
-
-
-def env_proxy(url: str, env: Mapping[str, str]) -> str | None:
-    """The proxy the environment names for `url` (`<scheme>_proxy`, lower case first, minus `no_proxy`),
-    or None."""
-    parts = urlsplit(url)
-    scheme = parts.scheme or "https"
-    proxy = env.get(f"{scheme}_proxy") or env.get(f"{scheme.upper()}_PROXY")
-    if not proxy:
-        return None
-    no_proxy = env.get("no_proxy") or env.get("NO_PROXY") or ""
-    if no_proxy and parts.hostname and proxy_bypass_environment(parts.hostname, {"no": no_proxy}):
-        return None
-    return proxy
 
 
 async def _load_kubeconfig(paths: str, configuration: Configuration, *, what: str) -> None:

@@ -8,6 +8,7 @@ from egress_kvm import metrics
 from egress_kvm.controller.manager import Controller
 from egress_kvm.controller.outcome import Result
 from egress_kvm.controller.verdict import ProbeKey
+from egress_kvm.providers.base import InstanceChange, InstanceEvent
 
 from .conftest import FAST, LOOPBACK_POLICIES, eventually
 from .fakekube import FakeKube
@@ -235,3 +236,27 @@ async def test_status_only_changes_do_not_trigger_a_reconcile(kube: FakeKube) ->
     c.on_event("ADDED", obj)  # recreated under the same name: always reconciled
     assert len(c.queue) == 1
     await c.stop(timeout=0)
+
+
+async def test_an_instance_event_while_a_routine_pass_waits_makes_that_pass_look(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy) -> None:
+    """A resync queued the key (routine); then the host reports its VM stopped. The pass must read the VM
+    (restart it now), not trust probes that have not failed yet (planner.vouched)."""
+    c = Controller(kube=kube, store=kube, providers={"kvm-home": provider}, egress=LOOPBACK_POLICIES, **FAST)
+    kube.create_proxy("px1", spec_for(proxy_server))
+    kube.objects[KEY]["status"] = {"instance": {"name": "vm1", "zone": "z1", "provider": "kvm-home"}}
+    passes: list[bool] = []
+
+    async def reconcile(key, *, routine=False):  # type: ignore[no-untyped-def]
+        passes.append(routine)
+        return Result()
+
+    c.reconciler.reconcile = reconcile  # type: ignore[method-assign]
+    await c._resync()
+    c._instance_event(InstanceEvent("kvm-home", "z1", "vm1", InstanceChange.STOPPED))
+    key = await asyncio.wait_for(c.queue.get(), 5)
+    try:
+        await c._process(key)
+    finally:
+        c.queue.done(key)
+    assert passes == [False]

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from egress_kvm.controller.queue import Backoff, QueueShutDown, WorkQueue
+from egress_kvm.controller.queue import URGENT_BURST, Backoff, QueueShutDown, WorkQueue
 
 from .conftest import eventually
 
@@ -176,3 +176,34 @@ async def test_a_delayed_add_comes_due_ahead_of_the_backlog() -> None:
     await asyncio.sleep(0.05)
     assert await q.get() == "booted"
     assert await q.get() == "create-0"
+
+
+async def test_a_steady_stream_of_urgent_keys_cannot_starve_the_plain_lane() -> None:
+    """Urgent work that never runs out (1,000 Proxies' boot polls, flapping verdicts) must still let plain
+    work through (a new Proxy, a delete, a spec edit): at most URGENT_BURST urgent keys in a row while a
+    plain one waits."""
+    q: WorkQueue[str] = WorkQueue()
+    q.add("delete-me")
+    served = []
+    for i in range(3 * (URGENT_BURST + 1)):
+        q.add(f"poll-{i}", urgent=True)  # a new urgent key comes in before every hand-out
+        key = await q.get()
+        served.append(key)
+        q.done(key)
+        if key == "delete-me":
+            break
+    assert served[-1] == "delete-me", served
+    assert len(served) == URGENT_BURST + 1, served
+
+
+async def test_the_burst_counts_only_while_plain_work_waits() -> None:
+    """Urgent keys served with the plain lane empty do not use up the burst: a plain key added later still
+    waits behind up to URGENT_BURST urgent ones, not fewer (the latency benefit stays whole)."""
+    q: WorkQueue[str] = WorkQueue()
+    for i in range(2 * URGENT_BURST):
+        q.add(f"u{i}", urgent=True)
+    for _ in range(URGENT_BURST):
+        q.done(await q.get())
+    q.add("plain")
+    got = [await q.get() for _ in range(URGENT_BURST + 1)]
+    assert got == [f"u{i}" for i in range(URGENT_BURST, 2 * URGENT_BURST)] + ["plain"]

@@ -6,10 +6,11 @@ import datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
-from egress_kvm.kube.client import KubeConfigError, env_proxy, new_api_client, pod_namespace
+from egress_kvm.kube.client import KubeConfigError, new_api_client, pod_namespace
 from egress_kvm.kube.rest import request_json
-from testbed.emulator import Emulator
+from testbed.emulator import Emulator, kubeconfig
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -97,31 +98,24 @@ async def test_a_corrupt_ca_bundle_names_the_file(tmp_path: Path) -> None:
         await new_api_client(environ=env, service_account_dir=str(sa))
 
 
-@pytest.mark.parametrize(("url", "env", "proxy"), [
-    ("https://api.example:6443", {}, None),
-    ("https://api.example:6443", {"HTTPS_PROXY": "http://corp:3128"}, "http://corp:3128"),
-    ("https://api.example:6443", {"https_proxy": "http://low:1", "HTTPS_PROXY": "http://up:2"}, "http://low:1"),
-    ("https://api.example:6443", {"HTTP_PROXY": "http://corp:3128"}, None),  # another scheme's
-    ("http://127.0.0.1:8001", {"HTTP_PROXY": "http://corp:3128"}, "http://corp:3128"),
-    ("https://api.example:6443", {"HTTPS_PROXY": "http://corp:3128", "NO_PROXY": "example"}, None),
-    ("https://api.example:6443", {"HTTPS_PROXY": "http://corp:3128", "no_proxy": ".example,10.0.0.1"}, None),
-    ("https://api.other:6443", {"HTTPS_PROXY": "http://corp:3128", "NO_PROXY": "example"}, "http://corp:3128"),
-])
-def test_env_proxy_is_read_like_client_go(url: str, env: dict[str, str], proxy: str | None) -> None:
-    assert env_proxy(url, env) == proxy
-
-
 async def test_the_client_resolves_the_proxy_once_and_does_not_read_the_environment_per_request(
         tmp_path: Path) -> None:
     async with Emulator.running(port=0) as emu:
         kc = emu.write_kubeconfig(tmp_path / "kc")
-        client, _ = await new_api_client(kubeconfig=str(kc), environ={"NO_PROXY": "127.0.0.1",
-                                                                      "HTTP_PROXY": "http://corp:3128"})
-        async with client:
-            assert client.rest_client.pool_manager.trust_env is False
-            assert client.rest_client.proxy is None  # NO_PROXY covers the emulator's address
-            ns = await request_json(client, "GET", "/api/v1/namespaces/kube-system")
-            assert ns["metadata"]["name"] == "kube-system"
         client, _ = await new_api_client(kubeconfig=str(kc), environ={"HTTP_PROXY": "http://corp:3128"})
         async with client:
-            assert client.rest_client.proxy == "http://corp:3128"
+            assert client.rest_client.pool_manager.trust_env is False
+            assert client.rest_client.proxy is None  # loopback: never proxied (envproxy.py)
+            ns = await request_json(client, "GET", "/api/v1/namespaces/kube-system")
+            assert ns["metadata"]["name"] == "kube-system"
+    remote = kubeconfig.write(tmp_path / "remote", "https://api.example:6443")
+    client, _ = await new_api_client(kubeconfig=str(remote), environ={"HTTPS_PROXY": "http://corp:3128"})
+    async with client:
+        assert client.rest_client.proxy == "http://corp:3128"
+    with_url = kubeconfig.kubeconfig("https://api.example:6443")
+    with_url["clusters"][0]["cluster"]["proxy-url"] = "http://kc:1"
+    (tmp_path / "proxy-url").write_text(yaml.safe_dump(with_url))
+    client, _ = await new_api_client(kubeconfig=str(tmp_path / "proxy-url"),
+                                     environ={"HTTPS_PROXY": "http://corp:3128"})
+    async with client:
+        assert client.rest_client.proxy == "http://kc:1"  # the kubeconfig's proxy-url wins, as in client-go
