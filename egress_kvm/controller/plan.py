@@ -14,9 +14,15 @@ story and the tests can walk every row; planner.py turns the plan into actions.
 | shut off / crashed / paused           | start (Warning)   | Running if IP known, else Provisioning |
 | starting (no definite state)          | poll              | Provisioning                  |
 | running, no IP yet                    | poll              | Provisioning                  |
+| running, no IP, stranded (1) in `STRANDED_LOOKS` looks in a row | readdress (Warning) | Provisioning |
 | running, IP, probes not conclusive    | probe             | Running                       |
 | running, IP, unhealthy                | probe             | Running                       |
 | running, IP, healthy                  | probe; delete the replaced instance, if any | Ready |
+
+(1) `Instance.stranded`: the guest reports addresses the host tried and got no answer from, and the host
+maps none to the VM: its DHCP address changed under a host filter that still allows only the old one. A
+few looks in a row (not one: a guest just resumed from a pause answers its host again within a second)
+before the provider defines it afresh (the KVM provider's `readdress`), which restarts it.
 
 ## Replacement (create-before-delete)
 
@@ -66,6 +72,12 @@ class Action(enum.StrEnum):
     NONE = "none"
     CREATE = "create"
     START = "start"
+    READDRESS = "readdress"
+
+
+#: Looks in a row at a stranded instance before it is readdressed: with the poll's 5 s, about 10 s of the
+#: host getting no answer from any address the guest reports.
+STRANDED_LOOKS = 3
 
 
 @dataclass(frozen=True)
@@ -91,7 +103,8 @@ NEEDS_START = (PowerState.STOPPED, PowerState.CRASHED, PowerState.PAUSED)
 
 
 def plan_instance(*, target: Ref, instance: Instance | None, had_ip: bool, health: Health | None,
-                  success_threshold: int, has_previous: bool) -> Plan:
+                  success_threshold: int, has_previous: bool, stranded_looks: int = 0) -> Plan:
+    """`stranded_looks`: the looks in a row before this one that found the instance stranded."""
     name = target.name
     if instance is None:
         if had_ip:
@@ -110,6 +123,15 @@ def plan_instance(*, target: Ref, instance: Instance | None, had_ip: bool, healt
     if state is not PowerState.RUNNING:
         return Plan(PROVISIONING, f"instance {name} is starting (state {state.value})", ip=instance.ip,
                     poll=True)
+    if not instance.ip and instance.stranded:
+        claims = ", ".join(instance.stranded)
+        why = (f"instance {name} reports address {claims}, which its host cannot reach (the host's "
+               "filter still allows only its earlier address)")
+        if stranded_looks + 1 >= STRANDED_LOOKS:
+            return Plan(PROVISIONING, f"{why}; defining it afresh so the filter learns its DHCP lease",
+                        Action.READDRESS, poll=True,
+                        events=(Event(WARNING, "Readdressed", f"{why}; defined it afresh and started it"),))
+        return Plan(PROVISIONING, f"{why}; readdressing it if that lasts", poll=True)
     if not instance.ip:
         return Plan(PROVISIONING, f"waiting for the IP address of instance {name}", poll=True)
 

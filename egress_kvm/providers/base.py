@@ -101,6 +101,10 @@ class Instance:
     owner_namespace: str = ""
     owner_name: str = ""
     message: str = ""  # e.g. why it is paused
+    # Running with no address the host confirms, while the guest reports these and the host got no
+    # answer from any of them: its address changed under a filter that still pins the old one (the KVM
+    # provider's `addresses.stranded`). The controller asks a provider that `Readdresses` to repair it.
+    stranded: tuple[str, ...] = ()
 
 
 ProgressCallback = Callable[[str], Awaitable[None]]
@@ -217,6 +221,17 @@ class VolumeListing:
 
     volumes: tuple[InstanceVolume, ...]
     domains: frozenset[str]
+
+
+@runtime_checkable
+class Readdresses(Protocol):
+    """A provider that can put a stranded instance (`Instance.stranded`) back on the network: the KVM
+    provider defines the VM afresh, so the host's nwfilter learns the address DHCP gives it at boot."""
+
+    async def readdress(self, name: str, zone: str) -> None:
+        """Restart the instance under a fresh definition (same name, disks and settings). TransientError
+        if it is gone or the host fails."""
+        ...
 
 
 @runtime_checkable
