@@ -249,7 +249,8 @@ async def test_a_vm_whose_address_changed_under_the_filter_is_stranded_then_read
         for el in old_xml.findall("uuid"):
             old_xml.remove(el)
         assert etree.tostring(new_xml) == etree.tostring(old_xml)
-        steps = ("domain_destroy_flags", "domain_undefine_flags", "domain_define_xml", "domain_create_with_flags")
+        steps = ("domain_destroy_flags", "domain_undefine_flags", "domain_define_xml",
+                 "domain_create_with_flags")
         assert [c for c in h.calls if c in steps][-4:] == list(steps)
         assert logs.lines("KVM instance defined afresh and started (readdress)")
         with pytest.raises(TransientError, match="does not exist"):
