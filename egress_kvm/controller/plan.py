@@ -14,15 +14,17 @@ story and the tests can walk every row; planner.py turns the plan into actions.
 | shut off / crashed / paused           | start (Warning)   | Running if IP known, else Provisioning |
 | starting (no definite state)          | poll              | Provisioning                  |
 | running, no IP yet                    | poll              | Provisioning                  |
-| running, no IP, stranded (1) in `STRANDED_LOOKS` looks in a row | readdress (Warning) | Provisioning |
+| running, no IP, stranded (1), `STRANDED_LOOKS` looks in a row | readdress (Warning) | Provisioning |
 | running, IP, probes not conclusive    | probe             | Running                       |
 | running, IP, unhealthy                | probe             | Running                       |
 | running, IP, healthy                  | probe; delete the replaced instance, if any | Ready |
 
-(1) `Instance.stranded`: the guest reports addresses the host tried and got no answer from, and the host
-maps none to the VM: its DHCP address changed under a host filter that still allows only the old one. A
-few looks in a row (not one: a guest just resumed from a pause answers its host again within a second)
-before the provider defines it afresh (the KVM provider's `readdress`), which restarts it.
+(1) `Instance.stranded`: the guest reports addresses and the host maps none (nor any other) to the VM,
+and this is not a first boot the host has not seen yet: the instance had an address (status.ip), or the
+host tried every reported address without an answer (`Instance.unanswered`), or the previous look was
+stranded already. That is a DHCP address change under a host filter that still allows only the old
+address. A few looks in a row (not one: a guest just resumed from a pause answers its host again within a
+second) before the provider defines it afresh (the KVM provider's `readdress`), which restarts it.
 
 ## Replacement (create-before-delete)
 
@@ -97,6 +99,7 @@ class Plan:
     delete_previous: bool = False  # the replacement is Ready: the instance it replaced can go
     poll: bool = False  # look again soon: something is in progress that nothing will tell us about
     events: tuple[Event, ...] = ()  # recorded once the action succeeded
+    stranded: bool = False  # this look counts toward STRANDED_LOOKS
 
 
 NEEDS_START = (PowerState.STOPPED, PowerState.CRASHED, PowerState.PAUSED)
@@ -123,15 +126,15 @@ def plan_instance(*, target: Ref, instance: Instance | None, had_ip: bool, healt
     if state is not PowerState.RUNNING:
         return Plan(PROVISIONING, f"instance {name} is starting (state {state.value})", ip=instance.ip,
                     poll=True)
-    if not instance.ip and instance.stranded:
+    if not instance.ip and instance.stranded and (had_ip or instance.unanswered or stranded_looks > 0):
         claims = ", ".join(instance.stranded)
         why = (f"instance {name} reports address {claims}, which its host cannot reach (the host's "
                "filter still allows only its earlier address)")
         if stranded_looks + 1 >= STRANDED_LOOKS:
             return Plan(PROVISIONING, f"{why}; defining it afresh so the filter learns its DHCP lease",
-                        Action.READDRESS, poll=True,
+                        Action.READDRESS, poll=True, stranded=True,
                         events=(Event(WARNING, "Readdressed", f"{why}; defined it afresh and started it"),))
-        return Plan(PROVISIONING, f"{why}; readdressing it if that lasts", poll=True)
+        return Plan(PROVISIONING, f"{why}; readdressing it if that lasts", poll=True, stranded=True)
     if not instance.ip:
         return Plan(PROVISIONING, f"waiting for the IP address of instance {name}", poll=True)
 

@@ -391,10 +391,9 @@ def _instance(b: _Book, *, target: Ref, previous: Ref | None, serving: ProbeTarg
                                health=b.probes.health(probe_key),
                                success_threshold=o.spec.health.success_threshold,
                                has_previous=previous is not None, stranded_looks=o.memory.stranded_looks)
-    lost = instance is not None and not instance.ip and bool(instance.stranded)
-    if lost and plan.action is not Action.READDRESS:
+    if plan.stranded and plan.action is not Action.READDRESS:
         b.actions.append(Remember(stranded_looks=o.memory.stranded_looks + 1))
-    elif not lost and o.memory.stranded_looks:
+    elif not plan.stranded and o.memory.stranded_looks:
         b.actions.append(Remember(stranded_looks=0))
     if o.created and plan.action is not Action.NONE:
         plan = Plan(phase=PROVISIONING, message=plan.message, ip=plan.ip, poll=True)

@@ -101,10 +101,12 @@ class Instance:
     owner_namespace: str = ""
     owner_name: str = ""
     message: str = ""  # e.g. why it is paused
-    # Running with no address the host confirms, while the guest reports these and the host got no
-    # answer from any of them: its address changed under a filter that still pins the old one (the KVM
-    # provider's `addresses.stranded`). The controller asks a provider that `Readdresses` to repair it.
+    # Running with no address the host maps to it, while the guest reports these: after an address
+    # change under a host filter that still pins the old one, or a first boot not yet seen by the host
+    # (the KVM provider's `addresses.stranded`; plan.py tells them apart). `unanswered`: the host tried
+    # every one of them and got no answer. The controller asks a provider that `Readdresses` to repair it.
     stranded: tuple[str, ...] = ()
+    unanswered: bool = False
 
 
 ProgressCallback = Callable[[str], Awaitable[None]]

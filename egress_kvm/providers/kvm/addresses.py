@@ -12,14 +12,15 @@ once the VM talks to it (its DHCP reply, gateway traffic); until then there is n
 
 The address reported is IPv4, not link-local, on the NIC with the VM's deterministic MAC.
 
-A VM can also be *stranded* (`stranded`): the guest reports addresses, the host maps no address to its
-MAC, and the host has tried each claimed one and got no answer (a FAILED or INCOMPLETE neighbour entry).
-That is what a DHCP address change looks like under the `clean-traffic` nwfilter: libvirt's DHCP snooping
-pins a NIC's filter to the first address it learned, so the guest's ARP and IP from the new address are
-dropped
-(docs/kvm-provider.md, "When the VM's DHCP address changes"). The guest's word decides nothing here: it
-only says which addresses to look up in the host's table, and the repair (a fresh definition of the VM,
-whose filter learns the DHCP server's lease again at boot) never takes the address from the guest.
+A VM can also be *stranded* (`stranded`): the guest reports addresses and the host maps none of them,
+nor any other, to its MAC. That is what a DHCP address change looks like under the `clean-traffic`
+nwfilter: libvirt's DHCP snooping pins a NIC's filter to the first address it learned, so the guest's
+ARP and IP from the new address are dropped (docs/kvm-provider.md, "When the VM's DHCP address
+changes"). The same holds for a VM on its first boot whose packets have not reached the host yet, so the
+controller weighs it against what it knew (plan.py); `unanswered` adds the host's own evidence: it tried
+every claimed address and got no answer (FAILED or INCOMPLETE entries). The guest's word decides no
+address: the repair (a fresh definition of the VM, whose filter learns the DHCP server's lease again at
+boot) never takes the address from the guest.
 """
 
 from __future__ import annotations
@@ -78,20 +79,18 @@ class Found:
 
     ip: str | None
     stranded: tuple[str, ...] = ()
+    unanswered: bool = False  # the host tried every stranded address and got no answer
 
 
 def stranded(*, agent: Sequence[str], table: HostTable) -> tuple[str, ...]:
-    """The guest's addresses when the host maps no address to the VM's MAC and has tried every address
-    the guest claims without an answer.
+    """The guest's addresses when the host maps no address at all to the VM's MAC; empty when there is
+    no claim (no agent) or the host maps one (the endpoint `decide` picks)."""
+    return () if table.mapped else tuple(agent)
 
-    Empty otherwise: no claim (no agent), an address the host maps to the MAC (the endpoint `decide`
-    picks), or a claim the host has not tried yet (a VM whose first packet has not reached the host, a
-    bridge the host has no address on) is not evidence that the host cannot reach the guest."""
-    if not agent or table.mapped:
-        return ()
-    if all(ip in table.failed for ip in agent):
-        return tuple(agent)
-    return ()
+
+def unanswered(claims: Sequence[str], table: HostTable) -> bool:
+    """The host asked for every one of `claims` and nobody answered."""
+    return bool(claims) and all(ip in table.failed for ip in claims)
 
 
 class Verdict(enum.Enum):
@@ -206,6 +205,7 @@ async def discover(host: Host, dom: Domain, *, mac: str, bridge: str, name: str)
     agent, table = await together(from_agent(), _host_table(host, dom, mac=mac, bridge=bridge, log=log))
     decision = decide(agent=agent, host=table.mapped)
     lost = stranded(agent=agent, table=table)
+    silent = unanswered(lost, table)
     extra: dict[str, Any] = {"agentAddresses": agent, "address": decision.ip} if log.enabled(1) else {}
     if decision.verdict is Verdict.HOST_ONLY:
         log.info("address from the host's neighbour table", mac=mac, bridge=bridge, **extra)
@@ -214,5 +214,5 @@ async def discover(host: Host, dom: Domain, *, mac: str, bridge: str, name: str)
         # guest that keeps claiming an address its MAC does not hold is worth seeing.
         host.log.with_values(name=name).info("guest agent address not confirmed by the host's neighbour "
                                              "table", verdict=decision.verdict.value, mac=mac,
-                                             **extra, **({"unanswered": list(lost)} if lost else {}))
-    return Found(decision.ip, lost)
+                                             **extra, unanswered=silent)
+    return Found(decision.ip, lost, silent)

@@ -738,14 +738,15 @@ class KvmProvider:
         power = power_state(st.state)
         ip = None
         lost: tuple[str, ...] = ()
+        silent = False
         if power == PowerState.RUNNING and meta is not None and meta.address:
             ip = meta.address  # static: the operator gave it, the nwfilter pins it; nothing to discover
         elif power == PowerState.RUNNING:
             found = await discover(host, dom, mac=naming.mac_address(name), bridge=host.config.bridge,
                                    name=name)
-            ip, lost = found.ip, found.stranded
+            ip, lost, silent = found.ip, found.stranded, found.unanswered
         return Instance(
-            name=name, zone=host.name, power_state=power, ip=ip, stranded=lost,
+            name=name, zone=host.name, power_state=power, ip=ip, stranded=lost, unanswered=silent,
             owner_uid=meta.owner_uid if meta else "", created_at=meta.created_at if meta else None,
             owner_namespace=meta.owner_namespace if meta else "", owner_name=meta.owner_name if meta else "",
             message=message)

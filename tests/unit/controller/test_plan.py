@@ -60,10 +60,25 @@ def test_starting_polls() -> None:
 ])
 def test_stranded_is_readdressed_after_a_few_looks(looks_before: int, action: Action) -> None:
     p = plan(inst(ip=None, stranded=("10.231.1.199",)), had_ip=True, stranded_looks=looks_before)
-    assert (p.phase, p.action, p.poll, p.probe, p.ip) == ("Provisioning", action, True, False, None)
+    assert (p.phase, p.action, p.poll, p.probe, p.ip, p.stranded) == (
+        "Provisioning", action, True, False, None, True)
     assert "reports address 10.231.1.199, which its host cannot reach" in p.message
     reasons = [(e.type_, e.reason) for e in p.events]
     assert reasons == ([("Warning", "Readdressed")] if action is Action.READDRESS else [])
+
+
+@pytest.mark.parametrize(("had_ip", "unanswered", "looks_before", "counts"), [
+    (False, False, 0, False),  # a first boot the host has not seen yet: just waiting for the IP
+    (True, False, 0, True),  # it had an address: the guest moved
+    (False, True, 0, True),  # the host tried every reported address and got no answer
+    (False, False, 1, True),  # stranded at the last look (status.ip is gone since): still counting
+])
+def test_what_counts_as_stranded(had_ip: bool, unanswered: bool, looks_before: int, counts: bool) -> None:
+    i = Instance(name="proxy-abc", zone="nas1", power_state=PowerState.RUNNING, ip=None, owner_uid="u",
+                 created_at=NOW, stranded=("10.231.1.199",), unanswered=unanswered)
+    p = plan(i, had_ip=had_ip, stranded_looks=looks_before)
+    assert p.stranded is counts and p.action is Action.NONE
+    assert ("waiting for the IP address" in p.message) is not counts
 
 
 def test_stranded_with_an_ip_is_not_readdressed() -> None:

@@ -283,17 +283,19 @@ def test_the_host_table_for_one_vm() -> None:
 FAILED_9 = frozenset({"192.0.2.9"})
 
 
-@pytest.mark.parametrize(("agent", "mapped", "failed", "lost"), [
-    ([], (), FAILED_9, ()),  # no claim (no agent yet): nothing to go on
-    (["192.0.2.9"], (), FAILED_9, ("192.0.2.9",)),  # the address changed; the filter drops the new one
-    (["192.0.2.9"], (), frozenset(), ()),  # not tried by the host yet: first boot, a host without an address
-    (["192.0.2.9", "192.0.2.4"], (), FAILED_9, ()),  # one claim never tried: not evidence yet
-    (["192.0.2.9"], ("192.0.2.5",), FAILED_9, ()),  # the host still maps an address: decide() picks it
-    (["192.0.2.5"], ("192.0.2.5",), frozenset(), ()),  # confirmed
+@pytest.mark.parametrize(("agent", "mapped", "failed", "lost", "silent"), [
+    ([], (), FAILED_9, (), False),  # no claim (no agent yet): nothing to go on
+    (["192.0.2.9"], (), FAILED_9, ("192.0.2.9",), True),  # changed; the host tried it: no answer
+    (["192.0.2.9"], (), frozenset(), ("192.0.2.9",), False),  # not tried by the host (yet)
+    (["192.0.2.9", "192.0.2.4"], (), FAILED_9, ("192.0.2.9", "192.0.2.4"), False),  # one never tried
+    (["192.0.2.9"], ("192.0.2.5",), FAILED_9, (), False),  # the host maps an address: decide() picks it
+    (["192.0.2.5"], ("192.0.2.5",), frozenset(), (), False),  # confirmed
 ])
 def test_the_stranded_decision(agent: list[str], mapped: tuple[str, ...], failed: frozenset[str],
-                               lost: tuple[str, ...]) -> None:
-    assert addresses.stranded(agent=agent, table=addresses.HostTable(mapped, failed)) == lost
+                               lost: tuple[str, ...], silent: bool) -> None:
+    table = addresses.HostTable(mapped, failed)
+    assert addresses.stranded(agent=agent, table=table) == lost
+    assert addresses.unanswered(lost, table) is silent
 
 
 def test_without_uuid_keeps_everything_else() -> None:

@@ -219,8 +219,8 @@ async def test_an_agent_address_the_host_does_not_confirm_never_becomes_the_endp
 async def test_a_vm_whose_address_changed_under_the_filter_is_stranded_then_readdressed(
         logs: LogCapture) -> None:
     """The guest took another DHCP address; the host's filter still allows only the first one, so the host
-    got no answer from the new one (FAILED, no lladdr) and maps nothing to the MAC: `stranded` names the
-    guest's addresses. `readdress` defines the VM afresh from its own XML: a new UUID (libvirt's DHCP
+    maps nothing to the MAC: `stranded` names the guest's addresses, `unanswered` says the host tried them
+    all without an answer (FAILED, no lladdr). `readdress` defines the VM afresh from its own XML: a new UUID (libvirt's DHCP
     snooping state is keyed by it), the same name, MAC, disks and metadata, running."""
     provider, hv = fake_kvm_provider()
     h = hv["host0"]
@@ -233,12 +233,14 @@ async def test_a_vm_whose_address_changed_under_the_filter_is_stranded_then_read
         h.agent_ips[NAME] = "192.0.2.99"
         h.neighbours["br0"] = [{"dst": "192.0.2.10", "dev": "br0", "state": ["FAILED"]}]
         inst = await provider.get(NAME, "host0")
-        assert inst is not None and (inst.ip, inst.stranded) == (None, ())  # 192.0.2.99 not tried yet
+        assert inst is not None
+        assert (inst.ip, inst.stranded, inst.unanswered) == (None, ("192.0.2.99",), False)
         h.neighbours["br0"].append({"dst": "192.0.2.99", "dev": "br0", "state": ["FAILED"]})
         inst = await provider.get(NAME, "host0")
-        assert inst is not None and (inst.ip, inst.stranded) == (None, ("192.0.2.99",))
+        assert inst is not None
+        assert (inst.ip, inst.stranded, inst.unanswered) == (None, ("192.0.2.99",), True)
         assert logs.lines("guest agent address not confirmed by the host's neighbour table")[-1][
-            "unanswered"] == ["192.0.2.99"]
+            "unanswered"] is True
 
         await provider.readdress(NAME, "host0")
         new = h.domains[NAME]
