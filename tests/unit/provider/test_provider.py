@@ -220,8 +220,8 @@ async def test_a_vm_whose_address_changed_under_the_filter_is_stranded_then_read
         logs: LogCapture) -> None:
     """The guest took another DHCP address; the host's filter still allows only the first one, so the host
     maps nothing to the MAC: `stranded` names the guest's addresses, `unanswered` says the host tried them
-    all without an answer (FAILED, no lladdr). `readdress` defines the VM afresh from its own XML: a new UUID (libvirt's DHCP
-    snooping state is keyed by it), the same name, MAC, disks and metadata, running."""
+    all without an answer (FAILED, no lladdr). `readdress` defines the VM afresh from its own XML: a new
+    UUID (libvirt's DHCP snooping state is keyed by it), the same name, MAC, disks and metadata, running."""
     provider, hv = fake_kvm_provider()
     h = hv["host0"]
     try:
