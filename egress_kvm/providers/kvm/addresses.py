@@ -132,9 +132,9 @@ def _entries(neigh_json: str) -> list[Any]:
     return entries if isinstance(entries, list) else []
 
 
-def _states(entry: dict[str, Any]) -> list[str]:
+def _states(entry: dict[str, Any]) -> list[Any]:
     states = entry.get("state") or []
-    return [states] if isinstance(states, str) else list(states)
+    return [states] if isinstance(states, str) else states if isinstance(states, list) else []
 
 
 def pick_failed(neigh_json: str) -> frozenset[str]:

@@ -238,6 +238,7 @@ def test_neighbour_parsing_never_raises(text: str) -> None:
     """Whatever `ip -j neigh` (or a hostile host) prints, the fallback yields an address or None."""
     got = addresses.pick_neighbour(text, "52:54:00:aa:bb:cc")
     assert got is None or addresses.usable_ipv4(got)
+    assert all(addresses.usable_ipv4(ip) for ip in addresses.pick_failed(text))
 
 
 @settings(max_examples=300, deadline=None)
