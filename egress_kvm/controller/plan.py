@@ -16,7 +16,7 @@ story and the tests can walk every row; planner.py turns the plan into actions.
 | running, no IP yet                    | poll              | Provisioning                  |
 | running, no IP, stranded (1), `STRANDED_LOOKS` looks in a row | readdress (Warning) | Provisioning |
 | running, IP, probes not conclusive    | probe             | Running                       |
-| running, IP, unhealthy                | probe             | Running                       |
+| running, IP, unhealthy                | probe (poll (2))  | Running                       |
 | running, IP, healthy                  | probe; delete the replaced instance, if any | Ready |
 
 (1) `Instance.stranded`: the guest reports addresses and the host maps none (nor any other) to the VM,
@@ -25,6 +25,10 @@ host tried every reported address without an answer (`Instance.unanswered`), or 
 stranded already. That is a DHCP address change under a host filter that still allows only the old
 address. A few looks in a row (not one: a guest just resumed from a pause answers its host again within a
 second) before the provider defines it afresh (the KVM provider's `readdress`), which restarts it.
+
+(2) Polled (every 5 s) when not healthy while the guest reports other addresses than the one the host
+maps (`Instance.stranded` beside an `ip`): the old address of a guest that moved answers no probe, and
+only a look tells when the host gives up on it too (no verdict change, no event says so).
 
 ## Replacement (create-before-delete)
 
@@ -141,12 +145,15 @@ def plan_instance(*, target: Ref, instance: Instance | None, had_ip: bool, healt
     if health is not None and health.healthy:
         return Plan(READY, f"healthy: {health.message}", ip=instance.ip, probe=True,
                     delete_previous=has_previous)
+    # The guest reports other addresses than the host's: poll, since the host's next failed attempt at
+    # this one (no verdict change, no event) is what makes the instance stranded.
+    disputed = bool(instance.stranded)
     if health is not None and health.healthy is False:
-        return Plan(RUNNING, f"unhealthy: {health.message}", ip=instance.ip, probe=True)
+        return Plan(RUNNING, f"unhealthy: {health.message}", ip=instance.ip, probe=True, poll=disputed)
     progress = ""
     if health is not None and health.last_probe is not None:
         progress = f" ({health.successes}/{success_threshold} successes; last: {health.message})"
-    return Plan(RUNNING, f"waiting for health probes{progress}", ip=instance.ip, probe=True)
+    return Plan(RUNNING, f"waiting for health probes{progress}", ip=instance.ip, probe=True, poll=disputed)
 
 
 def transition_events(*, old_phase: str | None, new_phase: str, message: str, endpoint: str | None,

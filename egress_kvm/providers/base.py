@@ -101,10 +101,11 @@ class Instance:
     owner_namespace: str = ""
     owner_name: str = ""
     message: str = ""  # e.g. why it is paused
-    # Running with no address the host maps to it, while the guest reports these: after an address
-    # change under a host filter that still pins the old one, or a first boot not yet seen by the host
-    # (the KVM provider's `addresses.stranded`; plan.py tells them apart). `unanswered`: the host tried
-    # every one of them and got no answer. The controller asks a provider that `Readdresses` to repair it.
+    # The guest reports these addresses and the host maps none of them to the VM (`ip` is then the host's
+    # own, or None): after an address change under a host filter that still pins the old address, or a
+    # first boot not yet seen by the host (the KVM provider's `addresses.stranded`; plan.py tells them
+    # apart). `unanswered`: the host tried every one of them and got no answer. The controller asks a
+    # provider that `Readdresses` to repair a stranded instance without an `ip`.
     stranded: tuple[str, ...] = ()
     unanswered: bool = False
 

@@ -12,10 +12,10 @@ once the VM talks to it (its DHCP reply, gateway traffic); until then there is n
 
 The address reported is IPv4, not link-local, on the NIC with the VM's deterministic MAC.
 
-A VM can also be *stranded* (`stranded`): the guest reports addresses and the host maps none of them,
-nor any other, to its MAC. That is what a DHCP address change looks like under the `clean-traffic`
-nwfilter: libvirt's DHCP snooping pins a NIC's filter to the first address it learned, so the guest's
-ARP and IP from the new address are dropped (docs/kvm-provider.md, "When the VM's DHCP address
+A VM can also be *stranded* (`stranded`): the guest reports addresses and the host maps none of them to
+its MAC (it may still map the old one, for a while). That is what a DHCP address change looks like
+under the `clean-traffic` nwfilter: libvirt's DHCP snooping pins a NIC's filter to the first address it
+learned, so the guest's ARP and IP from the new address are dropped (docs/kvm-provider.md, "When the VM's DHCP address
 changes"). The same holds for a VM on its first boot whose packets have not reached the host yet, so the
 controller weighs it against what it knew (plan.py); `unanswered` adds the host's own evidence: it tried
 every claimed address and got no answer (FAILED or INCOMPLETE entries). The guest's word decides no
@@ -83,9 +83,10 @@ class Found:
 
 
 def stranded(*, agent: Sequence[str], table: HostTable) -> tuple[str, ...]:
-    """The guest's addresses when the host maps no address at all to the VM's MAC; empty when there is
-    no claim (no agent) or the host maps one (the endpoint `decide` picks)."""
-    return () if table.mapped else tuple(agent)
+    """The guest's addresses when the host maps none of them to the VM's MAC; empty when there is no
+    claim (no agent) or one is confirmed. The host may still map another (an OVERRULED endpoint: most
+    often the VM's old address, until the host's next attempt at it fails)."""
+    return () if any(ip in table.mapped for ip in agent) else tuple(agent)
 
 
 def unanswered(claims: Sequence[str], table: HostTable) -> bool:
@@ -204,7 +205,7 @@ async def discover(host: Host, dom: Domain, *, mac: str, bridge: str, name: str)
     # The guest's claim and the host's table are independent: asked at once (together.py).
     agent, table = await together(from_agent(), _host_table(host, dom, mac=mac, bridge=bridge, log=log))
     decision = decide(agent=agent, host=table.mapped)
-    lost = stranded(agent=agent, table=table)
+    lost = stranded(agent=agent, table=table)  # non-empty beside an OVERRULED endpoint too
     silent = unanswered(lost, table)
     extra: dict[str, Any] = {"agentAddresses": agent, "address": decision.ip} if log.enabled(1) else {}
     if decision.verdict is Verdict.HOST_ONLY:

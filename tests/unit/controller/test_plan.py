@@ -81,10 +81,18 @@ def test_what_counts_as_stranded(had_ip: bool, unanswered: bool, looks_before: i
     assert ("waiting for the IP address" in p.message) is not counts
 
 
-def test_stranded_with_an_ip_is_not_readdressed() -> None:
-    """An address the host confirms wins: the instance serves there, whatever else the guest says."""
-    p = plan(inst(stranded=("10.231.1.199",)), stranded_looks=STRANDED_LOOKS)
-    assert (p.phase, p.action) == ("Running", Action.NONE)
+@pytest.mark.parametrize(("health", "phase", "poll"), [
+    (Health(healthy=None, message="", successes=1, failures=0), "Running", True),
+    (Health(healthy=False, message="timed out", successes=0, failures=3), "Running", True),
+    (Health(healthy=True, message="HTTP 200", successes=2, failures=0), "Ready", False),
+])
+def test_stranded_beside_the_hosts_address_is_polled_not_readdressed(health: Health, phase: str,
+                                                                    poll: bool) -> None:
+    """The host still maps an address (the old one, until its next attempt fails): the instance is
+    probed there, and polled while not healthy, since nothing else says when the host gives up on it."""
+    p = plan(inst(stranded=("10.231.1.199",)), health=health, stranded_looks=STRANDED_LOOKS)
+    assert (p.phase, p.action, p.ip, p.poll) == (phase, Action.NONE, "10.231.1.100", poll)
+    assert plan(inst(), health=health).poll is False
 
 
 def test_no_ip_polls() -> None:

@@ -289,7 +289,7 @@ FAILED_9 = frozenset({"192.0.2.9"})
     (["192.0.2.9"], (), FAILED_9, ("192.0.2.9",), True),  # changed; the host tried it: no answer
     (["192.0.2.9"], (), frozenset(), ("192.0.2.9",), False),  # not tried by the host (yet)
     (["192.0.2.9", "192.0.2.4"], (), FAILED_9, ("192.0.2.9", "192.0.2.4"), False),  # one never tried
-    (["192.0.2.9"], ("192.0.2.5",), FAILED_9, (), False),  # the host maps an address: decide() picks it
+    (["192.0.2.9"], ("192.0.2.5",), FAILED_9, ("192.0.2.9",), True),  # the old one still mapped
     (["192.0.2.5"], ("192.0.2.5",), frozenset(), (), False),  # confirmed
 ])
 def test_the_stranded_decision(agent: list[str], mapped: tuple[str, ...], failed: frozenset[str],
