@@ -15,8 +15,8 @@ The address reported is IPv4, not link-local, on the NIC with the VM's determini
 A VM can also be *stranded* (`stranded`): the guest reports addresses and the host maps none of them to
 its MAC (it may still map the old one, for a while). That is what a DHCP address change looks like
 under the `clean-traffic` nwfilter: libvirt's DHCP snooping pins a NIC's filter to the first address it
-learned, so the guest's ARP and IP from the new address are dropped (docs/kvm-provider.md, "When the VM's DHCP address
-changes"). The same holds for a VM on its first boot whose packets have not reached the host yet, so the
+learned, so the guest's ARP and IP from the new address are dropped (docs/kvm-provider.md, "When the
+VM's DHCP address changes"). The same holds for a VM on its first boot whose packets have not reached the host yet, so the
 controller weighs it against what it knew (plan.py); `unanswered` adds the host's own evidence: it tried
 every claimed address and got no answer (FAILED or INCOMPLETE entries). The guest's word decides no
 address: the repair (a fresh definition of the VM, whose filter learns the DHCP server's lease again at
