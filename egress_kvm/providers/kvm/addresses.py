@@ -16,11 +16,11 @@ A VM can also be *stranded* (`stranded`): the guest reports addresses and the ho
 its MAC (it may still map the old one, for a while). That is what a DHCP address change looks like
 under the `clean-traffic` nwfilter: libvirt's DHCP snooping pins a NIC's filter to the first address it
 learned, so the guest's ARP and IP from the new address are dropped (docs/kvm-provider.md, "When the
-VM's DHCP address changes"). The same holds for a VM on its first boot whose packets have not reached the host yet, so the
-controller weighs it against what it knew (plan.py); `unanswered` adds the host's own evidence: it tried
-every claimed address and got no answer (FAILED or INCOMPLETE entries). The guest's word decides no
-address: the repair (a fresh definition of the VM, whose filter learns the DHCP server's lease again at
-boot) never takes the address from the guest.
+VM's DHCP address changes"). A VM on its first boot whose packets have not reached the host yet looks
+the same, so the controller weighs it against what it knew (plan.py); `unanswered` adds the host's own
+evidence: it tried every claimed address and got no answer (FAILED or INCOMPLETE entries). The guest's
+word decides no address: the repair (a fresh definition of the VM, whose filter learns the DHCP
+server's lease again at boot) never takes the address from the guest.
 """
 
 from __future__ import annotations
