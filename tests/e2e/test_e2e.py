@@ -15,7 +15,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from e2e_stack import CANARY, Stack, domains, instance_of_volume, lab_base, log_records, volumes, wait_until
+from e2e_stack import (
+    BOOT_TIMEOUT,
+    CANARY,
+    Stack,
+    domains,
+    instance_of_volume,
+    lab_base,
+    log_records,
+    volumes,
+    wait_until,
+)
 
 from testbed import lab as labmod
 
@@ -220,7 +230,7 @@ def test_step3c_a_new_ip_from_dhcp_is_followed_by_status(step):
     t0 = time.monotonic()
     st = wait_until(
         lambda: (s := step.status(SECOND)).get("ip") == new_ip and s.get("phase") == "Ready" and s,
-        timeout=420, what=f"status.ip {new_ip} and Ready", interval=2)
+        timeout=60 + BOOT_TIMEOUT, what=f"status.ip {new_ip} and Ready", interval=2)  # a reboot in it
     print(f"\nIP change {old['ip']} -> {new_ip}: status followed, Ready again after "
           f"{time.monotonic() - t0:.1f}s")
     assert new_ip in st["endpoint"] and st["instance"]["name"] == name
