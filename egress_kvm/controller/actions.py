@@ -12,6 +12,7 @@ from egress_kvm.providers.base import (
     Instance,
     Provider,
     QuotaError,
+    Readdresses,
     TransientError,
 )
 
@@ -27,6 +28,7 @@ from .planner import (
     Looked,
     NoProvider,
     Outcome,
+    Readdress,
     Record,
     Remember,
     Start,
@@ -51,6 +53,14 @@ async def run(ctx: Context, act: Act, *, spec_provider_name: str, provider: Prov
         await provider.start(act.target.name, act.target.zone)
         ctx.log.info("instance started", instance=act.target.name, zone=act.target.zone,
                      startsInARow=ctx.memory[ctx.key].restarts + 1)
+    elif isinstance(act, Readdress):
+        assert provider is not None
+        if isinstance(provider, Readdresses):
+            await provider.readdress(act.target.name, act.target.zone)
+            ctx.log.info("instance readdressed", instance=act.target.name, zone=act.target.zone)
+        else:  # nothing to do but wait: the instance stays Provisioning, polled
+            ctx.log.info("instance stranded; its provider cannot readdress it", instance=act.target.name,
+                         zone=act.target.zone)
     elif isinstance(act, Delete):
         await ctx.delete(spec_provider_name, act.ref)
     elif isinstance(act, Watch):
@@ -70,6 +80,7 @@ async def run(ctx: Context, act: Act, *, spec_provider_name: str, provider: Prov
         state = ctx.memory[ctx.key]
         state.restarts = state.restarts if act.restarts is None else act.restarts
         state.ip_waits = state.ip_waits if act.ip_waits is None else act.ip_waits
+        state.stranded_looks = state.stranded_looks if act.stranded_looks is None else act.stranded_looks
     return None
 
 

@@ -24,6 +24,7 @@ class KeyState:
     # records no second Event, and a quota retry does not first rewrite "creating ...".
     trouble: tuple[str, str] | None = None
     ip_waits: int = 0  # looks in a row at the instance running without an IP
+    stranded_looks: int = 0  # looks in a row at the instance stranded (Instance.stranded; plan.py)
     importing: bool = False  # the last reconcile waited on a background image import (status shows it)
 
 

@@ -14,9 +14,21 @@ story and the tests can walk every row; planner.py turns the plan into actions.
 | shut off / crashed / paused           | start (Warning)   | Running if IP known, else Provisioning |
 | starting (no definite state)          | poll              | Provisioning                  |
 | running, no IP yet                    | poll              | Provisioning                  |
+| running, no IP, stranded (1), `STRANDED_LOOKS` looks in a row | readdress (Warning) | Provisioning |
 | running, IP, probes not conclusive    | probe             | Running                       |
-| running, IP, unhealthy                | probe             | Running                       |
+| running, IP, unhealthy                | probe (poll (2))  | Running                       |
 | running, IP, healthy                  | probe; delete the replaced instance, if any | Ready |
+
+(1) `Instance.stranded`: the guest reports addresses and the host maps none (nor any other) to the VM,
+and this is not a first boot the host has not seen yet: the instance had an address (status.ip), or the
+host tried every reported address without an answer (`Instance.unanswered`), or the previous look was
+stranded already. That is a DHCP address change under a host filter that still allows only the old
+address. A few looks in a row (not one: a guest just resumed from a pause answers its host again within a
+second) before the provider defines it afresh (the KVM provider's `readdress`), which restarts it.
+
+(2) Polled (every 5 s) when not healthy while the guest reports other addresses than the one the host
+maps (`Instance.stranded` beside an `ip`): the old address of a guest that moved answers no probe, and
+only a look tells when the host gives up on it too (no verdict change, no event says so).
 
 ## Replacement (create-before-delete)
 
@@ -66,6 +78,12 @@ class Action(enum.StrEnum):
     NONE = "none"
     CREATE = "create"
     START = "start"
+    READDRESS = "readdress"
+
+
+#: Looks in a row at a stranded instance before it is readdressed: with the poll's 5 s, about 10 s of the
+#: host getting no answer from any address the guest reports.
+STRANDED_LOOKS = 3
 
 
 @dataclass(frozen=True)
@@ -85,13 +103,15 @@ class Plan:
     delete_previous: bool = False  # the replacement is Ready: the instance it replaced can go
     poll: bool = False  # look again soon: something is in progress that nothing will tell us about
     events: tuple[Event, ...] = ()  # recorded once the action succeeded
+    stranded: bool = False  # this look counts toward STRANDED_LOOKS
 
 
 NEEDS_START = (PowerState.STOPPED, PowerState.CRASHED, PowerState.PAUSED)
 
 
 def plan_instance(*, target: Ref, instance: Instance | None, had_ip: bool, health: Health | None,
-                  success_threshold: int, has_previous: bool) -> Plan:
+                  success_threshold: int, has_previous: bool, stranded_looks: int = 0) -> Plan:
+    """`stranded_looks`: the looks in a row before this one that found the instance stranded."""
     name = target.name
     if instance is None:
         if had_ip:
@@ -110,18 +130,30 @@ def plan_instance(*, target: Ref, instance: Instance | None, had_ip: bool, healt
     if state is not PowerState.RUNNING:
         return Plan(PROVISIONING, f"instance {name} is starting (state {state.value})", ip=instance.ip,
                     poll=True)
+    if not instance.ip and instance.stranded and (had_ip or instance.unanswered or stranded_looks > 0):
+        claims = ", ".join(instance.stranded)
+        why = (f"instance {name} reports address {claims}, which its host cannot reach (the host's "
+               "filter still allows only its earlier address)")
+        if stranded_looks + 1 >= STRANDED_LOOKS:
+            return Plan(PROVISIONING, f"{why}; defining it afresh so the filter learns its DHCP lease",
+                        Action.READDRESS, poll=True, stranded=True,
+                        events=(Event(WARNING, "Readdressed", f"{why}; defined it afresh and started it"),))
+        return Plan(PROVISIONING, f"{why}; readdressing it if that lasts", poll=True, stranded=True)
     if not instance.ip:
         return Plan(PROVISIONING, f"waiting for the IP address of instance {name}", poll=True)
 
     if health is not None and health.healthy:
         return Plan(READY, f"healthy: {health.message}", ip=instance.ip, probe=True,
                     delete_previous=has_previous)
+    # The guest reports other addresses than the host's: poll, since the host's next failed attempt at
+    # this one (no verdict change, no event) is what makes the instance stranded.
+    disputed = bool(instance.stranded)
     if health is not None and health.healthy is False:
-        return Plan(RUNNING, f"unhealthy: {health.message}", ip=instance.ip, probe=True)
+        return Plan(RUNNING, f"unhealthy: {health.message}", ip=instance.ip, probe=True, poll=disputed)
     progress = ""
     if health is not None and health.last_probe is not None:
         progress = f" ({health.successes}/{success_threshold} successes; last: {health.message})"
-    return Plan(RUNNING, f"waiting for health probes{progress}", ip=instance.ip, probe=True)
+    return Plan(RUNNING, f"waiting for health probes{progress}", ip=instance.ip, probe=True, poll=disputed)
 
 
 def transition_events(*, old_phase: str | None, new_phase: str, message: str, endpoint: str | None,

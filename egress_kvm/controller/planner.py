@@ -159,6 +159,13 @@ class Start:
 
 
 @dataclass(frozen=True)
+class Readdress:
+    """Put a stranded instance back on the network (providers.base.Readdresses)."""
+
+    target: Ref
+
+
+@dataclass(frozen=True)
 class Delete:
     ref: Ref
 
@@ -197,9 +204,11 @@ class WriteStatus:
 class Remember:
     restarts: int | None = None
     ip_waits: int | None = None
+    stranded_looks: int | None = None
 
 
-Act = Look | Create | Start | Delete | Watch | Unwatch | HandOver | Record | WriteStatus | Remember
+Act = (Look | Create | Start | Readdress | Delete | Watch | Unwatch | HandOver | Record | WriteStatus
+       | Remember)
 
 
 @dataclass(frozen=True)
@@ -381,7 +390,11 @@ def _instance(b: _Book, *, target: Ref, previous: Ref | None, serving: ProbeTarg
     plan = rules.plan_instance(target=target, instance=instance, had_ip=had_ip,
                                health=b.probes.health(probe_key),
                                success_threshold=o.spec.health.success_threshold,
-                               has_previous=previous is not None)
+                               has_previous=previous is not None, stranded_looks=o.memory.stranded_looks)
+    if plan.stranded and plan.action is not Action.READDRESS:
+        b.actions.append(Remember(stranded_looks=o.memory.stranded_looks + 1))
+    elif not plan.stranded and o.memory.stranded_looks:
+        b.actions.append(Remember(stranded_looks=0))
     if o.created and plan.action is not Action.NONE:
         plan = Plan(phase=PROVISIONING, message=plan.message, ip=plan.ip, poll=True)
     delay: float | None = None
@@ -393,6 +406,16 @@ def _instance(b: _Book, *, target: Ref, previous: Ref | None, serving: ProbeTarg
         b.actions += [Start(target), Remember(restarts=starts)]
         if rules.restart_announced(starts):
             suffix = f" (started {starts} times since it was last Ready)" if starts > 1 else ""
+            b.actions += [Record(Event(e.type_, e.reason, e.message + suffix)) for e in plan.events]
+        delay = rules.restart_delay(starts, poll=t.poll, cap=t.restart_backoff_max)
+    if plan.action is Action.READDRESS:
+        # Counted as a restart: a guest that strands itself again and again is readdressed on the
+        # restarts' growing delay, its Event on the 1st, 2nd, 4th... time only.
+        b.unwatch(probe_key)
+        starts = o.memory.restarts + 1
+        b.actions += [Readdress(target), Remember(restarts=starts, stranded_looks=0)]
+        if rules.restart_announced(starts):
+            suffix = f" ({starts} restarts since it was last Ready)" if starts > 1 else ""
             b.actions += [Record(Event(e.type_, e.reason, e.message + suffix)) for e in plan.events]
         delay = rules.restart_delay(starts, poll=t.poll, cap=t.restart_backoff_max)
     if not plan.probe:

@@ -101,6 +101,13 @@ class Instance:
     owner_namespace: str = ""
     owner_name: str = ""
     message: str = ""  # e.g. why it is paused
+    # The guest reports these addresses and the host maps none of them to the VM (`ip` is then the host's
+    # own, or None): after an address change under a host filter that still pins the old address, or a
+    # first boot not yet seen by the host (the KVM provider's `addresses.stranded`; plan.py tells them
+    # apart). `unanswered`: the host tried every one of them and got no answer. The controller asks a
+    # provider that `Readdresses` to repair a stranded instance without an `ip`.
+    stranded: tuple[str, ...] = ()
+    unanswered: bool = False
 
 
 ProgressCallback = Callable[[str], Awaitable[None]]
@@ -217,6 +224,17 @@ class VolumeListing:
 
     volumes: tuple[InstanceVolume, ...]
     domains: frozenset[str]
+
+
+@runtime_checkable
+class Readdresses(Protocol):
+    """A provider that can put a stranded instance (`Instance.stranded`) back on the network: the KVM
+    provider defines the VM afresh, so the host's nwfilter learns the address DHCP gives it at boot."""
+
+    async def readdress(self, name: str, zone: str) -> None:
+        """Restart the instance under a fresh definition (same name, disks and settings). TransientError
+        if it is gone or the host fails."""
+        ...
 
 
 @runtime_checkable

@@ -449,7 +449,15 @@ class Hypervisor:
         return int(self.domain(handle).id != -1)
 
     def domain_get_xml_desc(self, handle: t.Domain, flags: int = 0) -> str:
-        return self.domain(handle).xml
+        """The defined XML with its `<uuid>` (libvirt fills one in at define when the XML has none)."""
+        d = self.domain(handle)
+        root = etree.fromstring(d.xml.encode())
+        if root.find("uuid") is None:
+            el = etree.Element("uuid")
+            el.text = str(uuidlib.UUID(bytes=d.uuid))
+            name = root.find("name")
+            root.insert(list(root).index(name) + 1 if name is not None else 0, el)
+        return str(etree.tostring(root, encoding="unicode"))
 
     def domain_get_metadata(self, handle: t.Domain, type_: int, uri: str | None, flags: int = 0) -> str:
         d = self.domain(handle)

@@ -8,13 +8,24 @@ each prints its duration (`pytest -s` shows them, and the session ends with a su
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from e2e_stack import CANARY, Stack, domains, instance_of_volume, lab_base, log_records, volumes, wait_until
+from e2e_stack import (
+    BOOT_TIMEOUT,
+    CANARY,
+    Stack,
+    domains,
+    instance_of_volume,
+    lab_base,
+    log_records,
+    volumes,
+    wait_until,
+)
 
 from testbed import lab as labmod
 
@@ -188,6 +199,66 @@ def test_step3b_a_vm_undefined_with_its_volumes_gone_is_recreated(step):
                           "-o", "json").stdout
     recreated = [e for e in json.loads(events)["items"] if e["reason"] == "Recreated"]
     assert recreated and recreated[0]["type"] == "Warning" and name in recreated[0]["message"], recreated
+
+
+def test_step3c_a_new_ip_from_dhcp_is_followed_by_status(step):
+    """Issue 9 item 2: the second Proxy's VM gets another address from the LAN's DHCP server (the guest,
+    through its agent, releases its lease and asks dnsmasq for a free address of the range). The NIC's
+    clean-traffic filter still allows only the first address libvirt learned, so the host gets no answer
+    from the new one: the operator sees the VM stranded, defines it afresh (`Readdressed` Warning; new
+    UUID, same name), and the filter learns the lease dnsmasq gives at boot. status.ip and the endpoint
+    follow, Ready on the new address, a page fetched through it."""
+    old = step.status(SECOND)
+    name = old["instance"]["name"]
+    uuid = labmod.virsh(step.lab, "host0", "domuuid", name).strip()
+    leases = Path(step.lab.hosts[0].dnsmasq_leases).read_text()
+    base = old["ip"].rsplit(".", 1)[0]
+    new_ip = next(f"{base}.{i}" for i in range(199, 99, -1) if f" {base}.{i} " not in leases)
+    # The running dhclient (ifupdown's) releases the lease, so dnsmasq forgets it; the same command with a
+    # config asking for `new_ip` (DHCP option 50) takes it, which dnsmasq grants when it is free, and
+    # records it in ifupdown's lease file: the guest's own DHCP state is the new lease, as after a change
+    # made by the server.
+    script = ("set -e; dev=$(ip -o -4 addr show | awk '$2 != \"lo\" {print $2; exit}'); "
+              "running=$(ps -o args= -C dhclient | head -1); test -n \"$running\"; $running -r; "
+              "cp /etc/dhcp/dhclient.conf /run/e2e-dhclient.conf; "
+              f"echo 'send dhcp-requested-address {new_ip};' >> /run/e2e-dhclient.conf; "
+              "${running/dhclient /dhclient -cf /run/e2e-dhclient.conf } </dev/null >/dev/null 2>&1; "
+              "ip -o -4 addr show dev $dev")
+    # (dhclient stays as a daemon: its output goes to /dev/null, or the agent would wait for the pipe.)
+    code, out = guest_run(step.lab, name, script)
+    assert code == 0 and new_ip in out, out
+    t0 = time.monotonic()
+    st = wait_until(
+        lambda: (s := step.status(SECOND)).get("ip") == new_ip and s.get("phase") == "Ready" and s,
+        timeout=60 + BOOT_TIMEOUT, what=f"status.ip {new_ip} and Ready", interval=2)  # a reboot in it
+    print(f"\nIP change {old['ip']} -> {new_ip}: status followed, Ready again after "
+          f"{time.monotonic() - t0:.1f}s")
+    assert new_ip in st["endpoint"] and st["instance"]["name"] == name
+    assert labmod.virsh(step.lab, "host0", "domuuid", name).strip() != uuid  # defined afresh
+    events = step.kubectl("get", "events", "--field-selector", f"involvedObject.name={SECOND}",
+                          "-o", "json").stdout
+    readdressed = [e for e in json.loads(events)["items"] if e["reason"] == "Readdressed"]
+    assert readdressed and readdressed[0]["type"] == "Warning" and new_ip in readdressed[0]["message"]
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://{new_ip}:3128"}))
+    with opener.open(step.lab.http_target, timeout=30) as resp:
+        assert resp.read().decode() == step.lab.http_target_body
+
+
+def guest_run(lab: labmod.LabInfo, name: str, script: str, *, limit: float = 120.0) -> tuple[int, str]:
+    """Run a bash script in the guest through its agent (guest-exec): exit code and stdout."""
+    start = json.dumps({"execute": "guest-exec", "arguments": {
+        "path": "/bin/bash", "arg": ["-c", script], "capture-output": True}})
+    pid = json.loads(labmod.virsh(lab, "host0", "qemu-agent-command", name, start))["return"]["pid"]
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        status = json.loads(labmod.virsh(lab, "host0", "qemu-agent-command", name, json.dumps(
+            {"execute": "guest-exec-status", "arguments": {"pid": pid}})))["return"]
+        if status.get("exited"):
+            out = base64.b64decode(status.get("out-data", "")).decode()
+            err = base64.b64decode(status.get("err-data", "")).decode()
+            return int(status.get("exitcode", -1)), out + err
+        time.sleep(1)
+    raise AssertionError(f"guest script did not finish within {limit}s: {script}")
 
 
 def test_step4_unknown_machine_type_fails_then_a_fixed_spec_is_ready(step):

@@ -11,6 +11,16 @@ it" and is logged at V(1): a VM still booting is not a failed reconcile. The hos
 once the VM talks to it (its DHCP reply, gateway traffic); until then there is no endpoint yet.
 
 The address reported is IPv4, not link-local, on the NIC with the VM's deterministic MAC.
+
+A VM can also be *stranded* (`stranded`): the guest reports addresses and the host maps none of them to
+its MAC (it may still map the old one, for a while). That is what a DHCP address change looks like
+under the `clean-traffic` nwfilter: libvirt's DHCP snooping pins a NIC's filter to the first address it
+learned, so the guest's ARP and IP from the new address are dropped (docs/kvm-provider.md, "When the
+VM's DHCP address changes"). A VM on its first boot whose packets have not reached the host yet looks
+the same, so the controller weighs it against what it knew (plan.py); `unanswered` adds the host's own
+evidence: it tried every claimed address and got no answer (FAILED or INCOMPLETE entries). The guest's
+word decides no address: the repair (a fresh definition of the VM, whose filter learns the DHCP
+server's lease again at boot) never takes the address from the guest.
 """
 
 from __future__ import annotations
@@ -55,6 +65,35 @@ def pick_address(interfaces: Iterable[DomainInterface], mac: str) -> str | None:
     return next(iter(pick_addresses(interfaces, mac)), None)
 
 
+@dataclass(frozen=True)
+class HostTable:
+    """The host's neighbour table as far as one VM is concerned."""
+
+    mapped: tuple[str, ...] = ()  # usable IPv4s mapped to the VM's MAC (not FAILED/INCOMPLETE)
+    failed: frozenset[str] = frozenset()  # addresses the host tried and got no answer from (any MAC)
+
+
+@dataclass(frozen=True)
+class Found:
+    """What `discover` concluded: the endpoint, or the guest's addresses when the VM is stranded."""
+
+    ip: str | None
+    stranded: tuple[str, ...] = ()
+    unanswered: bool = False  # the host tried every stranded address and got no answer
+
+
+def stranded(*, agent: Sequence[str], table: HostTable) -> tuple[str, ...]:
+    """The guest's addresses when the host maps none of them to the VM's MAC; empty when there is no
+    claim (no agent) or one is confirmed. The host may still map another (an OVERRULED endpoint: most
+    often the VM's old address, until the host's next attempt at it fails)."""
+    return () if any(ip in table.mapped for ip in agent) else tuple(agent)
+
+
+def unanswered(claims: Sequence[str], table: HostTable) -> bool:
+    """The host asked for every one of `claims` and nobody answered."""
+    return bool(claims) and all(ip in table.failed for ip in claims)
+
+
 class Verdict(enum.Enum):
     CONFIRMED = "confirmed"  # the agent's address, and the host maps it to the VM's MAC
     HOST_ONLY = "host-only"  # no agent address: the host table's
@@ -86,22 +125,38 @@ def pick_neighbour(neigh_json: str, mac: str) -> str | None:
     return next(iter(pick_neighbours(neigh_json, mac)), None)
 
 
-def pick_neighbours(neigh_json: str, mac: str) -> list[str]:
-    """Every usable IPv4 `ip -j neigh` maps to `mac` in a state other than FAILED/INCOMPLETE."""
-    out: list[str] = []
+def _entries(neigh_json: str) -> list[Any]:
     try:
         entries = json.loads(neigh_json or "[]")
     except json.JSONDecodeError:
-        return out
-    if not isinstance(entries, list):
-        return out
-    for e in entries:
+        return []
+    return entries if isinstance(entries, list) else []
+
+
+def _states(entry: dict[str, Any]) -> list[Any]:
+    states = entry.get("state") or []
+    return [states] if isinstance(states, str) else states if isinstance(states, list) else []
+
+
+def pick_failed(neigh_json: str) -> frozenset[str]:
+    """Every usable IPv4 `ip -j neigh` has in state FAILED or INCOMPLETE: the host asked who has it and
+    nobody answered (such an entry carries no lladdr)."""
+    return frozenset(str(e.get("dst", "")) for e in _entries(neigh_json)
+                     if isinstance(e, dict) and any(s in ("FAILED", "INCOMPLETE") for s in _states(e))
+                     and usable_ipv4(str(e.get("dst", ""))))
+
+
+def host_table(neigh_json: str, mac: str) -> HostTable:
+    return HostTable(tuple(pick_neighbours(neigh_json, mac)), pick_failed(neigh_json))
+
+
+def pick_neighbours(neigh_json: str, mac: str) -> list[str]:
+    """Every usable IPv4 `ip -j neigh` maps to `mac` in a state other than FAILED/INCOMPLETE."""
+    out: list[str] = []
+    for e in _entries(neigh_json):
         if not isinstance(e, dict) or str(e.get("lladdr", "")).lower() != mac.lower():
             continue
-        states = e.get("state") or []
-        if isinstance(states, str):
-            states = [states]
-        if any(s in ("FAILED", "INCOMPLETE") for s in states):
+        if any(s in ("FAILED", "INCOMPLETE") for s in _states(e)):
             continue
         addr = str(e.get("dst", ""))
         if usable_ipv4(addr):
@@ -109,8 +164,9 @@ def pick_neighbours(neigh_json: str, mac: str) -> list[str]:
     return out
 
 
-async def _host_table(host: Host, dom: Domain, *, mac: str, bridge: str, log: Logger) -> list[str]:
-    """The host's IPv4s for `mac`: `ip -j neigh` over SSH, else libvirt's ARP source; [] if neither."""
+async def _host_table(host: Host, dom: Domain, *, mac: str, bridge: str, log: Logger) -> HostTable:
+    """The host's IPv4s for `mac`: `ip -j neigh` over SSH, else libvirt's ARP source (which tells no
+    failed entries); empty if neither."""
     neigh_error: str
     try:
         result = await host.shared_exec(["ip", "-j", "neigh", "show", "dev", bridge])
@@ -118,7 +174,7 @@ async def _host_table(host: Host, dom: Domain, *, mac: str, bridge: str, log: Lo
         neigh_error = str(exc)
     else:
         if result.exit_status == 0:
-            return pick_neighbours(result.stdout, mac)
+            return host_table(result.stdout, mac)
         neigh_error = (result.stderr.strip() or f"ip exited {result.exit_status}")[:300]
     log.info("address source gave nothing", source="neighbour-table", error=neigh_error)
     try:
@@ -128,11 +184,11 @@ async def _host_table(host: Host, dom: Domain, *, mac: str, bridge: str, log: Lo
     except LibvirtError as exc:
         log.info("address source gave nothing", source="arp", error=exc.message,
                  libvirtCode=exc.code, libvirtCodeName=exc.code_name)
-        return []
-    return pick_addresses(ifaces, mac)
+        return HostTable()
+    return HostTable(tuple(pick_addresses(ifaces, mac)))
 
 
-async def discover(host: Host, dom: Domain, *, mac: str, bridge: str, name: str) -> str | None:
+async def discover(host: Host, dom: Domain, *, mac: str, bridge: str, name: str) -> Found:
     log = host.log.with_values(name=name).v(1)
 
     async def from_agent() -> list[str]:
@@ -148,7 +204,9 @@ async def discover(host: Host, dom: Domain, *, mac: str, bridge: str, name: str)
 
     # The guest's claim and the host's table are independent: asked at once (together.py).
     agent, table = await together(from_agent(), _host_table(host, dom, mac=mac, bridge=bridge, log=log))
-    decision = decide(agent=agent, host=table)
+    decision = decide(agent=agent, host=table.mapped)
+    lost = stranded(agent=agent, table=table)  # non-empty beside an OVERRULED endpoint too
+    silent = unanswered(lost, table)
     extra: dict[str, Any] = {"agentAddresses": agent, "address": decision.ip} if log.enabled(1) else {}
     if decision.verdict is Verdict.HOST_ONLY:
         log.info("address from the host's neighbour table", mac=mac, bridge=bridge, **extra)
@@ -156,5 +214,6 @@ async def discover(host: Host, dom: Domain, *, mac: str, bridge: str, name: str)
         # Not an error (a VM whose first packet has not reached the host yet is UNCONFIRMED too), but a
         # guest that keeps claiming an address its MAC does not hold is worth seeing.
         host.log.with_values(name=name).info("guest agent address not confirmed by the host's neighbour "
-                                             "table", verdict=decision.verdict.value, mac=mac, **extra)
-    return decision.ip
+                                             "table", verdict=decision.verdict.value, mac=mac,
+                                             **extra, unanswered=silent)
+    return Found(decision.ip, lost, silent)

@@ -112,6 +112,15 @@ def domain_xml(spec: DomainSpec) -> str:
     return str(etree.tostring(dom, encoding="unicode", pretty_print=True))
 
 
+def without_uuid(xml: str) -> str:
+    """A domain's XML as libvirt dumps it, minus `<uuid>`: defined again, it gets a new UUID (and with
+    it a fresh nwfilter DHCP-snooping state; provider.readdress)."""
+    root = etree.fromstring(xml.encode())
+    for el in root.findall("uuid"):
+        root.remove(el)
+    return str(etree.tostring(root, encoding="unicode"))
+
+
 def volume_xml(*, name: str, capacity: int, fmt: str, backing_path: str | None = None,
                backing_format: str | None = None) -> str:
     """A storage volume. The overlay states its backing format: qemu must never probe a base image."""

@@ -52,6 +52,7 @@ from rpc.constants import (
     DOMAIN_PAUSED_IOERROR,
     DOMAIN_UNDEFINE_MANAGED_SAVE,
     DOMAIN_UNDEFINE_NVRAM,
+    DOMAIN_XML_INACTIVE,
     DomainState,
     ErrorCode,
 )
@@ -61,7 +62,7 @@ from rpc.types import Domain, DomainGetStateRet, StoragePool, StorageVol
 from . import capacity, metadata, naming, placement, seed, static_ip
 from .addresses import discover
 from .calllog import current_instance, make_observer, make_tracer
-from .domain_xml import DomainSpec, domain_xml, volume_xml
+from .domain_xml import DomainSpec, domain_xml, volume_xml, without_uuid
 from .eviction import collect_unused_bases
 from .hosts import Host
 from .images import BaseImage, ImageCache, ImportLimits, delete_volume, lookup_volume
@@ -212,6 +213,41 @@ class KvmProvider:
             meta = await self._metadata(host, dom)
             self._check_ours(host, name, meta, action="start")
             await self._ensure_running(host, dom, name, machine_type=meta.machine_type if meta else "")
+
+    async def readdress(self, name: str, zone: str) -> None:
+        """Destroy the VM and define it again from its own inactive XML without its UUID, then start it.
+
+        Why a new definition rather than a restart: libvirt's DHCP snooping keys a NIC's learned leases
+        by domain UUID and MAC, pins the filter to the first lease it learned and keeps the old lease
+        after the guest releases it (a DHCPRELEASE names the address in `ciaddr`, which libvirt does not
+        read). A restart under the same UUID restores those leases; a new UUID starts with none, so the
+        filter learns the lease the DHCP server gives at boot. Disks, metadata, MAC and settings are the
+        domain's own; only the UUID is new (docs/kvm-provider.md, "When the VM's DHCP address changes")."""
+        host = self.host(zone)
+        async with self._operation(host, name, "readdress"), host.exclusive(f"instance:{name}"):
+            log = host.log.with_values(name=name)
+            dom = await self._lookup_domain(host, name)
+            if dom is None:
+                raise TransientError(f"VM {name!r} does not exist on host {zone!r}")
+            meta = await self._metadata(host, dom)
+            self._check_ours(host, name, meta, action="readdress")
+            xml = await host.call("domain_get_xml_desc",
+                                  lambda lv: lv.domain_get_xml_desc(dom, DOMAIN_XML_INACTIVE))
+            fresh = without_uuid(xml)
+            if dom.id != -1:
+                try:
+                    await host.call("domain_destroy_flags", lambda lv: lv.domain_destroy_flags(dom, 0))
+                except LibvirtError as exc:
+                    if exc.code not in (ErrorCode.OPERATION_INVALID, ErrorCode.NO_DOMAIN):
+                        raise
+            with contextlib.suppress(NotFoundError):
+                await host.call("domain_undefine_flags", lambda lv: lv.domain_undefine_flags(
+                    dom, DOMAIN_UNDEFINE_NVRAM | DOMAIN_UNDEFINE_MANAGED_SAVE))
+            # From here until the define, the host has the volumes but no domain: a crash in between
+            # leaves what a vanished VM leaves, which the controller recreates (Recreated).
+            new = await host.call("domain_define_xml", lambda lv: lv.domain_define_xml(fresh))
+            await self._ensure_running(host, new, name, machine_type=meta.machine_type if meta else "")
+            log.info("KVM instance defined afresh and started (readdress)")
 
     async def delete(self, name: str, zone: str, *, owner_uid: str | None = None) -> None:
         host = self.host(zone)
@@ -701,12 +737,16 @@ class KvmProvider:
             message = f"paused ({paused_reason(st.reason)})"
         power = power_state(st.state)
         ip = None
+        lost: tuple[str, ...] = ()
+        silent = False
         if power == PowerState.RUNNING and meta is not None and meta.address:
             ip = meta.address  # static: the operator gave it, the nwfilter pins it; nothing to discover
         elif power == PowerState.RUNNING:
-            ip = await discover(host, dom, mac=naming.mac_address(name), bridge=host.config.bridge, name=name)
+            found = await discover(host, dom, mac=naming.mac_address(name), bridge=host.config.bridge,
+                                   name=name)
+            ip, lost, silent = found.ip, found.stranded, found.unanswered
         return Instance(
-            name=name, zone=host.name, power_state=power, ip=ip,
+            name=name, zone=host.name, power_state=power, ip=ip, stranded=lost, unanswered=silent,
             owner_uid=meta.owner_uid if meta else "", created_at=meta.created_at if meta else None,
             owner_namespace=meta.owner_namespace if meta else "", owner_name=meta.owner_name if meta else "",
             message=message)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from egress_kvm.controller.health import Health
-from egress_kvm.controller.plan import Action, plan_instance, transition_events
+from egress_kvm.controller.plan import STRANDED_LOOKS, Action, plan_instance, transition_events
 from egress_kvm.controller.status import Ref
 from egress_kvm.providers.base import Instance, PowerState
 
@@ -16,15 +16,15 @@ NOW = datetime.now(UTC)
 
 
 def inst(state: PowerState = PowerState.RUNNING, ip: str | None = "10.231.1.100",
-         message: str = "") -> Instance:
+         message: str = "", stranded: tuple[str, ...] = ()) -> Instance:
     return Instance(name="proxy-abc", zone="nas1", power_state=state, ip=ip, owner_uid="u", created_at=NOW,
-                    message=message)
+                    message=message, stranded=stranded)
 
 
 def plan(instance: Instance | None, *, had_ip: bool = False, health: Health | None = None,
-         previous: bool = False):
+         previous: bool = False, stranded_looks: int = 0):
     return plan_instance(target=T, instance=instance, had_ip=had_ip, health=health, success_threshold=2,
-                         has_previous=previous)
+                         has_previous=previous, stranded_looks=stranded_looks)
 
 
 def test_none_never_seen_creates() -> None:
@@ -50,6 +50,49 @@ def test_not_running_is_started(state: PowerState) -> None:
 def test_starting_polls() -> None:
     p = plan(inst(PowerState.PENDING))
     assert (p.phase, p.action, p.poll) == ("Provisioning", Action.NONE, True)
+
+
+@pytest.mark.parametrize(("looks_before", "action"), [
+    (0, Action.NONE),  # once is not enough: a guest just resumed answers its host again within a second
+    (STRANDED_LOOKS - 2, Action.NONE),
+    (STRANDED_LOOKS - 1, Action.READDRESS),  # the n-th look in a row
+    (STRANDED_LOOKS + 5, Action.READDRESS),
+])
+def test_stranded_is_readdressed_after_a_few_looks(looks_before: int, action: Action) -> None:
+    p = plan(inst(ip=None, stranded=("10.231.1.199",)), had_ip=True, stranded_looks=looks_before)
+    assert (p.phase, p.action, p.poll, p.probe, p.ip, p.stranded) == (
+        "Provisioning", action, True, False, None, True)
+    assert "reports address 10.231.1.199, which its host cannot reach" in p.message
+    reasons = [(e.type_, e.reason) for e in p.events]
+    assert reasons == ([("Warning", "Readdressed")] if action is Action.READDRESS else [])
+
+
+@pytest.mark.parametrize(("had_ip", "unanswered", "looks_before", "counts"), [
+    (False, False, 0, False),  # a first boot the host has not seen yet: just waiting for the IP
+    (True, False, 0, True),  # it had an address: the guest moved
+    (False, True, 0, True),  # the host tried every reported address and got no answer
+    (False, False, 1, True),  # stranded at the last look (status.ip is gone since): still counting
+])
+def test_what_counts_as_stranded(had_ip: bool, unanswered: bool, looks_before: int, counts: bool) -> None:
+    i = Instance(name="proxy-abc", zone="nas1", power_state=PowerState.RUNNING, ip=None, owner_uid="u",
+                 created_at=NOW, stranded=("10.231.1.199",), unanswered=unanswered)
+    p = plan(i, had_ip=had_ip, stranded_looks=looks_before)
+    assert p.stranded is counts and p.action is Action.NONE
+    assert ("waiting for the IP address" in p.message) is not counts
+
+
+@pytest.mark.parametrize(("health", "phase", "poll"), [
+    (Health(healthy=None, message="", successes=1, failures=0), "Running", True),
+    (Health(healthy=False, message="timed out", successes=0, failures=3), "Running", True),
+    (Health(healthy=True, message="HTTP 200", successes=2, failures=0), "Ready", False),
+])
+def test_stranded_beside_the_hosts_address_is_polled_not_readdressed(health: Health, phase: str,
+                                                                    poll: bool) -> None:
+    """The host still maps an address (the old one, until its next attempt fails): the instance is
+    probed there, and polled while not healthy, since nothing else says when the host gives up on it."""
+    p = plan(inst(stranded=("10.231.1.199",)), health=health, stranded_looks=STRANDED_LOOKS)
+    assert (p.phase, p.action, p.ip, p.poll) == (phase, Action.NONE, "10.231.1.100", poll)
+    assert plan(inst(), health=health).poll is False
 
 
 def test_no_ip_polls() -> None:

@@ -190,3 +190,38 @@ async def test_a_static_address_is_status_ip_without_any_discovery_and_probes_de
         assert name not in hv["host0"].domains
     finally:
         await provider.close()
+
+
+async def test_a_vm_stranded_by_an_address_change_is_readdressed_and_status_follows(
+        kube: FakeKube, kvm, proxy_server: MiniProxy, make_controller) -> None:
+    """Issue 9 item 2 over the fake: the guest moved to another address that its host's filter drops (the
+    host got no answer from either address and maps none to the MAC). After a few looks the VM is defined
+    afresh (new UUID, same name) with a `Readdressed` Warning; the address DHCP gives it at boot is the
+    one the host confirms, and status.ip, the endpoint and Ready follow it."""
+    provider, hv = kvm
+    h = hv["host0"]
+    make_controller({PROVIDER: provider})
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    name = await boot(kube, h, "127.0.0.1")
+    await eventually(lambda: phase(kube) == "Ready")
+    uuid = h.domains[name].uuid
+
+    moved = MiniProxy("127.0.0.2")  # the VM's proxy at its new address, same port
+    moved.port = proxy_server.port
+    await proxy_server.stop()  # nothing answers at the old address any more
+    h.agent_ips[name] = "127.0.0.2"
+    h.neighbours["br0"] = [{"dst": ip, "dev": "br0", "state": ["FAILED"]}
+                           for ip in ("127.0.0.1", "127.0.0.2")]
+    await eventually(lambda: "Readdressed" in kube.reasons("px1"), what="readdressed")
+    assert h.domains[name].uuid != uuid and h.domains[name].id != -1
+    assert kube.reasons("px1").count("Readdressed") == 1
+    await moved.start()
+    try:
+        h.set_vm_ip(name, "127.0.0.2")  # the lease the filter learns at boot
+        await eventually(lambda: phase(kube) == "Ready" and kube.status(KEY).get("ip") == "127.0.0.2",
+                         what="Ready at the new address")
+        st = kube.status(KEY)
+        assert st["endpoint"] == f"http://127.0.0.2:{proxy_server.port}" and st["instance"]["name"] == name
+        assert kube.reasons("px1").count("Readdressed") == 1  # once: no loop once the host confirms it
+    finally:
+        await moved.stop()

@@ -18,7 +18,7 @@ from egress_kvm.config.models import CpuConfig, TrafficFilter, parse_host_port
 from egress_kvm.policy.policies import url_image_policy
 from egress_kvm.providers.base import PermanentError, Placement
 from egress_kvm.providers.kvm import addresses, metadata, naming, placement, qcow2, seed
-from egress_kvm.providers.kvm.domain_xml import DomainSpec, domain_xml, volume_xml
+from egress_kvm.providers.kvm.domain_xml import DomainSpec, domain_xml, volume_xml, without_uuid
 
 META = metadata.InstanceMetadata(cluster_id="c1", owner_uid="uid-1", created_at=datetime(2026, 1, 2, 3, 4, 5,
                                  tzinfo=UTC), owner_namespace="ns", owner_name="px", zone="h0",
@@ -238,6 +238,7 @@ def test_neighbour_parsing_never_raises(text: str) -> None:
     """Whatever `ip -j neigh` (or a hostile host) prints, the fallback yields an address or None."""
     got = addresses.pick_neighbour(text, "52:54:00:aa:bb:cc")
     assert got is None or addresses.usable_ipv4(got)
+    assert all(addresses.usable_ipv4(ip) for ip in addresses.pick_failed(text))
 
 
 @settings(max_examples=300, deadline=None)
@@ -262,6 +263,48 @@ def test_host_port_parsing_accepts_or_explains(value: str) -> None:
 def test_the_endpoint_decision(agent: list[str], host: list[str], verdict: addresses.Verdict,
                                ip: str | None) -> None:
     assert addresses.decide(agent=agent, host=host) == addresses.Decision(verdict, ip)
+
+
+NEIGH = json.dumps([
+    {"dst": "192.0.2.5", "dev": "br0", "lladdr": "52:54:00:aa:bb:cc", "state": ["STALE"]},
+    {"dst": "192.0.2.9", "dev": "br0", "state": ["FAILED"]},
+    {"dst": "192.0.2.8", "dev": "br0", "state": "INCOMPLETE"},
+    {"dst": "169.254.1.1", "dev": "br0", "state": ["FAILED"]},
+    {"dst": "192.0.2.7", "dev": "br0", "lladdr": "52:54:00:00:00:07", "state": ["REACHABLE"]},
+])
+
+
+def test_the_host_table_for_one_vm() -> None:
+    """Mapped: the MAC's usable entries; failed: every usable address nobody answered for (no lladdr)."""
+    table = addresses.host_table(NEIGH, "52:54:00:AA:BB:CC")
+    assert table == addresses.HostTable(("192.0.2.5",), frozenset({"192.0.2.9", "192.0.2.8"}))
+    assert addresses.host_table("not json", "52:54:00:aa:bb:cc") == addresses.HostTable()
+
+
+FAILED_9 = frozenset({"192.0.2.9"})
+
+
+@pytest.mark.parametrize(("agent", "mapped", "failed", "lost", "silent"), [
+    ([], (), FAILED_9, (), False),  # no claim (no agent yet): nothing to go on
+    (["192.0.2.9"], (), FAILED_9, ("192.0.2.9",), True),  # changed; the host tried it: no answer
+    (["192.0.2.9"], (), frozenset(), ("192.0.2.9",), False),  # not tried by the host (yet)
+    (["192.0.2.9", "192.0.2.4"], (), FAILED_9, ("192.0.2.9", "192.0.2.4"), False),  # one never tried
+    (["192.0.2.9"], ("192.0.2.5",), FAILED_9, ("192.0.2.9",), True),  # the old one still mapped
+    (["192.0.2.5"], ("192.0.2.5",), frozenset(), (), False),  # confirmed
+])
+def test_the_stranded_decision(agent: list[str], mapped: tuple[str, ...], failed: frozenset[str],
+                               lost: tuple[str, ...], silent: bool) -> None:
+    table = addresses.HostTable(mapped, failed)
+    assert addresses.stranded(agent=agent, table=table) == lost
+    assert addresses.unanswered(lost, table) is silent
+
+
+def test_without_uuid_keeps_everything_else() -> None:
+    xml = ("<domain type='qemu'><name>proxy-a</name><uuid>0f8e2a58-4b8e-4c8e-9a34-0d7c1e6b5f21</uuid>"
+           "<devices><interface type='bridge'><mac address='52:54:00:aa:bb:cc'/></interface></devices>"
+           "</domain>")
+    out = without_uuid(xml)
+    assert "uuid" not in out and "<name>proxy-a</name>" in out and "52:54:00:aa:bb:cc" in out
 
 
 @pytest.mark.parametrize(("switch", "filterref"), [

@@ -216,6 +216,51 @@ async def test_an_agent_address_the_host_does_not_confirm_never_becomes_the_endp
         await provider.close()
 
 
+async def test_a_vm_whose_address_changed_under_the_filter_is_stranded_then_readdressed(
+        logs: LogCapture) -> None:
+    """The guest took another DHCP address; the host's filter still allows only the first one, so the host
+    maps nothing to the MAC: `stranded` names the guest's addresses, `unanswered` says the host tried them
+    all without an answer (FAILED, no lladdr). `readdress` defines the VM afresh from its own XML: a new
+    UUID (libvirt's DHCP snooping state is keyed by it), the same name, MAC, disks and metadata, running."""
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        h.set_vm_ip(NAME, "192.0.2.10")
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and (inst.ip, inst.stranded) == ("192.0.2.10", ())
+        old = h.domains[NAME]
+        h.agent_ips[NAME] = "192.0.2.99"
+        h.neighbours["br0"] = [{"dst": "192.0.2.10", "dev": "br0", "state": ["FAILED"]}]
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None
+        assert (inst.ip, inst.stranded, inst.unanswered) == (None, ("192.0.2.99",), False)
+        h.neighbours["br0"].append({"dst": "192.0.2.99", "dev": "br0", "state": ["FAILED"]})
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None
+        assert (inst.ip, inst.stranded, inst.unanswered) == (None, ("192.0.2.99",), True)
+        assert logs.lines("guest agent address not confirmed by the host's neighbour table")[-1][
+            "unanswered"] is True
+
+        await provider.readdress(NAME, "host0")
+        new = h.domains[NAME]
+        assert new.uuid != old.uuid and new.id not in (-1, old.id) and new.state == DomainState.RUNNING
+        assert (new.mac, new.metadata) == (old.mac, old.metadata)
+        old_xml, new_xml = etree.fromstring(old.xml.encode()), etree.fromstring(new.xml.encode())
+        assert new_xml.find("uuid") is None  # defined without one: libvirt gave it a new UUID
+        for el in old_xml.findall("uuid"):
+            old_xml.remove(el)
+        assert etree.tostring(new_xml) == etree.tostring(old_xml)
+        steps = ("domain_destroy_flags", "domain_undefine_flags", "domain_define_xml",
+                 "domain_create_with_flags")
+        assert [c for c in h.calls if c in steps][-4:] == list(steps)
+        assert logs.lines("KVM instance defined afresh and started (readdress)")
+        with pytest.raises(TransientError, match="does not exist"):
+            await provider.readdress("proxy-missing", "host0")
+    finally:
+        await provider.close()
+
+
 async def test_neighbour_entries_of_other_macs_or_failed_are_ignored() -> None:
     provider, hv = fake_kvm_provider()
     h = hv["host0"]
