@@ -278,23 +278,27 @@ def test_the_host_table_for_one_vm() -> None:
     """Mapped: the MAC's usable entries; failed: every usable address nobody answered for (no lladdr)."""
     table = addresses.host_table(NEIGH, "52:54:00:AA:BB:CC")
     assert table == addresses.HostTable(("192.0.2.5",), frozenset({"192.0.2.9", "192.0.2.8"}))
-    assert addresses.host_table("not json", "52:54:00:aa:bb:cc") == addresses.HostTable()
+    assert addresses.host_table("not json", "52:54:00:aa:bb:cc") == addresses.HostTable(read=False)
+    not_a_list = '{"dst": "192.0.2.5"}'
+    assert addresses.host_table(not_a_list, "52:54:00:aa:bb:cc") == addresses.HostTable(read=False)
+    assert addresses.host_table("", "52:54:00:aa:bb:cc") == addresses.HostTable()  # read: no entries
 
 
 FAILED_9 = frozenset({"192.0.2.9"})
 
 
-@pytest.mark.parametrize(("agent", "mapped", "failed", "lost", "silent"), [
-    ([], (), FAILED_9, (), False),  # no claim (no agent yet): nothing to go on
-    (["192.0.2.9"], (), FAILED_9, ("192.0.2.9",), True),  # changed; the host tried it: no answer
-    (["192.0.2.9"], (), frozenset(), ("192.0.2.9",), False),  # not tried by the host (yet)
-    (["192.0.2.9", "192.0.2.4"], (), FAILED_9, ("192.0.2.9", "192.0.2.4"), False),  # one never tried
-    (["192.0.2.9"], ("192.0.2.5",), FAILED_9, ("192.0.2.9",), True),  # the old one still mapped
-    (["192.0.2.5"], ("192.0.2.5",), frozenset(), (), False),  # confirmed
+@pytest.mark.parametrize(("agent", "mapped", "failed", "lost", "silent", "read"), [
+    ([], (), FAILED_9, (), False, True),  # no claim (no agent yet): nothing to go on
+    (["192.0.2.9"], (), FAILED_9, ("192.0.2.9",), True, True),  # changed; the host tried it: no answer
+    (["192.0.2.9"], (), frozenset(), ("192.0.2.9",), False, True),  # not tried by the host (yet)
+    (["192.0.2.9", "192.0.2.4"], (), FAILED_9, ("192.0.2.9", "192.0.2.4"), False, True),  # one never tried
+    (["192.0.2.9"], ("192.0.2.5",), FAILED_9, ("192.0.2.9",), True, True),  # the old one still mapped
+    (["192.0.2.5"], ("192.0.2.5",), frozenset(), (), False, True),  # confirmed
+    (["192.0.2.9"], (), FAILED_9, (), False, False),  # no table (exec refused, no ARP): no evidence
 ])
 def test_the_stranded_decision(agent: list[str], mapped: tuple[str, ...], failed: frozenset[str],
-                               lost: tuple[str, ...], silent: bool) -> None:
-    table = addresses.HostTable(mapped, failed)
+                               lost: tuple[str, ...], silent: bool, read: bool) -> None:
+    table = addresses.HostTable(mapped, failed, read)
     assert addresses.stranded(agent=agent, table=table) == lost
     assert addresses.unanswered(lost, table) is silent
 

@@ -183,6 +183,12 @@ async def test_get_ip_from_agent_then_arp_then_neighbour_table(logs: LogCapture)
         h.set_vm_ip(NAME, "192.0.2.11")  # agent up, but no host table to confirm its claim: no endpoint
         inst = await provider.get(NAME, "host0")
         assert inst is not None and inst.ip is None
+        # ...and no table is no evidence against the claim either: not stranded (no readdress of a
+        # healthy VM because the host's SSH refused an exec and libvirt's ARP source failed)
+        assert (inst.stranded, inst.unanswered) == ((), False)
+        h.exec_allowed = True
+        inst = await provider.get(NAME, "host0")  # the table read again maps 192.0.2.11
+        assert inst is not None and (inst.ip, inst.stranded) == ("192.0.2.11", ())
         h.exec_allowed = True  # the neighbour table maps it to the VM's MAC: the agent's address counts
         inst = await provider.get(NAME, "host0")
         assert inst is not None and inst.ip == "192.0.2.11"
