@@ -62,7 +62,7 @@ from rpc.types import Domain, DomainGetStateRet, StoragePool, StorageVol
 from . import capacity, metadata, naming, placement, seed, static_ip
 from .addresses import discover
 from .calllog import current_instance, make_observer, make_tracer
-from .domain_xml import DomainSpec, domain_xml, volume_xml, without_uuid
+from .domain_xml import DomainSpec, domain_xml, has_traffic_filter, volume_xml, without_uuid
 from .eviction import collect_unused_bases
 from .hosts import Host
 from .images import BaseImage, ImageCache, ImportLimits, delete_volume, lookup_volume
@@ -745,11 +745,20 @@ class KvmProvider:
             found = await discover(host, dom, mac=naming.mac_address(name), bridge=host.config.bridge,
                                    name=name)
             ip, lost, silent = found.ip, found.stranded, found.unanswered
+            if lost and not await self._filtered(host, dom):
+                # No nwfilter pins the old address (trafficFilter: none when it was defined): the host
+                # learns the new one from the guest's own traffic; a readdress would be a pointless reboot.
+                lost, silent = (), False
         return Instance(
             name=name, zone=host.name, power_state=power, ip=ip, stranded=lost, unanswered=silent,
             owner_uid=meta.owner_uid if meta else "", created_at=meta.created_at if meta else None,
             owner_namespace=meta.owner_namespace if meta else "", owner_name=meta.owner_name if meta else "",
             message=message)
+
+    async def _filtered(self, host: Host, dom: Domain) -> bool:
+        """Whether the VM's NIC carries an nwfilter (its live XML; asked only for a stranded VM)."""
+        xml = await host.call("domain_get_xml_desc", lambda lv: lv.domain_get_xml_desc(dom, 0))
+        return has_traffic_filter(xml)
 
     @contextlib.asynccontextmanager
     async def _operation(self, host: Host, name: str, action: str) -> AsyncIterator[None]:

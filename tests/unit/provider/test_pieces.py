@@ -18,7 +18,13 @@ from egress_kvm.config.models import CpuConfig, TrafficFilter, parse_host_port
 from egress_kvm.policy.policies import url_image_policy
 from egress_kvm.providers.base import PermanentError, Placement
 from egress_kvm.providers.kvm import addresses, metadata, naming, placement, qcow2, seed
-from egress_kvm.providers.kvm.domain_xml import DomainSpec, domain_xml, volume_xml, without_uuid
+from egress_kvm.providers.kvm.domain_xml import (
+    DomainSpec,
+    domain_xml,
+    has_traffic_filter,
+    volume_xml,
+    without_uuid,
+)
 
 META = metadata.InstanceMetadata(cluster_id="c1", owner_uid="uid-1", created_at=datetime(2026, 1, 2, 3, 4, 5,
                                  tzinfo=UTC), owner_namespace="ns", owner_name="px", zone="h0",
@@ -317,7 +323,9 @@ def test_without_uuid_keeps_everything_else() -> None:
 ])
 def test_the_nic_carries_the_traffic_filter_with_dhcp_learning(switch: TrafficFilter,
                                                                filterref: str | None) -> None:
-    nic = etree.fromstring(domain_xml(spec(traffic_filter=switch)).encode()).find("devices/interface")
+    xml = domain_xml(spec(traffic_filter=switch))
+    assert has_traffic_filter(xml) is (filterref is not None)
+    nic = etree.fromstring(xml.encode()).find("devices/interface")
     ref = nic.find("filterref")
     if filterref is None:
         assert ref is None

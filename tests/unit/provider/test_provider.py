@@ -20,6 +20,7 @@ from egress_kvm.providers.base import (
     TransientError,
 )
 from egress_kvm.providers.kvm import metadata, naming, seed
+from egress_kvm.providers.kvm.domain_xml import has_traffic_filter
 from rpc.constants import DomainState, ErrorCode
 from rpc.errors import ConnectionLost
 
@@ -263,6 +264,24 @@ async def test_a_vm_whose_address_changed_under_the_filter_is_stranded_then_read
         assert logs.lines("KVM instance defined afresh and started (readdress)")
         with pytest.raises(TransientError, match="does not exist"):
             await provider.readdress("proxy-missing", "host0")
+    finally:
+        await provider.close()
+
+
+async def test_a_vm_without_a_traffic_filter_is_never_stranded() -> None:
+    """trafficFilter: none: nothing pins the old address, so a guest that moved is waited for (the host
+    learns its new address from its traffic), not rebooted by a readdress."""
+    provider, hv = fake_kvm_provider(trafficFilter="none")
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        assert not has_traffic_filter(h.domains[NAME].xml)
+        h.set_vm_ip(NAME, "192.0.2.10")
+        h.agent_ips[NAME] = "192.0.2.99"
+        h.neighbours["br0"] = [{"dst": ip, "dev": "br0", "state": ["FAILED"]} for ip in ("192.0.2.10",
+                                                                                          "192.0.2.99")]
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and (inst.ip, inst.stranded, inst.unanswered) == (None, (), False)
     finally:
         await provider.close()
 
