@@ -244,7 +244,9 @@ class KvmProvider:
                 await host.call("domain_undefine_flags", lambda lv: lv.domain_undefine_flags(
                     dom, DOMAIN_UNDEFINE_NVRAM | DOMAIN_UNDEFINE_MANAGED_SAVE))
             # From here until the define, the host has the volumes but no domain: a crash in between
-            # leaves what a vanished VM leaves, which the controller recreates (Recreated).
+            # leaves what a vanished VM leaves, which the controller creates again (a fresh overlay).
+            # A crash between the destroy and the undefine leaves it shut off under its old UUID
+            # (docs/kvm-provider.md, "When the VM's DHCP address changes", on what starting that risks).
             new = await host.call("domain_define_xml", lambda lv: lv.domain_define_xml(fresh))
             await self._ensure_running(host, new, name, machine_type=meta.machine_type if meta else "")
             log.info("KVM instance defined afresh and started (readdress)")
