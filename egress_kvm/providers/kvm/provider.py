@@ -215,7 +215,7 @@ class KvmProvider:
             await self._ensure_running(host, dom, name, machine_type=meta.machine_type if meta else "")
 
     async def readdress(self, name: str, zone: str) -> None:
-        """Destroy the VM and define it again from its own inactive XML without its UUID, then start it.
+        """Undefine and destroy the VM, define it again from its own inactive XML without its UUID, start it.
 
         Why a new definition rather than a restart: libvirt's DHCP snooping keys a NIC's learned leases
         by domain UUID and MAC, pins the filter to the first lease it learned and keeps the old lease
@@ -234,19 +234,26 @@ class KvmProvider:
             xml = await host.call("domain_get_xml_desc",
                                   lambda lv: lv.domain_get_xml_desc(dom, DOMAIN_XML_INACTIVE))
             fresh = without_uuid(xml)
+            # Undefined first: a running domain becomes transient, so a readdress interrupted from here on
+            # leaves the VM running (transient: readdressed again at a later look) or gone (created
+            # again, on a fresh overlay), never shut off under its old UUID, whose plain start restores
+            # the stale leases that crashed libvirtd 9.0 on the lab.
+            try:
+                await host.call("domain_undefine_flags", lambda lv: lv.domain_undefine_flags(
+                    dom, DOMAIN_UNDEFINE_NVRAM | DOMAIN_UNDEFINE_MANAGED_SAVE))
+            except NotFoundError:
+                pass
+            except LibvirtError as exc:
+                if exc.code != ErrorCode.OPERATION_INVALID or dom.id == -1:
+                    raise  # 55 on a running domain: transient already (an interrupted readdress)
             if dom.id != -1:
                 try:
                     await host.call("domain_destroy_flags", lambda lv: lv.domain_destroy_flags(dom, 0))
                 except LibvirtError as exc:
                     if exc.code not in (ErrorCode.OPERATION_INVALID, ErrorCode.NO_DOMAIN):
                         raise
-            with contextlib.suppress(NotFoundError):
-                await host.call("domain_undefine_flags", lambda lv: lv.domain_undefine_flags(
-                    dom, DOMAIN_UNDEFINE_NVRAM | DOMAIN_UNDEFINE_MANAGED_SAVE))
             # From here until the define, the host has the volumes but no domain: a crash in between
             # leaves what a vanished VM leaves, which the controller creates again (a fresh overlay).
-            # A crash between the destroy and the undefine leaves it shut off under its old UUID
-            # (docs/kvm-provider.md, "When the VM's DHCP address changes", on what starting that risks).
             new = await host.call("domain_define_xml", lambda lv: lv.domain_define_xml(fresh))
             await self._ensure_running(host, new, name, machine_type=meta.machine_type if meta else "")
             log.info("KVM instance defined afresh and started (readdress)")

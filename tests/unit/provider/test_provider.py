@@ -258,12 +258,46 @@ async def test_a_vm_whose_address_changed_under_the_filter_is_stranded_then_read
         for el in old_xml.findall("uuid"):
             old_xml.remove(el)
         assert etree.tostring(new_xml) == etree.tostring(old_xml)
-        steps = ("domain_destroy_flags", "domain_undefine_flags", "domain_define_xml",
+        steps = ("domain_undefine_flags", "domain_destroy_flags", "domain_define_xml",
                  "domain_create_with_flags")
         assert [c for c in h.calls if c in steps][-4:] == list(steps)
         assert logs.lines("KVM instance defined afresh and started (readdress)")
         with pytest.raises(TransientError, match="does not exist"):
             await provider.readdress("proxy-missing", "host0")
+    finally:
+        await provider.close()
+
+
+@pytest.mark.parametrize(("failing", "left"), [
+    ("domain_get_xml_desc", "running"),  # nothing touched yet
+    ("domain_undefine_flags", "running"),  # still persistent, same UUID
+    ("domain_destroy_flags", "transient"),  # undefined, still running: readdressed again later
+    ("domain_define_xml", "gone"),  # volumes only: the controller creates it again
+])
+async def test_a_readdress_cut_short_never_leaves_the_vm_shut_off_under_its_old_uuid(failing: str,
+                                                                                     left: str) -> None:
+    """A shut-off domain under its old UUID is what the next reconcile would start as it is, restoring the
+    stale snooped leases (the restart that crashed libvirtd 9.0 on the lab). Wherever a readdress stops
+    (the host fails a call; an operator restart is the same cut), the VM is running under its old UUID,
+    or gone; and a readdress after it completes the job."""
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        old = h.domains[NAME].uuid
+        h.fail[failing] = lv_error(ErrorCode.INTERNAL_ERROR, "internal error: the host gave up")
+        with pytest.raises(TransientError):
+            await provider.readdress(NAME, "host0")
+        dom = h.domains.get(NAME)
+        state = "gone" if dom is None else ("transient" if not dom.persistent else "running")
+        assert state == left
+        if dom is not None:
+            assert (dom.uuid, dom.state) == (old, DomainState.RUNNING)
+            await provider.readdress(NAME, "host0")
+            new = h.domains[NAME]
+            assert (new.persistent, new.state) == (True, DomainState.RUNNING) and new.uuid != old
+        else:
+            assert OVERLAY in h.volumes and SEED in h.volumes  # the disks stay for the re-create
     finally:
         await provider.close()
 
