@@ -85,6 +85,7 @@ class Action(enum.StrEnum):
 #: Looks in a row at a stranded instance before it is readdressed: with the poll's 5 s, about 10 s of the
 #: host getting no answer from any address the guest reports.
 STRANDED_LOOKS = 3
+SHOWN_CLAIMS = 3  # a stranded guest's addresses named in its message and Event
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,10 @@ def plan_instance(*, target: Ref, instance: Instance | None, had_ip: bool, healt
     # host merely maps no more (its entry aged out of a busy table) did not: waiting, not a restart.
     moved = had_ip and last_ip not in instance.stranded
     if not instance.ip and instance.stranded and (moved or instance.unanswered or stranded_looks > 0):
-        claims = ", ".join(instance.stranded)
+        # The guest's word in status and an Event: named, but a few only (a guest may claim hundreds).
+        shown = instance.stranded[:SHOWN_CLAIMS]
+        more = len(instance.stranded) - len(shown)
+        claims = ", ".join(shown) + (f" and {more} more" if more else "")
         why = (f"instance {name} reports address {claims}, which its host cannot reach (the host's "
                "filter still allows only its earlier address)")
         if stranded_looks + 1 >= STRANDED_LOOKS:

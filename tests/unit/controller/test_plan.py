@@ -86,6 +86,14 @@ def test_what_counts_as_stranded(had_ip: bool, claims: tuple[str, ...], unanswer
     assert ("waiting for the IP address" in p.message) is not counts
 
 
+def test_a_guest_claiming_many_addresses_gets_a_short_message() -> None:
+    claims = tuple(f"10.231.2.{i}" for i in range(1, 201))
+    p = plan(inst(ip=None, stranded=claims), had_ip=True, stranded_looks=STRANDED_LOOKS)
+    assert "reports address 10.231.2.1, 10.231.2.2, 10.231.2.3 and 197 more, which" in p.message
+    assert "10.231.2.4," not in p.message and all("10.231.2.4," not in e.message for e in p.events)
+    assert len(p.events[0].message) < 300
+
+
 @pytest.mark.parametrize(("health", "phase", "poll"), [
     (Health(healthy=None, message="", successes=1, failures=0), "Running", True),
     (Health(healthy=False, message="timed out", successes=0, failures=3), "Running", True),
