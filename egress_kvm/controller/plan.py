@@ -20,11 +20,12 @@ story and the tests can walk every row; planner.py turns the plan into actions.
 | running, IP, healthy                  | probe; delete the replaced instance, if any | Ready |
 
 (1) `Instance.stranded`: the guest reports addresses and the host maps none (nor any other) to the VM,
-and this is not a first boot the host has not seen yet: the instance had an address (status.ip), or the
-host tried every reported address without an answer (`Instance.unanswered`), or the previous look was
-stranded already. That is a DHCP address change under a host filter that still allows only the old
-address. A few looks in a row (not one: a guest just resumed from a pause answers its host again within a
-second) before the provider defines it afresh (the KVM provider's `readdress`), which restarts it.
+and this is not a first boot the host has not seen yet: the instance had an address (status.ip) and the
+guest no longer claims it, or the host tried every reported address without an answer
+(`Instance.unanswered`), or the previous look was stranded already. That is a DHCP address change under a
+host filter that still allows only the old address. A few looks in a row (not one: a guest just resumed
+from a pause answers its host again within a second) before the provider defines it afresh (the KVM
+provider's `readdress`), which restarts it.
 
 (2) Polled (every 5 s) when not healthy while the guest reports other addresses than the one the host
 maps (`Instance.stranded` beside an `ip`): the old address of a guest that moved answers no probe, and
@@ -84,6 +85,7 @@ class Action(enum.StrEnum):
 #: Looks in a row at a stranded instance before it is readdressed: with the poll's 5 s, about 10 s of the
 #: host getting no answer from any address the guest reports.
 STRANDED_LOOKS = 3
+SHOWN_CLAIMS = 3  # a stranded guest's addresses named in its message and Event
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,10 @@ NEEDS_START = (PowerState.STOPPED, PowerState.CRASHED, PowerState.PAUSED)
 
 
 def plan_instance(*, target: Ref, instance: Instance | None, had_ip: bool, health: Health | None,
-                  success_threshold: int, has_previous: bool, stranded_looks: int = 0) -> Plan:
-    """`stranded_looks`: the looks in a row before this one that found the instance stranded."""
+                  success_threshold: int, has_previous: bool, stranded_looks: int = 0,
+                  last_ip: str = "") -> Plan:
+    """`stranded_looks`: the looks in a row before this one that found the instance stranded; `last_ip`:
+    status.ip (when `had_ip`)."""
     name = target.name
     if instance is None:
         if had_ip:
@@ -130,8 +134,14 @@ def plan_instance(*, target: Ref, instance: Instance | None, had_ip: bool, healt
     if state is not PowerState.RUNNING:
         return Plan(PROVISIONING, f"instance {name} is starting (state {state.value})", ip=instance.ip,
                     poll=True)
-    if not instance.ip and instance.stranded and (had_ip or instance.unanswered or stranded_looks > 0):
-        claims = ", ".join(instance.stranded)
+    # Had an address and the guest now claims others: it moved. A guest still claiming status.ip that the
+    # host merely maps no more (its entry aged out of a busy table) did not: waiting, not a restart.
+    moved = had_ip and last_ip not in instance.stranded
+    if not instance.ip and instance.stranded and (moved or instance.unanswered or stranded_looks > 0):
+        # The guest's word in status and an Event: named, but a few only (a guest may claim hundreds).
+        shown = instance.stranded[:SHOWN_CLAIMS]
+        more = len(instance.stranded) - len(shown)
+        claims = ", ".join(shown) + (f" and {more} more" if more else "")
         why = (f"instance {name} reports address {claims}, which its host cannot reach (the host's "
                "filter still allows only its earlier address)")
         if stranded_looks + 1 >= STRANDED_LOOKS:

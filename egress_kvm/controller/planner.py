@@ -390,7 +390,8 @@ def _instance(b: _Book, *, target: Ref, previous: Ref | None, serving: ProbeTarg
     plan = rules.plan_instance(target=target, instance=instance, had_ip=had_ip,
                                health=b.probes.health(probe_key),
                                success_threshold=o.spec.health.success_threshold,
-                               has_previous=previous is not None, stranded_looks=o.memory.stranded_looks)
+                               has_previous=previous is not None, stranded_looks=o.memory.stranded_looks,
+                               last_ip=str(o.status.get("ip") or ""))
     if plan.stranded and plan.action is not Action.READDRESS:
         b.actions.append(Remember(stranded_looks=o.memory.stranded_looks + 1))
     elif not plan.stranded and o.memory.stranded_looks:

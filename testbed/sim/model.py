@@ -432,6 +432,8 @@ class Hypervisor:
 
     def domain_undefine_flags(self, handle: t.Domain, flags: int = 0) -> None:
         d = self.domain(handle)
+        if not d.persistent:
+            raise invalid("cannot undefine transient domain")
         if d.id != -1:
             d.persistent = False  # a running domain becomes transient, like libvirt
         else:

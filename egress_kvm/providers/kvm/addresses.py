@@ -71,6 +71,9 @@ class HostTable:
 
     mapped: tuple[str, ...] = ()  # usable IPv4s mapped to the VM's MAC (not FAILED/INCOMPLETE)
     failed: frozenset[str] = frozenset()  # addresses the host tried and got no answer from (any MAC)
+    # False when no source could be read (exec refused or failed, output not JSON, libvirt's ARP call
+    # failed): an empty table then says nothing about the VM, so it must not make it stranded.
+    read: bool = True
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,10 @@ class Found:
 def stranded(*, agent: Sequence[str], table: HostTable) -> tuple[str, ...]:
     """The guest's addresses when the host maps none of them to the VM's MAC; empty when there is no
     claim (no agent) or one is confirmed. The host may still map another (an OVERRULED endpoint: most
-    often the VM's old address, until the host's next attempt at it fails)."""
+    often the VM's old address, until the host's next attempt at it fails). Never from a table that could
+    not be read: a host whose SSH session limit refuses the exec is no reason to restart a healthy VM."""
+    if not table.read:
+        return ()
     return () if any(ip in table.mapped for ip in agent) else tuple(agent)
 
 
@@ -147,6 +153,13 @@ def pick_failed(neigh_json: str) -> frozenset[str]:
 
 
 def host_table(neigh_json: str, mac: str) -> HostTable:
+    """`ip -j neigh` output as one VM's table; not `read` when it is not a JSON list."""
+    try:
+        parsed = json.loads(neigh_json or "[]")
+    except json.JSONDecodeError:
+        return HostTable(read=False)
+    if not isinstance(parsed, list):
+        return HostTable(read=False)
     return HostTable(tuple(pick_neighbours(neigh_json, mac)), pick_failed(neigh_json))
 
 
@@ -166,16 +179,19 @@ def pick_neighbours(neigh_json: str, mac: str) -> list[str]:
 
 async def _host_table(host: Host, dom: Domain, *, mac: str, bridge: str, log: Logger) -> HostTable:
     """The host's IPv4s for `mac`: `ip -j neigh` over SSH, else libvirt's ARP source (which tells no
-    failed entries); empty if neither."""
+    failed entries); not `read` if neither answered."""
     neigh_error: str
     try:
         result = await host.shared_exec(["ip", "-j", "neigh", "show", "dev", bridge])
     except ExecNotAllowed as exc:
         neigh_error = str(exc)
     else:
-        if result.exit_status == 0:
-            return host_table(result.stdout, mac)
-        neigh_error = (result.stderr.strip() or f"ip exited {result.exit_status}")[:300]
+        if result.exit_status == 0 and (table := host_table(result.stdout, mac)).read:
+            return table
+        elif result.exit_status == 0:
+            neigh_error = "ip printed no JSON list"
+        else:
+            neigh_error = (result.stderr.strip() or f"ip exited {result.exit_status}")[:300]
     log.info("address source gave nothing", source="neighbour-table", error=neigh_error)
     try:
         arp = InterfaceAddressesSource.ARP
@@ -184,7 +200,7 @@ async def _host_table(host: Host, dom: Domain, *, mac: str, bridge: str, log: Lo
     except LibvirtError as exc:
         log.info("address source gave nothing", source="arp", error=exc.message,
                  libvirtCode=exc.code, libvirtCodeName=exc.code_name)
-        return HostTable()
+        return HostTable(read=False)
     return HostTable(tuple(pick_addresses(ifaces, mac)))
 
 

@@ -121,6 +121,12 @@ def without_uuid(xml: str) -> str:
     return str(etree.tostring(root, encoding="unicode"))
 
 
+def has_traffic_filter(xml: str) -> bool:
+    """Whether a NIC of this domain XML carries an nwfilter (`filterref`): only then can libvirt's DHCP
+    snooping pin a stale address, so only then is a stranded VM worth a readdress."""
+    return etree.fromstring(xml.encode()).find("devices/interface/filterref") is not None
+
+
 def volume_xml(*, name: str, capacity: int, fmt: str, backing_path: str | None = None,
                backing_format: str | None = None) -> str:
     """A storage volume. The overlay states its backing format: qemu must never probe a base image."""

@@ -62,7 +62,7 @@ from rpc.types import Domain, DomainGetStateRet, StoragePool, StorageVol
 from . import capacity, metadata, naming, placement, seed, static_ip
 from .addresses import discover
 from .calllog import current_instance, make_observer, make_tracer
-from .domain_xml import DomainSpec, domain_xml, volume_xml, without_uuid
+from .domain_xml import DomainSpec, domain_xml, has_traffic_filter, volume_xml, without_uuid
 from .eviction import collect_unused_bases
 from .hosts import Host
 from .images import BaseImage, ImageCache, ImportLimits, delete_volume, lookup_volume
@@ -215,7 +215,7 @@ class KvmProvider:
             await self._ensure_running(host, dom, name, machine_type=meta.machine_type if meta else "")
 
     async def readdress(self, name: str, zone: str) -> None:
-        """Destroy the VM and define it again from its own inactive XML without its UUID, then start it.
+        """Undefine and destroy the VM, define it again from its own inactive XML without its UUID, start it.
 
         Why a new definition rather than a restart: libvirt's DHCP snooping keys a NIC's learned leases
         by domain UUID and MAC, pins the filter to the first lease it learned and keeps the old lease
@@ -234,17 +234,26 @@ class KvmProvider:
             xml = await host.call("domain_get_xml_desc",
                                   lambda lv: lv.domain_get_xml_desc(dom, DOMAIN_XML_INACTIVE))
             fresh = without_uuid(xml)
+            # Undefined first: a running domain becomes transient, so a readdress interrupted from here on
+            # leaves the VM running (transient: readdressed again at a later look) or gone (created
+            # again, on a fresh overlay), never shut off under its old UUID, whose plain start restores
+            # the stale leases that crashed libvirtd 9.0 on the lab.
+            try:
+                await host.call("domain_undefine_flags", lambda lv: lv.domain_undefine_flags(
+                    dom, DOMAIN_UNDEFINE_NVRAM | DOMAIN_UNDEFINE_MANAGED_SAVE))
+            except NotFoundError:
+                pass
+            except LibvirtError as exc:
+                if exc.code != ErrorCode.OPERATION_INVALID or dom.id == -1:
+                    raise  # 55 on a running domain: transient already (an interrupted readdress)
             if dom.id != -1:
                 try:
                     await host.call("domain_destroy_flags", lambda lv: lv.domain_destroy_flags(dom, 0))
                 except LibvirtError as exc:
                     if exc.code not in (ErrorCode.OPERATION_INVALID, ErrorCode.NO_DOMAIN):
                         raise
-            with contextlib.suppress(NotFoundError):
-                await host.call("domain_undefine_flags", lambda lv: lv.domain_undefine_flags(
-                    dom, DOMAIN_UNDEFINE_NVRAM | DOMAIN_UNDEFINE_MANAGED_SAVE))
             # From here until the define, the host has the volumes but no domain: a crash in between
-            # leaves what a vanished VM leaves, which the controller recreates (Recreated).
+            # leaves what a vanished VM leaves, which the controller creates again (a fresh overlay).
             new = await host.call("domain_define_xml", lambda lv: lv.domain_define_xml(fresh))
             await self._ensure_running(host, new, name, machine_type=meta.machine_type if meta else "")
             log.info("KVM instance defined afresh and started (readdress)")
@@ -745,11 +754,20 @@ class KvmProvider:
             found = await discover(host, dom, mac=naming.mac_address(name), bridge=host.config.bridge,
                                    name=name)
             ip, lost, silent = found.ip, found.stranded, found.unanswered
+            if lost and not await self._filtered(host, dom):
+                # No nwfilter pins the old address (trafficFilter: none when it was defined): the host
+                # learns the new one from the guest's own traffic; a readdress would be a pointless reboot.
+                lost, silent = (), False
         return Instance(
             name=name, zone=host.name, power_state=power, ip=ip, stranded=lost, unanswered=silent,
             owner_uid=meta.owner_uid if meta else "", created_at=meta.created_at if meta else None,
             owner_namespace=meta.owner_namespace if meta else "", owner_name=meta.owner_name if meta else "",
             message=message)
+
+    async def _filtered(self, host: Host, dom: Domain) -> bool:
+        """Whether the VM's NIC carries an nwfilter (its live XML; asked only for a stranded VM)."""
+        xml = await host.call("domain_get_xml_desc", lambda lv: lv.domain_get_xml_desc(dom, 0))
+        return has_traffic_filter(xml)
 
     @contextlib.asynccontextmanager
     async def _operation(self, host: Host, name: str, action: str) -> AsyncIterator[None]:

@@ -22,9 +22,9 @@ def inst(state: PowerState = PowerState.RUNNING, ip: str | None = "10.231.1.100"
 
 
 def plan(instance: Instance | None, *, had_ip: bool = False, health: Health | None = None,
-         previous: bool = False, stranded_looks: int = 0):
+         previous: bool = False, stranded_looks: int = 0, last_ip: str = "10.231.1.100"):
     return plan_instance(target=T, instance=instance, had_ip=had_ip, health=health, success_threshold=2,
-                         has_previous=previous, stranded_looks=stranded_looks)
+                         has_previous=previous, stranded_looks=stranded_looks, last_ip=last_ip)
 
 
 def test_none_never_seen_creates() -> None:
@@ -67,18 +67,31 @@ def test_stranded_is_readdressed_after_a_few_looks(looks_before: int, action: Ac
     assert reasons == ([("Warning", "Readdressed")] if action is Action.READDRESS else [])
 
 
-@pytest.mark.parametrize(("had_ip", "unanswered", "looks_before", "counts"), [
-    (False, False, 0, False),  # a first boot the host has not seen yet: just waiting for the IP
-    (True, False, 0, True),  # it had an address: the guest moved
-    (False, True, 0, True),  # the host tried every reported address and got no answer
-    (False, False, 1, True),  # stranded at the last look (status.ip is gone since): still counting
+@pytest.mark.parametrize(("had_ip", "claims", "unanswered", "looks_before", "counts"), [
+    (False, ("10.231.1.199",), False, 0, False),  # a first boot the host has not seen yet: waiting
+    (True, ("10.231.1.199",), False, 0, True),  # it had an address: the guest moved
+    (True, ("10.231.1.100", "10.231.1.199"), False, 0, False),  # still holds the old one: reachable
+    (True, ("10.231.1.100",), False, 0, False),  # same address, the host's entry aged out: no move
+    (True, ("10.231.1.100",), True, 0, True),  # same address, but the host tried it: no answer
+    (False, ("10.231.1.199",), True, 0, True),  # the host tried every reported address, no answer
+    (False, ("10.231.1.199",), False, 1, True),  # stranded at the last look (status.ip gone): counting
 ])
-def test_what_counts_as_stranded(had_ip: bool, unanswered: bool, looks_before: int, counts: bool) -> None:
+def test_what_counts_as_stranded(had_ip: bool, claims: tuple[str, ...], unanswered: bool, looks_before: int,
+                                 counts: bool) -> None:
+    """status.ip is 10.231.1.100 when `had_ip`."""
     i = Instance(name="proxy-abc", zone="nas1", power_state=PowerState.RUNNING, ip=None, owner_uid="u",
-                 created_at=NOW, stranded=("10.231.1.199",), unanswered=unanswered)
+                 created_at=NOW, stranded=claims, unanswered=unanswered)
     p = plan(i, had_ip=had_ip, stranded_looks=looks_before)
     assert p.stranded is counts and p.action is Action.NONE
     assert ("waiting for the IP address" in p.message) is not counts
+
+
+def test_a_guest_claiming_many_addresses_gets_a_short_message() -> None:
+    claims = tuple(f"10.231.2.{i}" for i in range(1, 201))
+    p = plan(inst(ip=None, stranded=claims), had_ip=True, stranded_looks=STRANDED_LOOKS)
+    assert "reports address 10.231.2.1, 10.231.2.2, 10.231.2.3 and 197 more, which" in p.message
+    assert "10.231.2.4," not in p.message and all("10.231.2.4," not in e.message for e in p.events)
+    assert len(p.events[0].message) < 300
 
 
 @pytest.mark.parametrize(("health", "phase", "poll"), [

@@ -18,7 +18,13 @@ from egress_kvm.config.models import CpuConfig, TrafficFilter, parse_host_port
 from egress_kvm.policy.policies import url_image_policy
 from egress_kvm.providers.base import PermanentError, Placement
 from egress_kvm.providers.kvm import addresses, metadata, naming, placement, qcow2, seed
-from egress_kvm.providers.kvm.domain_xml import DomainSpec, domain_xml, volume_xml, without_uuid
+from egress_kvm.providers.kvm.domain_xml import (
+    DomainSpec,
+    domain_xml,
+    has_traffic_filter,
+    volume_xml,
+    without_uuid,
+)
 
 META = metadata.InstanceMetadata(cluster_id="c1", owner_uid="uid-1", created_at=datetime(2026, 1, 2, 3, 4, 5,
                                  tzinfo=UTC), owner_namespace="ns", owner_name="px", zone="h0",
@@ -278,23 +284,27 @@ def test_the_host_table_for_one_vm() -> None:
     """Mapped: the MAC's usable entries; failed: every usable address nobody answered for (no lladdr)."""
     table = addresses.host_table(NEIGH, "52:54:00:AA:BB:CC")
     assert table == addresses.HostTable(("192.0.2.5",), frozenset({"192.0.2.9", "192.0.2.8"}))
-    assert addresses.host_table("not json", "52:54:00:aa:bb:cc") == addresses.HostTable()
+    assert addresses.host_table("not json", "52:54:00:aa:bb:cc") == addresses.HostTable(read=False)
+    not_a_list = '{"dst": "192.0.2.5"}'
+    assert addresses.host_table(not_a_list, "52:54:00:aa:bb:cc") == addresses.HostTable(read=False)
+    assert addresses.host_table("", "52:54:00:aa:bb:cc") == addresses.HostTable()  # read: no entries
 
 
 FAILED_9 = frozenset({"192.0.2.9"})
 
 
-@pytest.mark.parametrize(("agent", "mapped", "failed", "lost", "silent"), [
-    ([], (), FAILED_9, (), False),  # no claim (no agent yet): nothing to go on
-    (["192.0.2.9"], (), FAILED_9, ("192.0.2.9",), True),  # changed; the host tried it: no answer
-    (["192.0.2.9"], (), frozenset(), ("192.0.2.9",), False),  # not tried by the host (yet)
-    (["192.0.2.9", "192.0.2.4"], (), FAILED_9, ("192.0.2.9", "192.0.2.4"), False),  # one never tried
-    (["192.0.2.9"], ("192.0.2.5",), FAILED_9, ("192.0.2.9",), True),  # the old one still mapped
-    (["192.0.2.5"], ("192.0.2.5",), frozenset(), (), False),  # confirmed
+@pytest.mark.parametrize(("agent", "mapped", "failed", "lost", "silent", "read"), [
+    ([], (), FAILED_9, (), False, True),  # no claim (no agent yet): nothing to go on
+    (["192.0.2.9"], (), FAILED_9, ("192.0.2.9",), True, True),  # changed; the host tried it: no answer
+    (["192.0.2.9"], (), frozenset(), ("192.0.2.9",), False, True),  # not tried by the host (yet)
+    (["192.0.2.9", "192.0.2.4"], (), FAILED_9, ("192.0.2.9", "192.0.2.4"), False, True),  # one never tried
+    (["192.0.2.9"], ("192.0.2.5",), FAILED_9, ("192.0.2.9",), True, True),  # the old one still mapped
+    (["192.0.2.5"], ("192.0.2.5",), frozenset(), (), False, True),  # confirmed
+    (["192.0.2.9"], (), FAILED_9, (), False, False),  # no table (exec refused, no ARP): no evidence
 ])
 def test_the_stranded_decision(agent: list[str], mapped: tuple[str, ...], failed: frozenset[str],
-                               lost: tuple[str, ...], silent: bool) -> None:
-    table = addresses.HostTable(mapped, failed)
+                               lost: tuple[str, ...], silent: bool, read: bool) -> None:
+    table = addresses.HostTable(mapped, failed, read)
     assert addresses.stranded(agent=agent, table=table) == lost
     assert addresses.unanswered(lost, table) is silent
 
@@ -313,7 +323,9 @@ def test_without_uuid_keeps_everything_else() -> None:
 ])
 def test_the_nic_carries_the_traffic_filter_with_dhcp_learning(switch: TrafficFilter,
                                                                filterref: str | None) -> None:
-    nic = etree.fromstring(domain_xml(spec(traffic_filter=switch)).encode()).find("devices/interface")
+    xml = domain_xml(spec(traffic_filter=switch))
+    assert has_traffic_filter(xml) is (filterref is not None)
+    nic = etree.fromstring(xml.encode()).find("devices/interface")
     ref = nic.find("filterref")
     if filterref is None:
         assert ref is None

@@ -20,6 +20,7 @@ from egress_kvm.providers.base import (
     TransientError,
 )
 from egress_kvm.providers.kvm import metadata, naming, seed
+from egress_kvm.providers.kvm.domain_xml import has_traffic_filter
 from rpc.constants import DomainState, ErrorCode
 from rpc.errors import ConnectionLost
 
@@ -183,6 +184,12 @@ async def test_get_ip_from_agent_then_arp_then_neighbour_table(logs: LogCapture)
         h.set_vm_ip(NAME, "192.0.2.11")  # agent up, but no host table to confirm its claim: no endpoint
         inst = await provider.get(NAME, "host0")
         assert inst is not None and inst.ip is None
+        # ...and no table is no evidence against the claim either: not stranded (no readdress of a
+        # healthy VM because the host's SSH refused an exec and libvirt's ARP source failed)
+        assert (inst.stranded, inst.unanswered) == ((), False)
+        h.exec_allowed = True
+        inst = await provider.get(NAME, "host0")  # the table read again maps 192.0.2.11
+        assert inst is not None and (inst.ip, inst.stranded) == ("192.0.2.11", ())
         h.exec_allowed = True  # the neighbour table maps it to the VM's MAC: the agent's address counts
         inst = await provider.get(NAME, "host0")
         assert inst is not None and inst.ip == "192.0.2.11"
@@ -251,12 +258,64 @@ async def test_a_vm_whose_address_changed_under_the_filter_is_stranded_then_read
         for el in old_xml.findall("uuid"):
             old_xml.remove(el)
         assert etree.tostring(new_xml) == etree.tostring(old_xml)
-        steps = ("domain_destroy_flags", "domain_undefine_flags", "domain_define_xml",
+        steps = ("domain_undefine_flags", "domain_destroy_flags", "domain_define_xml",
                  "domain_create_with_flags")
         assert [c for c in h.calls if c in steps][-4:] == list(steps)
         assert logs.lines("KVM instance defined afresh and started (readdress)")
         with pytest.raises(TransientError, match="does not exist"):
             await provider.readdress("proxy-missing", "host0")
+    finally:
+        await provider.close()
+
+
+@pytest.mark.parametrize(("failing", "left"), [
+    ("domain_get_xml_desc", "running"),  # nothing touched yet
+    ("domain_undefine_flags", "running"),  # still persistent, same UUID
+    ("domain_destroy_flags", "transient"),  # undefined, still running: readdressed again later
+    ("domain_define_xml", "gone"),  # volumes only: the controller creates it again
+])
+async def test_a_readdress_cut_short_never_leaves_the_vm_shut_off_under_its_old_uuid(failing: str,
+                                                                                     left: str) -> None:
+    """A shut-off domain under its old UUID is what the next reconcile would start as it is, restoring the
+    stale snooped leases (the restart that crashed libvirtd 9.0 on the lab). Wherever a readdress stops
+    (the host fails a call; an operator restart is the same cut), the VM is running under its old UUID,
+    or gone; and a readdress after it completes the job."""
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        old = h.domains[NAME].uuid
+        h.fail[failing] = lv_error(ErrorCode.INTERNAL_ERROR, "internal error: the host gave up")
+        with pytest.raises(TransientError):
+            await provider.readdress(NAME, "host0")
+        dom = h.domains.get(NAME)
+        state = "gone" if dom is None else ("transient" if not dom.persistent else "running")
+        assert state == left
+        if dom is not None:
+            assert (dom.uuid, dom.state) == (old, DomainState.RUNNING)
+            await provider.readdress(NAME, "host0")
+            new = h.domains[NAME]
+            assert (new.persistent, new.state) == (True, DomainState.RUNNING) and new.uuid != old
+        else:
+            assert OVERLAY in h.volumes and SEED in h.volumes  # the disks stay for the re-create
+    finally:
+        await provider.close()
+
+
+async def test_a_vm_without_a_traffic_filter_is_never_stranded() -> None:
+    """trafficFilter: none: nothing pins the old address, so a guest that moved is waited for (the host
+    learns its new address from its traffic), not rebooted by a readdress."""
+    provider, hv = fake_kvm_provider(trafficFilter="none")
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        assert not has_traffic_filter(h.domains[NAME].xml)
+        h.set_vm_ip(NAME, "192.0.2.10")
+        h.agent_ips[NAME] = "192.0.2.99"
+        h.neighbours["br0"] = [{"dst": ip, "dev": "br0", "state": ["FAILED"]} for ip in ("192.0.2.10",
+                                                                                          "192.0.2.99")]
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and (inst.ip, inst.stranded, inst.unanswered) == (None, (), False)
     finally:
         await provider.close()
 
