@@ -41,6 +41,15 @@ class _NeverRetrieved(logging.Handler):
             self.lines.append(message.splitlines()[0] + cause)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection built (modules, test items, parameters: ~200k objects) out of the cycle
+    collector. `no_unretrieved_task_exceptions` runs a full collection after every test, and each one
+    walked all of them: ~0.15 s of CPU per test, 90% of the unit layer's time. Tasks, loops and every
+    other object a test makes are created after this point, so the per-test collection still sees them."""
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True)
 def no_unretrieved_task_exceptions() -> Iterator[None]:
     """Every test fails on a task whose exception nobody retrieved (issue 13 item 9): such an error went
