@@ -71,15 +71,27 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     the test's arguments: collect, then freeze what is left, all of it still reachable (session fixtures,
     pytest's reports), so later modules' collections skip it as well; without this the per-test
     collection grew back to ~0.1 s over a few hundred tests. A never-retrieved task this collection finds
-    (one a module-scoped fixture held) fails the next test, or the session after the last one."""
+    (one a module-scoped fixture held) fails the next test, or the session after the last one.
+
+    A frozen object is never collected, even once it is unreachable: a failed task still reachable when
+    its module ended (kept in a session fixture or a global) and dropped later would go unreported. So
+    after the last test, once the session fixtures are finalized too, everything is unfrozen first and
+    that last collection walks it all, once: such a task fails the session."""
     result = yield
-    if nextitem is None or nextitem.path != item.path:
-        lines = _collect_unretrieved()
+    if nextitem is None:
+        gc.unfreeze()
+        _report_left(item, "after the last test (session-scoped fixtures, or kept past its module)")
+    elif nextitem.path != item.path:
+        _report_left(item, f"{item.path.name} (its module-scoped fixtures)")
         gc.freeze()
-        if lines:
-            item.session.stash.setdefault(_LEFT_BY_MODULE, []).extend(
-                f"{item.path.name} (its module-scoped fixtures): {line}" for line in lines)
     return result
+
+
+def _report_left(item: pytest.Item, where: str) -> None:
+    """Collect; what was never retrieved fails the next test, or the session (pytest_sessionfinish)."""
+    lines = _collect_unretrieved()
+    if lines:
+        item.session.stash.setdefault(_LEFT_BY_MODULE, []).extend(f"{where}: {line}" for line in lines)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
