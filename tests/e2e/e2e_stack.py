@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -57,6 +58,51 @@ def wait_until(fn: Callable[[], T | None], *, timeout: float, what: str, interva
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
         time.sleep(interval)
+
+
+class Background:
+    """A test step's body run in a thread, so real VMs that do not depend on each other boot at once (on
+    2 cores a software-emulated boot is minutes). `result()` waits and re-raises the body's failure, so
+    the pytest test that joins it fails exactly as the body would have in the foreground."""
+
+    def __init__(self, name: str, fn: Callable[[], T]) -> None:
+        self.name = name
+        self.seconds: float | None = None
+        self._value: object = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=f"e2e-{name}", daemon=True)
+        self._t0 = time.monotonic()
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], object]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as e:  # handed to the joining test, which re-raises it
+            self._error = e
+        finally:
+            self.seconds = time.monotonic() - self._t0
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self, timeout: float | None = None) -> object:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"{self.name} still running after {timeout}s")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def join_all(tasks: list[Background]) -> None:
+    """Wait for every task; then fail naming each one that failed (the first one's traceback raised)."""
+    for t in tasks:
+        t._thread.join()
+    failed = [t for t in tasks if t._error is not None]
+    if len(failed) > 1:
+        print("\n" + "\n".join(f"{t.name} FAILED: {t._error!r}" for t in failed))
+    if failed:
+        raise failed[0]._error  # type: ignore[misc]
 
 
 class Emulator(Process):
@@ -216,6 +262,7 @@ class Stack:
         self.operators: list[Operator | ContainerOperator] = []
         self.times: dict[str, float] = {}
         self.failed: str | None = None
+        self.background: dict[str, Background] = {}  # step bodies running while later steps run
         self.sample = yaml.safe_load(Path(lab.proxy_manifests[0]).read_text())
         self.sample["spec"]["cloudInit"]["userData"] += f"# {CANARY}\n"
 
@@ -234,6 +281,8 @@ class Stack:
             op.stop()
         if self.emulator is not None:
             self.emulator.stop()
+        for task in self.background.values():  # with the API gone their next kubectl call fails at once
+            task._thread.join(timeout=150)
         reset_hosts(self.lab)
 
     @property
