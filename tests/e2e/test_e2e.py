@@ -41,9 +41,9 @@ from testbed import lab as labmod
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
 FIRST, SECOND, FIXME = "lab-proxy-host0", "lab-proxy-host0-b", "lab-proxy-fixme"
-# Two at a time: the steps are laid out so at most two software-emulated guests boot at a time. Three at
-# once (all of steps 1, 3 and 4 together) on a shared, loaded 2-core machine starved every guest: none
-# had a DHCP lease after 10 min.
+# Two at a time: the steps are laid out so at most two software-emulated guests boot at once, one per
+# core of the 2-core CI machine. A starved guest is slower than its share of the CPU (its timers and
+# timeouts run on wall time): on a machine loaded by other work, guests had no DHCP lease after 10 min.
 BAD_MACHINE_TYPE = "huge-e2e"
 
 
@@ -336,8 +336,8 @@ def test_step4_unknown_machine_type_fails_then_a_fixed_spec_is_ready(step):
 def test_step2b_3b_3c_repairs_of_three_vms_two_at_a_time(step):
     """2b destroys the first Proxy's VM, 3b undefines the second's with its volumes, 3c moves the third
     (step 4's) to another DHCP address: each checked as if alone (its own Events and log lines, selected
-    by Proxy and instance). Two lanes, so at most two guests boot at once on the 2 cores (three at once
-    starved them: see the note by FIRST): 3c (the longest: detection, then a reboot) beside 2b then 3b."""
+    by Proxy and instance). Two lanes, so at most two guests boot at once (see the note by FIRST): 3c
+    (the longest: detection, then a reboot) beside 2b then 3b."""
     lanes(step, [
         [("step3c DHCP address change followed (FIXME)", lambda: step3c_dhcp_address_followed(step, FIXME))],
         [("step2b destroyed VM restarted (FIRST)", lambda: step2b_destroyed_vm_restarted(step)),
