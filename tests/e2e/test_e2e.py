@@ -37,6 +37,7 @@ from e2e_stack import (
 )
 
 from testbed import lab as labmod
+from testbed.lab import web
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
@@ -284,9 +285,11 @@ def step3c_dhcp_address_followed(step, proxy: str) -> None:  # type: ignore[no-u
                           "-o", "json").stdout
     readdressed = [e for e in json.loads(events)["items"] if e["reason"] == "Readdressed"]
     assert readdressed and readdressed[0]["type"] == "Warning" and new_ip in readdressed[0]["message"]
+    # The zone's own target: the root namespace does not forward between hosts, so a host1 VM cannot reach
+    # host0's (step.lab.http_target).
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://{new_ip}:3128"}))
-    with opener.open(step.lab.http_target, timeout=30) as resp:
-        assert resp.read().decode() == step.lab.http_target_body
+    with opener.open(step.lab.host(zone).http_target, timeout=30) as resp:
+        assert resp.read().decode() == web.target_body(index=step.lab.index, host=zone)
 
 
 def guest_run(lab: labmod.LabInfo, host: str, name: str, script: str, *, limit: float = 120.0,
