@@ -60,7 +60,7 @@ def stack(lab, tmp_path_factory):
     yield st
     st.close()
     print("\n=== e2e step times (tests run one after another; [bg]/[||] rows overlap them) ===")
-    for step, seconds in st.times.items():
+    for step, seconds in list(st.times.items()):  # a copy: a background body may still be ending
         print(f"  {step:<66} {seconds:7.1f}s")
     tests = sum(v for k, v in st.times.items() if k.startswith("test_"))
     print(f"  {'sum of the tests (wall time of the steps)':<66} {tests:7.1f}s")
@@ -362,6 +362,8 @@ def lanes(step, plan) -> None:  # type: ignore[no-untyped-def]
             finally:
                 step.times[f"[||] {name}"] = time.monotonic() - t0
     tasks = [Background(f"lane {i}", lambda lane=lane: run(lane)) for i, lane in enumerate(plan)]
+    for task in tasks:  # Stack.close() waits for them too, should this test be interrupted (its timeout)
+        step.background[task.name] = task
     join_all(tasks)
 
 
