@@ -69,6 +69,7 @@ class Background:
         self.name = name
         self._value: object = None
         self._error: BaseException | None = None
+        self.joined = False  # by its test, which reported its failure
         self._thread = threading.Thread(target=self._run, args=(fn,), name=f"e2e-{name}", daemon=True)
         self._thread.start()
 
@@ -80,6 +81,7 @@ class Background:
 
     def result(self) -> object:
         self._thread.join()
+        self.joined = True
         if self._error is not None:
             raise self._error
         return self._value
@@ -89,6 +91,7 @@ def join_all(tasks: list[Background]) -> None:
     """Wait for every task; then fail naming each one that failed (the first one's traceback raised)."""
     for t in tasks:
         t._thread.join()
+        t.joined = True
     failed = [t for t in tasks if t._error is not None]
     if len(failed) > 1:
         print("\n" + "\n".join(f"{t.name} FAILED: {t._error!r}" for t in failed))
@@ -272,15 +275,15 @@ class Stack:
             op.stop()
         if self.emulator is not None:
             self.emulator.stop()
-        # With the API gone their next kubectl call fails at once. Said here because a task whose joining
-        # test was skipped (an earlier step failed) is reported nowhere else; one still running when the
-        # pools are emptied below would explain odd errors there.
+        # With the API gone their next kubectl call fails at once. Said here: a task whose joining test was
+        # skipped (an earlier step failed) is reported nowhere else (its error may be only the API gone),
+        # and one still running when the pools are emptied below would explain odd errors there.
         for task in self.background.values():
             task._thread.join(timeout=150)
             if task._thread.is_alive():
                 print(f"\nbackground {task.name}: still running 150 s after the stack stopped")
-            elif task._error is not None:
-                print(f"\nbackground {task.name} failed: {task._error!r}")
+            elif not task.joined and task._error is not None:
+                print(f"\nbackground {task.name}, not joined by its test, ended with: {task._error!r}")
         reset_hosts(self.lab)
 
     @property
