@@ -165,8 +165,9 @@ def step2b_destroyed_vm_restarted(step) -> None:  # type: ignore[no-untyped-def]
           "(target <= 2 s; shared 2-core machine, noisy)")
     assert "running" in labmod.virsh(step.lab, "host0", "domstate", name)
     # Ready again after the restart (not the Ready status written before it): the next step's event
-    # wakes only a Proxy that is not in a restart loop.
-    wait_until(lambda: step.phases_logged(FIRST)[ready_before:].count("Ready"), timeout=300,
+    # wakes only a Proxy that is not in a restart loop. A boot's timeout: this reboot now shares the CPU
+    # with 3c's (the other lane), where 300 s was set for a boot alone.
+    wait_until(lambda: step.phases_logged(FIRST)[ready_before:].count("Ready"), timeout=BOOT_TIMEOUT,
                what="Ready again after the restart", interval=1)
     st = step.wait_ready(FIRST)
     assert st["instance"]["name"] == name  # the same VM, started again, not a new one
