@@ -62,7 +62,7 @@ def stack(lab, tmp_path_factory):
     print("\n=== e2e step times (tests run one after another; [bg]/[||] rows overlap them) ===")
     for step, seconds in list(st.times.items()):  # a copy: a background body may still be ending
         print(f"  {step:<66} {seconds:7.1f}s")
-    tests = sum(v for k, v in st.times.items() if k.startswith("test_"))
+    tests = sum(v for k, v in list(st.times.items()) if k.startswith("test_"))
     print(f"  {'sum of the tests (wall time of the steps)':<66} {tests:7.1f}s")
     print(f"  logs: {st.workdir}")
 
@@ -378,7 +378,7 @@ def unhealthy_events(step, proxy: str) -> dict[str, int]:  # type: ignore[no-unt
 def test_step5_orphan_gc_removes_a_vm_whose_proxy_vanished(step):
     inst = step.status(FIXME)["instance"]
     name, zone = inst["name"], inst["zone"]
-    # Earlier steps may have turned the live Proxies unhealthy on purpose (2b's destroy, 3b's removal): only
+    # Earlier steps may have turned the live Proxies unhealthy on purpose (2b, 2c, 3b): only
     # Unhealthy Events the restart adds count, so take stock of them first.
     unhealthy_before = {other: unhealthy_events(step, other) for other in (FIRST, SECOND)}
     assert step.operator.stop() == 0
