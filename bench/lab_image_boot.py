@@ -123,7 +123,8 @@ def boot_once(info: labmod.LabInfo, image: Path, diag: bool, keep: Path, slot: i
     virsh = lambda *a: labmod.virsh(info, HOST[0], *a)  # noqa: E731
     with tempfile.TemporaryDirectory(dir=info.state_dir) as tmp:
         iso = Path(tmp) / "seed.iso"
-        iso.write_bytes(seed.build_seed_iso(name=f"{vm}-{time.time_ns()}", user_data=user_data.encode(),
+        boot_name = f"{vm}-{time.time_ns()}"  # instance-id and hostname: this boot's line in the leases
+        iso.write_bytes(seed.build_seed_iso(name=boot_name, user_data=user_data.encode(),
                                             vendor_data=providers["vendorData"]))
         base = f"{vm}-base.qcow2"
         virsh("vol-create-as", "default", base, str(image.stat().st_size), "--format", "raw")
@@ -144,7 +145,8 @@ def boot_once(info: labmod.LabInfo, image: Path, diag: bool, keep: Path, slot: i
     try:
         while time.monotonic() < start + limit and "proxied_get" not in times:
             now = time.monotonic() - start
-            if "lease" not in times and mac in Path(host.dnsmasq_leases).read_text():
+            if "lease" not in times and any(mac in ln and boot_name in ln
+                                            for ln in Path(host.dnsmasq_leases).read_text().splitlines()):
                 times["lease"] = now
             text = serial.read_text(errors="replace") if serial.exists() else ""
             for frag, label in MARKS.items():
