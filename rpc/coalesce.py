@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 
 class CoalescingTransport(asyncio.Transport):
@@ -101,8 +101,7 @@ class _Handover(asyncio.Protocol):
         self._loop = loop
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        real = transport if isinstance(transport, asyncio.Transport) else None
-        assert real is not None, "a TCP connection's transport is a Transport"
+        real = cast(asyncio.Transport, transport)  # uvloop's TCPTransport is one without subclassing it
         real.set_protocol(self._protocol)  # reads, pauses and connection_lost go straight to asyncssh
         self._protocol.connection_made(CoalescingTransport(real, self._loop))
 

@@ -101,7 +101,18 @@ async def _echo(process: asyncssh.SSHServerProcess[str]) -> None:
     process.exit(0)
 
 
-async def test_an_ssh_connection_with_coalesced_writes_carries_sessions(tmp_path: Path) -> None:
+async def test_an_ssh_connection_with_coalesced_writes_carries_sessions() -> None:
+    await _sessions()
+
+
+def test_the_same_on_uvloop() -> None:
+    """The operator's loop: uvloop's TCP transport is no asyncio.Transport subclass."""
+    import uvloop
+
+    uvloop.run(_sessions())
+
+
+async def _sessions() -> None:
     host_key = asyncssh.generate_private_key("ssh-ed25519")
     server = await asyncssh.create_server(_Server, "127.0.0.1", 0, server_host_keys=[host_key],
                                           process_factory=_echo)
