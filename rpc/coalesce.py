@@ -97,13 +97,13 @@ class _Handover(asyncio.Protocol):
     """Gives the connection's protocol the coalescing transport, then steps out of the read path."""
 
     def __init__(self, protocol: asyncio.Protocol, loop: asyncio.AbstractEventLoop) -> None:
-        self._protocol = protocol
+        self.protocol = protocol
         self._loop = loop
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         real = cast(asyncio.Transport, transport)  # uvloop's TCPTransport is one without subclassing it
-        real.set_protocol(self._protocol)  # reads, pauses and connection_lost go straight to asyncssh
-        self._protocol.connection_made(CoalescingTransport(real, self._loop))
+        real.set_protocol(self.protocol)  # reads, pauses and connection_lost go straight to asyncssh
+        self.protocol.connection_made(CoalescingTransport(real, self._loop))
 
 
 class CoalescingConnector:
@@ -116,10 +116,11 @@ class CoalescingConnector:
     async def create_connection(self, session_factory: Callable[[], asyncio.Protocol], remote_host: str,
                                 remote_port: int) -> tuple[asyncio.BaseTransport, asyncio.Protocol]:
         loop = asyncio.get_running_loop()
-        protocol = session_factory()
-        transport, _ = await loop.create_connection(lambda: _Handover(protocol, loop), remote_host,
-                                                    remote_port, **self._options)
-        return transport, protocol
+        # The session (asyncssh's connection, which starts its login timer when made) is made once TCP
+        # is connected, as on asyncssh's own path: a failed dial leaves no connection object behind.
+        transport, handover = await loop.create_connection(lambda: _Handover(session_factory(), loop),
+                                                           remote_host, remote_port, **self._options)
+        return transport, handover.protocol
 
     def close(self) -> None:
         """Nothing of its own to close (asyncssh calls this only for tunnels it opened itself)."""

@@ -131,3 +131,24 @@ async def _sessions() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_failed_tcp_connect_makes_no_ssh_connection_object() -> None:
+    """As asyncssh's own direct connect: the connection (and the 2-minute login timer it starts when made)
+    exists only once TCP is connected, so a dial to a host that is down leaves nothing behind."""
+    import socket
+
+    from rpc.coalesce import CoalescingConnector
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    made: list[object] = []
+
+    def factory() -> asyncio.Protocol:
+        made.append(object())
+        return asyncio.Protocol()
+
+    with pytest.raises(OSError):
+        await CoalescingConnector().create_connection(factory, "127.0.0.1", port)
+    assert made == []
