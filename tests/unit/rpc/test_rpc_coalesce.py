@@ -101,8 +101,18 @@ async def _echo(process: asyncssh.SSHServerProcess[str]) -> None:
     process.exit(0)
 
 
-async def test_an_ssh_connection_with_coalesced_writes_carries_sessions() -> None:
+async def test_an_ssh_connection_with_coalesced_writes_carries_sessions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sends: list[int] = []  # writes per send: the connection really goes through the coalescing transport
+    real_flush = CoalescingTransport._flush
+
+    def counting(self: CoalescingTransport) -> None:
+        sends.append(len(self._pending))
+        real_flush(self)
+
+    monkeypatch.setattr(CoalescingTransport, "_flush", counting)
     await _sessions()
+    assert sends and max(sends) > 1
 
 
 def test_the_same_on_uvloop() -> None:
@@ -152,3 +162,28 @@ async def test_a_failed_tcp_connect_makes_no_ssh_connection_object() -> None:
     with pytest.raises(OSError):
         await CoalescingConnector().create_connection(factory, "127.0.0.1", port)
     assert made == []
+
+
+async def test_host_keys_are_checked_as_on_a_direct_connection(tmp_path: Path) -> None:
+    """The coalescing path opens the TCP connection itself; asyncssh still checks the host key against
+    known_hosts by the host and port asked for: the right key connects, another key is refused."""
+    host_key = asyncssh.generate_private_key("ssh-ed25519")
+    other = asyncssh.generate_private_key("ssh-ed25519")
+    server = await asyncssh.create_server(_Server, "127.0.0.1", 0, server_host_keys=[host_key],
+                                          process_factory=_echo)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        for key, accepted in ((host_key, True), (other, False)):
+            kh = tmp_path / "known_hosts"
+            kh.write_bytes(b"[127.0.0.1]:%d " % port + key.export_public_key())
+            opening = rpc.open_ssh("127.0.0.1", port, username="u", known_hosts=kh, coalesce=True,
+                                   config=None, agent_path=None, client_keys=[])
+            if accepted:
+                async with await opening as conn:
+                    assert (await conn.run("echo", input="ok\n")).stdout == "OK\n"
+            else:
+                with pytest.raises(rpc.HostKeyRejected):
+                    await opening
+    finally:
+        server.close()
+        await server.wait_closed()
