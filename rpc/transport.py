@@ -280,12 +280,13 @@ async def open_ssh(
     options: dict[str, Any] = {"known_hosts": kh, "encryption_algs": PREFERRED_CIPHERS}
     if coalesce:
         # One send per loop turn (coalesce.py). It makes the TCP connection itself, so a tunnel, socket
-        # or proxy command (given, or from an ssh config file) would be bypassed: refuse those instead.
-        clash = sorted({"tunnel", "sock", "proxy_command"} & ssh_options.keys())
+        # or proxy command (given, in an options object, or from an ssh config file) would be bypassed:
+        # refuse those instead.
+        clash = sorted({"tunnel", "sock", "proxy_command", "options"} & ssh_options.keys())
         if clash or ssh_options.get("config", ()) is not None:
             raise ValueError(f"open_ssh: coalesce=True needs config=None and no "
                              f"{', '.join(clash) or 'tunnel'} (it opens the TCP connection itself)")
-        create = {k: ssh_options.pop(k) for k in ("family", "local_addr") if k in ssh_options}
+        create = {k: ssh_options.pop(k) for k in ("family", "flags", "local_addr") if k in ssh_options}
         options["tunnel"] = CoalescingConnector(**create)
     if username is not None:
         options["username"] = username

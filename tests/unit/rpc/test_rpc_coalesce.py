@@ -88,6 +88,9 @@ async def test_coalesce_refuses_what_it_would_bypass(tmp_path: Path) -> None:
         await rpc.open_ssh("127.0.0.1", 1, known_hosts=kh, coalesce=True)  # an ssh config could ProxyJump
     with pytest.raises(ValueError, match="tunnel"):
         await rpc.open_ssh("127.0.0.1", 1, known_hosts=kh, coalesce=True, config=None, tunnel="jump")
+    proxied = asyncssh.SSHClientConnectionOptions(proxy_command="nc jump 22")  # would go unused
+    with pytest.raises(ValueError, match="options"):
+        await rpc.open_ssh("127.0.0.1", 1, known_hosts=kh, coalesce=True, config=None, options=proxied)
 
 
 class _Server(asyncssh.SSHServer):
