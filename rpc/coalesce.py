@@ -15,7 +15,6 @@ in the same order; nothing waits longer than the current turn. Reads go straight
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -44,11 +43,18 @@ class CoalescingTransport(asyncio.Transport):
         pending, self._pending = self._pending, []
         if self._transport.is_closing():
             return  # closed under us: a plain transport drops writes after close as well
-        with contextlib.suppress(ConnectionError):  # as asyncssh's own write: connection_lost follows
+        try:
             if len(pending) == 1:
                 self._transport.write(pending[0])
             else:
                 self._transport.writelines(pending)
+        except ConnectionError:
+            pass  # as asyncssh's own write: connection_lost follows
+        except Exception:
+            # Raised in a loop callback, not to asyncssh: the connection would go on with these bytes
+            # missing from its stream. End it instead (asyncssh hears connection_lost); the loop logs it.
+            self._transport.abort()
+            raise
 
     def close(self) -> None:
         self._flush()  # what was written before the close still goes out, as with a plain transport

@@ -81,6 +81,26 @@ async def test_close_sends_what_was_written_first_and_abort_drops_it() -> None:
     assert other.sends == [] and other.aborted
 
 
+async def test_a_send_that_fails_otherwise_than_a_lost_connection_ends_it() -> None:
+    """The send runs in a loop callback, where asyncssh would never hear of the error: the connection
+    must not go on with bytes missing from its stream."""
+    loop = asyncio.get_running_loop()
+    seen: list[object] = []
+    loop.set_exception_handler(lambda _loop, context: seen.append(context.get("exception")))
+
+    class _Broken(_Recorder):
+        def writelines(self, list_of_data: Any) -> None:
+            raise RuntimeError("cannot write")
+
+    real = _Broken()
+    t = CoalescingTransport(real, loop)
+    t.write(b"a")
+    t.write(b"b")
+    await _turn()
+    loop.set_exception_handler(None)
+    assert real.aborted and [type(e) for e in seen] == [RuntimeError]
+
+
 async def test_coalesce_refuses_what_it_would_bypass(tmp_path: Path) -> None:
     kh = tmp_path / "known_hosts"
     kh.write_text("")
