@@ -18,6 +18,7 @@ from typing import Any, Protocol, cast
 import asyncssh
 
 from .client import Client
+from .coalesce import CoalescingConnector
 from .connection import (
     DEFAULT_CALL_TIMEOUT,
     DEFAULT_EVENT_QUEUE,
@@ -264,9 +265,11 @@ async def open_ssh(
     client_keys: Sequence[Any] | None = None,
     known_hosts: str | os.PathLike[str] | None,
     timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    coalesce: bool = False,
     **ssh_options: Any,
 ) -> asyncssh.SSHClientConnection:
-    """An SSH connection with the same checks connect_ssh makes, for callers who share one per host."""
+    """An SSH connection with the same checks connect_ssh makes, for callers who share one per host.
+    `coalesce`: the writes of one event-loop turn leave in one send (coalesce.py; needs config=None)."""
     timeout = _check_timeout("timeout", timeout)
     where = f"ssh://{username + '@' if username else ''}{host}:{port}"
     kh: Any = None
@@ -275,6 +278,16 @@ async def open_ssh(
         if not os.path.isfile(kh):  # noqa: ASYNC240 - one stat before connecting, on purpose
             raise ConnectFailed(f"{where}: known_hosts file {kh!r} does not exist")
     options: dict[str, Any] = {"known_hosts": kh, "encryption_algs": PREFERRED_CIPHERS}
+    if coalesce:
+        # One send per loop turn (coalesce.py). It makes the TCP connection itself, so a tunnel, socket
+        # or proxy command (given, in an options object, or from an ssh config file) would be bypassed:
+        # refuse those instead.
+        clash = sorted({"tunnel", "sock", "proxy_command", "options"} & ssh_options.keys())
+        if clash or ssh_options.get("config", ()) is not None:
+            raise ValueError(f"open_ssh: coalesce=True needs config=None and no "
+                             f"{', '.join(clash) or 'tunnel'} (it opens the TCP connection itself)")
+        create = {k: ssh_options.pop(k) for k in ("family", "flags", "local_addr") if k in ssh_options}
+        options["tunnel"] = CoalescingConnector(**create)
     if username is not None:
         options["username"] = username
     if client_keys is not None:

@@ -96,8 +96,9 @@ class Controller:
         self._stopped: asyncio.Event | None = None
         self._last_gc: list[Collected] = []
         self._seen: dict[Key, tuple[object, ...]] = {}  # key -> what of metadata last triggered a reconcile
-        # Keys queued only by the clock (a resync, a probe refresh) and by nothing since: their reconcile
-        # may trust healthy probes instead of reading the VM (planner.vouched). Any other add clears it.
+        # Keys queued only by the clock (a resync, a probe refresh) or their own probes turning healthy,
+        # and by nothing since: their reconcile may trust healthy probes instead of reading the VM
+        # (planner.vouched). Any other add clears it.
         self._routine: set[Key] = set()
         self.reconcile_timeout = reconcile_timeout
         self.wedge_grace = wedge_grace
@@ -284,13 +285,21 @@ class Controller:
         self._routine.discard(key)
 
     def _enqueue_any(self, key: ProbeKey) -> None:
-        self.enqueue(key.proxy, urgent=True)  # a changed verdict: the Proxy turns Ready (or not) now
+        """A changed verdict: the Proxy turns Ready (or not) now. Its own endpoint turning healthy is
+        routine (planner.vouched): the probes that just passed at status.ip vouch for the VM there, so
+        the pass need not read it (a Get: four calls and an exec per Proxy on its way to Ready)."""
+        health = self.prober.health(key)
+        if not key.replacement and health is not None and health.healthy is True:
+            self._enqueue_routine(key.proxy, urgent=True)
+        else:
+            self.enqueue(key.proxy, urgent=True)
 
-    def _enqueue_routine(self, key: Key) -> None:
-        """Queue `key` for the clock's sake: routine unless something else already wants it."""
+    def _enqueue_routine(self, key: Key, *, urgent: bool = False) -> None:
+        """Queue `key` for the clock's (or a healthy verdict's) sake: routine unless something else
+        already wants it."""
         if not self.queue.wanted(key):
             self._routine.add(key)
-        self.queue.add(key)
+        self.queue.add(key, urgent=urgent)
 
     def _enqueue_unless_backing_off(self, key: ProbeKey) -> None:
         """A probe refresh (no verdict change) for a key whose reconciles are failing waits for its

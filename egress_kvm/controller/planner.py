@@ -123,7 +123,7 @@ class Observed:
     quota: QuotaError | None = field(default=None, compare=False)  # the last create found no capacity
     importing: InProgress | None = field(default=None, compare=False)  # the last create waits on an import
     namespace: str = ""
-    routine: bool = False  # queued only by the clock (a resync, a probe refresh): see vouched
+    routine: bool = False  # queued only by the clock or its probes turning healthy: see vouched
     # Instances status names whose providers-file entry is gone (desired.unserved): never retired by a
     # Delete (nothing can delete them; dropping them from status would leak their VMs), kept in status
     # as previousInstance until the entry is back.
@@ -270,19 +270,22 @@ class _Book:
 def vouched(o: Observed, target: Ref) -> Instance | None:
     """The target as its healthy probes vouch for it, or None when the provider must be asked.
 
-    Only for a routine pass (queued by the clock alone: a resync, a probe refresh; any event, verdict
-    change, requeue or host coming back asks for a real look). A Ready Proxy whose own endpoint
-    (status.ip, the spec's port and check) this process probes with a healthy verdict is running at that
-    IP: a stopped, paused, deleted or readdressed VM fails its probes and turns the verdict, which
-    re-queues the key (not routine) and brings the provider read back. So a settled Proxy costs its host
-    nothing on a resync or a probe refresh; at 1,000 Proxies those Gets (four calls and an exec each) had
-    been most of the operator's steady-state load. Anything unsettled still looks: another phase or
-    generation, a replacement, a host last seen unreachable, a verdict not healthy, a probe of another
-    endpoint, no probe (a restart: the first pass looks before it watches)."""
+    Only for a routine pass (queued by the clock alone: a resync, a probe refresh; or by its own probes
+    turning healthy; any event, other verdict change, requeue or host coming back asks for a real look).
+    A Ready or Running Proxy whose own endpoint (status.ip, the spec's port and check) this process
+    probes with a healthy verdict is running at that IP: a stopped, paused, deleted or readdressed VM
+    fails its probes and turns the verdict, which re-queues the key (not routine) and brings the provider
+    read back. So a settled Proxy costs its host nothing on a resync or a probe refresh; at 1,000 Proxies
+    those Gets (four calls and an exec each) had been most of the operator's steady-state load, and the
+    pass that turns a Running Proxy Ready once its probes pass costs none either (one Get per Proxy
+    created). Anything unsettled still looks: another phase or generation, a replacement, a host last
+    seen unreachable, a verdict not healthy, a probe of another endpoint, no probe (a restart: the first
+    pass looks before it watches)."""
     st = o.status
     ip = st.get("ip")
-    if (not o.routine or st.get("phase") != READY or st.get("observedGeneration") != o.generation or not ip
-            or st.get("previousInstance") or Ref.from_status(st.get("instance")) != target or o.created
+    if (not o.routine or st.get("phase") not in (READY, RUNNING) or not ip
+            or st.get("observedGeneration") != o.generation or st.get("previousInstance")
+            or Ref.from_status(st.get("instance")) != target or o.created
             or (get_condition(st, COND_HOST) or {}).get("status") == "False"):
         return None
     probe = o.probes.by_key.get(o.own)

@@ -87,7 +87,7 @@ class KubeApiClient:
     async def update_proxy_status(self, obj: Obj, status: Obj) -> Obj:
         current = obj
         for _attempt in range(CONFLICT_RETRIES):
-            body = {**current, "status": copy.deepcopy(status)}
+            body = {**_unmanaged(current), "status": copy.deepcopy(status)}
             namespace, name = _ns_name(current)
             try:
                 return await self._custom.replace_namespaced_custom_object_status(
@@ -114,7 +114,7 @@ class KubeApiClient:
                 finalizers.append(FINALIZER)
             else:
                 finalizers = [f for f in finalizers if f != FINALIZER]
-            body = copy.deepcopy(current)
+            body = copy.deepcopy(_unmanaged(current))
             body["metadata"]["finalizers"] = finalizers
             namespace, name = _ns_name(current)
             try:
@@ -250,3 +250,13 @@ def _ns_name(obj: Obj) -> tuple[str, str]:
 def _key_text(obj: Obj) -> str:
     ns, name = _ns_name(obj)
     return f"{ns}/{name}"
+
+
+def _unmanaged(obj: Obj) -> Obj:
+    """`obj` without metadata.managedFields, for a write body: the API server keeps the stored list when
+    a write omits it (only an explicit list replaces it), and sending it back costs both sides encoding
+    and parsing it on every status write (it is most of a small object's metadata)."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}

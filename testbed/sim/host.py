@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 from lxml import etree
 
+from egress_kvm.providers.kvm.seed import read_seed_iso
 from rpc.constants import DomainState, ErrorCode
 
 from . import proxy
@@ -164,7 +165,8 @@ class SimHost:
         await asyncio.sleep(self.knobs.boot_delay_s)
         if self.hyp.domains.get(dom.name) is not dom or dom.id == -1:
             return
-        static = self._static_ip(dom)
+        seed = self._seed_files(dom)  # read once: each read parses the ISO
+        static = self._static_ip(dom, seed)
         if static is not None:
             with contextlib.suppress(ValueError):
                 self.free_ips.remove(static)
@@ -173,7 +175,7 @@ class SimHost:
             guest.ip = self.free_ips.pop(0)
         else:
             return
-        port = self._proxy_port(dom)
+        port = self._proxy_port(seed)
         try:
             guest.server = await proxy.serve(guest.ip, port)
         except OSError:
@@ -204,8 +206,6 @@ class SimHost:
 
     def _seed_files(self, dom: Domain) -> dict[str, bytes]:
         """The files of the domain's seed ISO (its cdrom), as cloud-init's NoCloud would read them."""
-        from egress_kvm.providers.kvm.seed import read_seed_iso
-
         root = etree.fromstring(dom.xml.encode())
         for disk in root.iterfind("devices/disk"):
             src = disk.find("source")
@@ -216,17 +216,17 @@ class SimHost:
                 return read_seed_iso(bytes(vol.data[0:len(vol.data)])).files
         return {}
 
-    def _proxy_port(self, dom: Domain) -> int:
+    def _proxy_port(self, seed: dict[str, bytes]) -> int:
         """The `Port N` the guest's cloud-init user-data configures (tinyproxy's syntax), else the default."""
-        match = _PORT_LINE.search(self._seed_files(dom).get("user-data", b""))
+        match = _PORT_LINE.search(seed.get("user-data", b""))
         if match and 0 < int(match.group(1)) < 65536:
             return int(match.group(1))
         return self.knobs.default_proxy_port
 
-    def _static_ip(self, dom: Domain) -> str | None:
+    def _static_ip(self, dom: Domain, seed: dict[str, bytes]) -> str | None:
         """The IPv4 the seed's network-config (version 2) gives the NIC with this domain's MAC, as
         cloud-init would apply it; None without one (the guest uses DHCP)."""
-        return static_address(self._seed_files(dom).get("network-config"), mac=dom.mac)
+        return static_address(seed.get("network-config"), mac=dom.mac)
 
     def agent_command(self, handle: Any, command: str) -> str:
         """The simulated guest agent: `guest-ping`, and `guest-exec` of `systemctl stop qemu-guest-agent`

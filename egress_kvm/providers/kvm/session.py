@@ -146,7 +146,8 @@ async def ssh_dial(host: HostConfig, options: DialOptions) -> Session:
     conn = await rpc.open_ssh(
         address, port, username=host.user, client_keys=[options.ssh_key_file],
         known_hosts=options.known_hosts_file, timeout=options.timeout, client_factory=lambda: tracker,
-        agent_path=None, config=None, keepalive_interval=options.keepalive_interval, keepalive_count_max=3)
+        agent_path=None, config=None, keepalive_interval=options.keepalive_interval, keepalive_count_max=3,
+        coalesce=True)  # one send per loop turn: calls in flight together share it (rpc/coalesce.py)
     try:
         client = await rpc.connect_over(
             conn, socket_path=host.socket, uri=LIBVIRT_URI, timeout=options.timeout,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from egress_kvm import metrics
 from egress_kvm.controller.manager import Controller
 from egress_kvm.controller.outcome import Result
-from egress_kvm.controller.verdict import ProbeKey
+from egress_kvm.controller.verdict import Health, ProbeKey
 from egress_kvm.providers.base import InstanceChange, InstanceEvent
 
 from .conftest import FAST, LOOPBACK_POLICIES, eventually
@@ -149,21 +150,7 @@ async def test_a_requeue_that_comes_due_while_a_routine_pass_waits_makes_that_pa
     """A resync queues a key (routine: planner.vouched may trust its probes); before a worker takes it, a
     delayed add comes due (an earlier pass's requeue_after, a backoff retry). That add asks for a real
     look, as every add but the clock's does: the queued pass must not stay routine."""
-    c = Controller(kube=kube, store=kube, providers={"kvm-home": provider}, egress=LOOPBACK_POLICIES, **FAST)
-    kube.create_proxy("px1", spec_for(proxy_server))
-    passes: list[bool] = []
-
-    async def reconcile(key, *, routine=False):  # type: ignore[no-untyped-def]
-        passes.append(routine)
-        return Result()
-
-    c.reconciler.reconcile = reconcile  # type: ignore[method-assign]
-    async def one_pass() -> None:  # what a worker does
-        key = await asyncio.wait_for(c.queue.get(), 5)
-        try:
-            await c._process(key)
-        finally:
-            c.queue.done(key)
+    c, passes, one_pass = routine_recorder(kube, provider, proxy_server)
 
     await c._resync()
     await one_pass()  # the clock alone: routine
@@ -260,3 +247,51 @@ async def test_an_instance_event_while_a_routine_pass_waits_makes_that_pass_look
     finally:
         c.queue.done(key)
     assert passes == [False]
+
+
+async def test_a_verdict_turning_healthy_queues_a_routine_pass_and_any_other_change_a_look(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy) -> None:
+    """The pass a verdict change queues: the Proxy's own probes turning healthy vouch for its VM
+    (routine: planner.vouched may skip the Get), a verdict turning unhealthy or the replacement's
+    verdict asks for a real look, and another add before the pass runs makes it look as well."""
+    c, passes, one_pass = routine_recorder(kube, provider, proxy_server)
+
+    own, replacement = ProbeKey(KEY), ProbeKey(KEY, replacement=True)
+    c.prober._health[own] = Health(healthy=True, message="ok", successes=1)
+    c._enqueue_any(own)
+    await one_pass()
+    c.prober._health[own] = Health(healthy=False, message="refused", failures=3)
+    c._enqueue_any(own)
+    await one_pass()
+    c.prober._health[replacement] = Health(healthy=True, message="ok", successes=1)
+    c._enqueue_any(replacement)
+    await one_pass()
+    c.prober._health[own] = Health(healthy=True, message="ok", successes=1)
+    c._enqueue_any(own)
+    c.enqueue(KEY)  # somebody asks before the pass runs
+    await one_pass()
+    assert passes == [True, False, False, False]
+    await c.stop(timeout=0)
+
+
+def routine_recorder(kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy,
+                     ) -> tuple[Controller, list[bool], Callable[[], Awaitable[None]]]:
+    """A controller with Proxy px1 whose reconciles only record whether each pass was routine, and
+    `one_pass`: what a worker does with the next queued key."""
+    c = Controller(kube=kube, store=kube, providers={"kvm-home": provider}, egress=LOOPBACK_POLICIES, **FAST)
+    kube.create_proxy("px1", spec_for(proxy_server))
+    passes: list[bool] = []
+
+    async def reconcile(key, *, routine=False):  # type: ignore[no-untyped-def]
+        passes.append(routine)
+        return Result()
+
+    c.reconciler.reconcile = reconcile  # type: ignore[method-assign]
+
+    async def one_pass() -> None:
+        key = await asyncio.wait_for(c.queue.get(), 5)
+        try:
+            await c._process(key)
+        finally:
+            c.queue.done(key)
+    return c, passes, one_pass

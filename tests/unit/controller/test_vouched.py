@@ -1,5 +1,6 @@
-"""planner.vouched as a table: when a routine pass (a resync, a probe refresh) may trust a settled Ready
-Proxy's healthy probes instead of reading its VM, and every case that must still look."""
+"""planner.vouched as a table: when a routine pass (a resync, a probe refresh, its probes turning healthy)
+may trust a Ready or Running Proxy's healthy probes instead of reading its VM, and every case that must
+still look."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from egress_kvm.controller.planner import Look, Observed, Probe, Probes, plan_managed, vouched
+from egress_kvm.controller.planner import Look, Observed, Probe, Probes, WriteStatus, plan_managed, vouched
 from egress_kvm.controller.status import Ref
 from egress_kvm.controller.verdict import Health, ProbeTarget
 from egress_kvm.providers.base import PowerState
@@ -40,7 +41,9 @@ REACHABLE = [{"type": "HostReachable", "status": "True", "reason": "Reachable", 
 CASES = [
     ("settled, routine, healthy probe of its endpoint", obs(settled()), True),
     ("not routine (an event, a requeue, an enqueue)", obs(settled(), routine=False), False),
-    ("not Ready", obs(settled(phase="Running")), False),
+    ("Running (its probes just turned healthy)", obs(settled(phase="Running")), True),
+    ("Provisioning", obs(settled(phase="Provisioning")), False),
+    ("Pending", obs(settled(phase="Pending")), False),
     ("status of an older generation", obs(settled(observedGeneration=1)), False),
     ("no ip in status", obs(settled(ip=None)), False),
     ("a replacement in flight", obs(settled(previousInstance=OLD.to_dict())), False),
@@ -81,3 +84,11 @@ def test_a_vouched_pass_plans_no_look_and_the_same_pass_not_routine_looks() -> N
 def test_a_desired_instance_that_differs_is_never_vouched_for() -> None:
     o = replace(obs(settled()), desired=Ref("proxy-other", "nas1"))
     assert any(isinstance(a, Look) for a in plan_managed(o, T).actions)
+
+
+def test_the_pass_after_its_probes_turn_healthy_says_ready_without_a_look() -> None:
+    o = obs(settled(phase="Running", message="waiting for health probes"))
+    step = plan_managed(o, T)
+    assert not any(isinstance(a, Look) for a in step.actions)
+    written = [a.status for a in step.actions if isinstance(a, WriteStatus)]
+    assert [s["phase"] for s in written] == ["Ready"] and written[0]["ip"] == IP

@@ -119,6 +119,32 @@ async def test_the_operators_writes_are_owned_by_egress_kvm() -> None:
         assert set(owned[("egress-kvm", "status")]["f:status"]) == {".", "f:phase", "f:message"}
 
 
+async def test_writes_leave_managed_fields_out_and_the_server_keeps_them() -> None:
+    """A write body without metadata.managedFields (encoding and parsing them on every status write was
+    work for nothing): the stored list keeps every manager's entry, as an API server does."""
+    async with emulator_with_crd() as (_emu, client):
+        kube = KubeApiClient(client)
+        await create_proxy(client, "p")
+        bodies: list[Any] = []
+        real_call = client.call_api
+
+        async def recording(*args: Any, **kwargs: Any) -> Any:
+            bodies.append(kwargs.get("body"))
+            return await real_call(*args, **kwargs)
+
+        client.call_api = recording  # type: ignore[method-assign]
+        obj = await kube.get_proxy("default", "p")
+        assert obj is not None and obj["metadata"]["managedFields"]  # what a read hands the operator
+        obj = await kube.set_finalizer(obj, present=True)
+        await kube.update_proxy_status(obj, {"phase": "Pending", "message": "waiting"})
+        writes = [b for b in bodies if isinstance(b, dict) and "metadata" in b]
+        assert len(writes) == 2 and all("managedFields" not in b["metadata"] for b in writes)
+        fresh = await kube.get_proxy("default", "p")
+        assert fresh is not None
+        managers = {(m["manager"], m.get("subresource", "")) for m in fresh["metadata"]["managedFields"]}
+        assert {("egress-kvm", ""), ("egress-kvm", "status")} <= managers and len(managers) == 3
+
+
 async def test_status_update_from_a_stale_object_retries_the_conflict() -> None:
     async with emulator_with_crd() as (_emu, client):
         kube = KubeApiClient(client)
