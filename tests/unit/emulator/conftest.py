@@ -2,33 +2,16 @@
 
 from __future__ import annotations
 
-import copy
-import functools
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from kube.kube_emulator_fixtures import proxy_crd
 
 from testbed.emulator import Api, Emulator
 from testbed.emulator.resources import ResourceType
 
-ROOT = Path(__file__).resolve().parents[3]
-PROXY_CRD = ROOT / "deploy" / "crd" / "egressproxies.io_proxies.yaml"
 GROUP, VERSION, PLURAL = "egressproxies.io", "v1alpha1", "proxies"
-
-
-@functools.cache
-def _parsed_proxy_crd() -> dict[str, Any]:
-    """Parsed once: yaml.safe_load of this file takes ~50 ms of CPU, and `api`/`emu` need it per test."""
-    parsed: dict[str, Any] = yaml.safe_load(PROXY_CRD.read_text())
-    return parsed
-
-
-def proxy_crd() -> dict[str, Any]:
-    """The Proxy CRD as deploy/ has it, a fresh copy each call (the emulator or a test may change it)."""
-    return copy.deepcopy(_parsed_proxy_crd())
 
 
 def proxy(name: str = "p1", **spec: Any) -> dict[str, Any]:

@@ -26,16 +26,20 @@ CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 @functools.cache
 def _parsed_crd() -> dict[str, Any]:
-    """Parsed once (yaml.safe_load of the CRD takes ~50 ms of CPU); each emulator gets a deep copy."""
+    """Parsed once: yaml.safe_load of the CRD takes ~50 ms of CPU, and emulators need it per test."""
     parsed: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
     return parsed
+
+
+def proxy_crd() -> dict[str, Any]:
+    """The Proxy CRD as deploy/ has it, a fresh copy each call (the emulator or a test may change it)."""
+    return copy.deepcopy(_parsed_crd())
 
 
 @contextlib.asynccontextmanager
 async def emulator_with_crd(**kw: Any) -> AsyncIterator[tuple[Emulator, ApiClient]]:
     async with Emulator.running(port=0, **kw) as emu, ApiClient(Configuration(host=emu.url)) as client:
-        crd = copy.deepcopy(_parsed_crd())
-        await request_json(client, "POST", CRDS, body=crd)
+        await request_json(client, "POST", CRDS, body=proxy_crd())
         yield emu, client
 
 
