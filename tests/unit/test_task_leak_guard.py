@@ -66,8 +66,10 @@ async def test_keeps_a_failed_task(keep):
 
 
 def run_pytest(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`-rN`: no short test summary, whose lines pytest prints in full under CI (the `CI` variable) and
+    truncates elsewhere, so the counts below would depend on where the suite runs."""
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto",
+        [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto",
          "--rootdir", str(tmp_path), str(tmp_path)],
         cwd=tmp_path, capture_output=True, text=True, timeout=120)
 
