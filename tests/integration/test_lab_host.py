@@ -1,8 +1,10 @@
 """The lab's own proof for its hosts: real netns, sshd, libvirtd, dnsmasq; reachable over real SSH with
 the host key checked; idempotent `up`; a crashed lab cleaned and rebuilt; `down` leaves nothing behind.
 
-Uses its own lab index (EGRESS_LAB_SELFTEST_INDEX, default 5), and only that one, with its own state
-dirs, apart from the shared session lab that other tests use.
+Uses its own lab index, and only that one, with its own state dirs, apart from the shared session lab
+that other tests use: EGRESS_LAB_SELFTEST_INDEX, by default the session lab's index + 4 (mod 8: 0->4,
+3->7, 5->1), so two sessions with main labs 0-3 never remove each other's self-test lab; collecting this
+module fails, naming both variables, when it would be the session's own lab (tests/envknobs.py).
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from testbed import lab
 from testbed.lab import procs
 from testbed.lab.host import authorized_keys_path
 from testbed.lab.layout import LabLayout
+from tests.envknobs import selftest_lab_index
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-INDEX = int(os.environ.get("EGRESS_LAB_SELFTEST_INDEX", "5"))
+INDEX = selftest_lab_index()
 
 
 @pytest.fixture(scope="module")
