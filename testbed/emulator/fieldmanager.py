@@ -18,6 +18,10 @@ objects that all carry a `name` are maps keyed by name, `metadata.finalizers` is
   `FieldManagerConflict` cause per field, to change a value another manager owns, unless `force=true`,
   which takes the field over.
 - Status writes are recorded with `subresource: status`.
+- A non-apply write may set `metadata.managedFields` itself (`sent_ownership`): a list that decodes
+  replaces the stored one, an empty list (or one empty entry) clears it, and the write's own change is
+  then recorded on top; absent or null, or on a subresource, the stored list stays. An apply that
+  carries the field is refused (`applied_ownership_error`).
 """
 
 from __future__ import annotations
@@ -232,6 +236,50 @@ def serialize(items: list[Entry]) -> list[Obj]:
             m["subresource"] = e.subresource
         out.append(m)
     return out
+
+
+# --- ownership a request sets itself ---------------------------------------------------------------
+
+_ENTRY_KEYS = ("manager", "operation", "apiVersion", "time", "fieldsType", "fieldsV1", "subresource")
+
+
+def _empty_entry(m: Any) -> bool:
+    """An entry with every field at its zero value (`[{}]`: the documented way to clear the list)."""
+    return isinstance(m, dict) and all(m.get(k) in (None, "") for k in _ENTRY_KEYS)
+
+
+def _decodes(m: Any) -> bool:
+    """Whether the real server's DecodeManagedFields takes this entry (operation Apply or Update, an
+    apiVersion, fieldsType FieldsV1); one that does not makes it fall back to the stored list."""
+    return (isinstance(m, dict) and m.get("operation") in (Operation.APPLY.value, Operation.UPDATE.value)
+            and isinstance(m.get("apiVersion"), str) and bool(m["apiVersion"])
+            and m.get("fieldsType") == "FieldsV1" and isinstance(m.get("fieldsV1"), dict | None)
+            and all(isinstance(m.get(k), str | None) for k in ("manager", "subresource", "time")))
+
+
+def sent_ownership(sent: Any, *, subresource: str) -> list[Obj] | None:
+    """The managedFields a create, update or non-apply patch is recorded on top of, given what the
+    request's object carries in `metadata.managedFields` (`sent`, None when absent or null): None keeps
+    the stored list; [] clears it; a list is taken as sent. As the apiserver's field manager decides
+    (k8s.io/apimachinery/pkg/util/managedfields/internal/fieldmanager.go: decodeLiveOrNew,
+    isResetManagedFields): a subresource write never sets ownership; a non-nil empty list or a list of
+    one empty entry is a reset; a list that does not decode, or decodes to no manager, is ignored so
+    that clients unaware of the field cannot clear it by accident."""
+    if subresource or not isinstance(sent, list):
+        return None
+    if not sent or (len(sent) == 1 and _empty_entry(sent[0])):
+        return []
+    if not all(_decodes(m) for m in sent):
+        return None
+    return sent
+
+
+def applied_ownership_error(applied_meta: Obj) -> ApiError | None:
+    """An applied configuration may not carry managedFields (the server owns them): 400, as the
+    apiserver's structuredMergeManager.Apply answers any non-nil list."""
+    if isinstance(applied_meta.get("managedFields"), list):
+        return ApiError(400, "BadRequest", "metadata.managedFields must be nil")
+    return None
 
 
 # --- the two operations -----------------------------------------------------------------------------
