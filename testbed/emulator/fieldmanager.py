@@ -294,8 +294,9 @@ class Change:
     subresource: str = ""
     applied: frozenset[Path] = frozenset()
     taken: frozenset[Path] = frozenset()  # fields an Apply with force took from other managers
-    # managedFields a patch wrote itself (kubectl's client-side to server-side apply migration does): the
-    # ownership the change is recorded on top of, instead of the stored one.
+    # managedFields a create, update or patch set itself (`sent_ownership`; kubectl's client-side to
+    # server-side apply migration patches them): the ownership the change is recorded on top of, instead
+    # of the stored one. None: the stored one.
     base: list[Obj] | None = field(default=None, compare=False)
 
 
