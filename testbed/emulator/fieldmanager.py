@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import Enum
 from typing import Any
 
@@ -205,6 +206,8 @@ def from_fields_v1(tree: Obj, prefix: Path = ()) -> set[Path]:
         if element == ".":
             out.add(prefix)
             continue
+        if _path_element(element) is None:
+            continue  # no known path element type: structured-merge-diff drops it
         path = (*prefix, element)
         if not sub or set(sub) == {"."}:
             out.add(path)
@@ -244,17 +247,65 @@ _ENTRY_KEYS = ("manager", "operation", "apiVersion", "time", "fieldsType", "fiel
 
 
 def _empty_entry(m: Any) -> bool:
-    """An entry with every field at its zero value (`[{}]`: the documented way to clear the list)."""
-    return isinstance(m, dict) and all(m.get(k) in (None, "") for k in _ENTRY_KEYS)
+    """An entry with every field at its zero value (`[{}]`: the documented way to clear the list). An
+    empty string is no zero time and no empty fieldsV1: the apiserver cannot read such an entry at all,
+    so the list is not a reset but ignored (the stored list stays)."""
+    return isinstance(m, dict) and all(
+        m.get(k) is None or (m.get(k) == "" and k not in ("time", "fieldsV1")) for k in _ENTRY_KEYS)
+
+
+def _rfc3339(value: Any) -> bool:
+    """Whether metav1.Time reads `value` (RFC 3339: a date, a time and a zone)."""
+    if not isinstance(value, str) or "T" not in value.upper():
+        return False
+    try:
+        return datetime.fromisoformat(value).tzinfo is not None
+    except ValueError:
+        return False
+
+
+def _path_element(key: str) -> bool | None:
+    """structured-merge-diff's reading of one fieldsV1 key: True for a well-formed `f:`, `k:` (a JSON
+    object), `v:` (a JSON value) or `i:` (an index); False for a malformed one (the set does not
+    decode); None for a key of no known type, which it drops."""
+    kind, sep, rest = key.partition(":")
+    if not sep or kind not in ("f", "k", "v", "i"):
+        return None
+    if kind == "f":
+        return True
+    if kind == "i":
+        return rest.removeprefix("-").isdigit()
+    try:
+        value = json.loads(rest)
+    except ValueError:
+        return False
+    return kind == "v" or isinstance(value, dict)
+
+
+def _fields_v1_decodes(tree: Any) -> bool:
+    """Whether a fieldsV1 value decodes as a field set: null, or a map of path elements to such values
+    (`.`, the node itself, and keys of no known type are skipped whatever their value)."""
+    if tree is None:
+        return True
+    if not isinstance(tree, dict):
+        return False
+    for key, sub in tree.items():
+        if key == "." or _path_element(key) is None:
+            continue
+        if not _path_element(key) or not _fields_v1_decodes(sub):
+            return False
+    return True
 
 
 def _decodes(m: Any) -> bool:
     """Whether the real server's DecodeManagedFields takes this entry (operation Apply or Update, an
-    apiVersion, fieldsType FieldsV1); one that does not makes it fall back to the stored list."""
+    apiVersion, fieldsType FieldsV1, a fieldsV1 that decodes, a time it can read); one that does not
+    makes it fall back to the stored list."""
     return (isinstance(m, dict) and m.get("operation") in (Operation.APPLY.value, Operation.UPDATE.value)
             and isinstance(m.get("apiVersion"), str) and bool(m["apiVersion"])
-            and m.get("fieldsType") == "FieldsV1" and isinstance(m.get("fieldsV1"), dict | None)
-            and all(isinstance(m.get(k), str | None) for k in ("manager", "subresource", "time")))
+            and m.get("fieldsType") == "FieldsV1" and _fields_v1_decodes(m.get("fieldsV1"))
+            and all(isinstance(m.get(k), str | None) for k in ("manager", "subresource"))
+            and (m.get("time") is None or _rfc3339(m["time"])))
 
 
 def sent_ownership(sent: Any, *, subresource: str) -> list[Obj] | None:
