@@ -160,6 +160,7 @@ class _SessionLab:
     def get(self, *, image: bool):  # type: ignore[no-untyped-def]
         from testbed import lab
         from testbed.lab.layout import default_state_dir
+        from tests.envknobs import lab_index
 
         reason = lab.unavailable_reason()
         if reason:
@@ -170,7 +171,7 @@ class _SessionLab:
             if image and info.image is None:  # add the image to that running lab; it stays running
                 info = lab.up(state_dir=env_dir, index=info.index, hosts=len(info.hosts), image=True)
             return info
-        index = int(os.environ.get("EGRESS_LAB_INDEX", "0"))
+        index = lab_index()  # EGRESS_LAB_INDEX (tests/envknobs.py)
         hosts = int(os.environ.get("EGRESS_LAB_HOSTS", "2"))
         state = Path(env_dir) if env_dir else default_state_dir(index, simulated=self.simulated)
         if self.owned_dir is not None and not image and not lab.problems(self.owned_dir):

@@ -57,10 +57,6 @@ PATCH_TYPES = (
 )
 
 
-def meta_fields(obj: Obj) -> Any:
-    return (obj.get("metadata") or {}).get("managedFields")
-
-
 def rfc3339(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -133,6 +129,7 @@ class Api:
     ) -> tuple[Obj, list[str]]:
         obj = self._check_body(rt, body)
         meta = obj.setdefault("metadata", {})
+        sent = fieldmanager.sent_ownership(meta.get("managedFields"), subresource="")
         for k in _SERVER_META:
             meta.pop(k, None)
         if not meta.get("name") and meta.get("generateName"):
@@ -165,7 +162,7 @@ class Api:
         if rt.generation != "none":
             meta["generation"] = 1
         self._on_create(rt, obj)
-        self._track(rt, None, obj, change or Change(manager or "unknown"))
+        self._track(rt, None, obj, change or Change(manager or "unknown", base=sent))
         if dry_run:
             return obj, warnings
         stored = self.store.put(rt.key, obj, event="ADDED")
@@ -319,6 +316,7 @@ class Api:
                 name,
                 [FieldError("Invalid", "metadata.resourceVersion", 0, "must be specified for an update")],
             )
+        sent = fieldmanager.sent_ownership(meta.get("managedFields"), subresource=subresource)
         return self._write(
             rt,
             current,
@@ -326,7 +324,7 @@ class Api:
             subresource=subresource,
             field_validation=field_validation,
             dry_run=dry_run,
-            change=Change(manager or "unknown", subresource=subresource),
+            change=Change(manager or "unknown", subresource=subresource, base=sent),
         )
 
     def patch(
@@ -381,8 +379,9 @@ class Api:
             raise errors.conflict(rt.group_resource, name, errors.STALE)
         obj = self._check_body(rt, patched)
         self._place(rt, ns, obj["metadata"])
-        written = obj["metadata"].get("managedFields")
-        base = written if isinstance(written, list) and written != meta_fields(current) else None
+        # The patched object's managedFields: the stored list unless the patch changed it (kubectl's
+        # client-side to server-side apply migration patches it itself).
+        sent = fieldmanager.sent_ownership(obj["metadata"].get("managedFields"), subresource=subresource)
         return self._write(
             rt,
             current,
@@ -390,7 +389,7 @@ class Api:
             subresource=subresource,
             field_validation=field_validation,
             dry_run=dry_run,
-            change=Change(manager or "unknown", subresource=subresource, base=base),
+            change=Change(manager or "unknown", subresource=subresource, base=sent),
         )
 
     def apply(
@@ -416,6 +415,9 @@ class Api:
             raise errors.bad_request("apiVersion and kind must be set in an applied configuration")
         applied = self._check_body(rt, body)
         meta = applied.setdefault("metadata", {})
+        refused = fieldmanager.applied_ownership_error(meta)
+        if refused is not None:
+            raise refused
         if meta.get("name") and meta["name"] != name:
             raise errors.bad_request(
                 f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"

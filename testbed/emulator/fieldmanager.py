@@ -18,6 +18,10 @@ objects that all carry a `name` are maps keyed by name, `metadata.finalizers` is
   `FieldManagerConflict` cause per field, to change a value another manager owns, unless `force=true`,
   which takes the field over.
 - Status writes are recorded with `subresource: status`.
+- A non-apply write may set `metadata.managedFields` itself (`sent_ownership`): a list that decodes
+  replaces the stored one, an empty list (or one empty entry) clears it, and the write's own change is
+  then recorded on top; absent or null, or on a subresource, the stored list stays. An apply that
+  carries the field is refused (`applied_ownership_error`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import Enum
 from typing import Any
 
@@ -201,6 +206,8 @@ def from_fields_v1(tree: Obj, prefix: Path = ()) -> set[Path]:
         if element == ".":
             out.add(prefix)
             continue
+        if _path_element(element) is None:
+            continue  # no known path element type: structured-merge-diff drops it
         path = (*prefix, element)
         if not sub or set(sub) == {"."}:
             out.add(path)
@@ -234,6 +241,98 @@ def serialize(items: list[Entry]) -> list[Obj]:
     return out
 
 
+# --- ownership a request sets itself ---------------------------------------------------------------
+
+_ENTRY_KEYS = ("manager", "operation", "apiVersion", "time", "fieldsType", "fieldsV1", "subresource")
+
+
+def _empty_entry(m: Any) -> bool:
+    """An entry with every field at its zero value (`[{}]`: the documented way to clear the list). An
+    empty string is no zero time and no empty fieldsV1: the apiserver cannot read such an entry at all,
+    so the list is not a reset but ignored (the stored list stays)."""
+    return isinstance(m, dict) and all(
+        m.get(k) is None or (m.get(k) == "" and k not in ("time", "fieldsV1")) for k in _ENTRY_KEYS)
+
+
+def _rfc3339(value: Any) -> bool:
+    """Whether metav1.Time reads `value` (RFC 3339: a date, a time and a zone)."""
+    if not isinstance(value, str) or "T" not in value.upper():
+        return False
+    try:
+        return datetime.fromisoformat(value).tzinfo is not None
+    except ValueError:
+        return False
+
+
+def _path_element(key: str) -> bool | None:
+    """structured-merge-diff's reading of one fieldsV1 key: True for a well-formed `f:`, `k:` (a JSON
+    object), `v:` (a JSON value) or `i:` (an index); False for a malformed one (the set does not
+    decode); None for a key of no known type, which it drops."""
+    kind, sep, rest = key.partition(":")
+    if not sep or kind not in ("f", "k", "v", "i"):
+        return None
+    if kind == "f":
+        return True
+    if kind == "i":
+        return rest.removeprefix("-").isdigit()
+    try:
+        value = json.loads(rest)
+    except ValueError:
+        return False
+    return kind == "v" or isinstance(value, dict)
+
+
+def _fields_v1_decodes(tree: Any) -> bool:
+    """Whether a fieldsV1 value decodes as a field set: null, or a map of path elements to such values
+    (`.`, the node itself, and keys of no known type are skipped whatever their value)."""
+    if tree is None:
+        return True
+    if not isinstance(tree, dict):
+        return False
+    for key, sub in tree.items():
+        if key == "." or _path_element(key) is None:
+            continue
+        if not _path_element(key) or not _fields_v1_decodes(sub):
+            return False
+    return True
+
+
+def _decodes(m: Any) -> bool:
+    """Whether the real server's DecodeManagedFields takes this entry (operation Apply or Update, an
+    apiVersion, fieldsType FieldsV1, a fieldsV1 that decodes, a time it can read); one that does not
+    makes it fall back to the stored list."""
+    return (isinstance(m, dict) and m.get("operation") in (Operation.APPLY.value, Operation.UPDATE.value)
+            and isinstance(m.get("apiVersion"), str) and bool(m["apiVersion"])
+            and m.get("fieldsType") == "FieldsV1" and _fields_v1_decodes(m.get("fieldsV1"))
+            and all(isinstance(m.get(k), str | None) for k in ("manager", "subresource"))
+            and (m.get("time") is None or _rfc3339(m["time"])))
+
+
+def sent_ownership(sent: Any, *, subresource: str) -> list[Obj] | None:
+    """The managedFields a create, update or non-apply patch is recorded on top of, given what the
+    request's object carries in `metadata.managedFields` (`sent`, None when absent or null): None keeps
+    the stored list; [] clears it; a list is taken as sent. As the apiserver's field manager decides
+    (k8s.io/apimachinery/pkg/util/managedfields/internal/fieldmanager.go: decodeLiveOrNew,
+    isResetManagedFields): a subresource write never sets ownership; a non-nil empty list or a list of
+    one empty entry is a reset; a list that does not decode, or decodes to no manager, is ignored so
+    that clients unaware of the field cannot clear it by accident."""
+    if subresource or not isinstance(sent, list):
+        return None
+    if not sent or (len(sent) == 1 and _empty_entry(sent[0])):
+        return []
+    if not all(_decodes(m) for m in sent):
+        return None
+    return sent
+
+
+def applied_ownership_error(applied_meta: Obj) -> ApiError | None:
+    """An applied configuration may not carry managedFields (the server owns them): 400, as the
+    apiserver's structuredMergeManager.Apply answers any non-nil list."""
+    if isinstance(applied_meta.get("managedFields"), list):
+        return ApiError(400, "BadRequest", "metadata.managedFields must be nil")
+    return None
+
+
 # --- the two operations -----------------------------------------------------------------------------
 
 
@@ -246,8 +345,9 @@ class Change:
     subresource: str = ""
     applied: frozenset[Path] = frozenset()
     taken: frozenset[Path] = frozenset()  # fields an Apply with force took from other managers
-    # managedFields a patch wrote itself (kubectl's client-side to server-side apply migration does): the
-    # ownership the change is recorded on top of, instead of the stored one.
+    # managedFields a create, update or patch set itself (`sent_ownership`; kubectl's client-side to
+    # server-side apply migration patches them): the ownership the change is recorded on top of, instead
+    # of the stored one. None: the stored one.
     base: list[Obj] | None = field(default=None, compare=False)
 
 

@@ -55,6 +55,16 @@ def check_index(index: int) -> int:
     return index
 
 
+SELFTEST_OFFSET = (MAX_INDEX + 1) // 2
+
+
+def selftest_index(main: int) -> int:
+    """The index of the lab `tests/integration/test_lab_host.py` brings up, crashes and removes beside a
+    session whose own lab is `main`: half the range away (0<->4, 1<->5, 2<->6, 3<->7), so sessions that
+    take their main labs from 0-3 get self-test labs 4-7 that are neither their own nor another's."""
+    return (check_index(main) + SELFTEST_OFFSET) % (MAX_INDEX + 1)
+
+
 def check_hosts(hosts: int, *, simulated: bool = False) -> int:
     most = MAX_SIM_HOSTS if simulated else MAX_HOSTS
     if not isinstance(hosts, int) or isinstance(hosts, bool) or not 1 <= hosts <= most:

@@ -13,7 +13,9 @@ faults injected where they hurt. Scenarios run in order on one stack and build o
 5. Drift: one VM destroyed and one undefined with its volumes deleted behind the operator's back: both
    are started/recreated, on their lifecycle events.
 6. One host unreachable (host1's link down) while the other keeps serving (a delete on host0 completes),
-   and a Proxy deleted while its host is down: once the link is back it is gone, its VM and volumes too.
+   and a Proxy deleted while its host is down: its delete fails (status Deleting, HostReachable=False),
+   is retried and fails again, the finalizer kept; once the link is back it is gone, its VM and volumes
+   too.
 7. Restart storm: five operator SIGKILLs (and restarts) over creates and deletes on both hosts.
 
 Invariant after each: every Proxy converged (its recorded instance is a running domain on its zone, not
@@ -244,10 +246,40 @@ def test_6_host_unreachable_while_the_other_serves_and_a_delete_while_down(step)
         delete(step, "camp-c")  # host0 keeps serving
         wait_until(lambda: step.kubectl.get("px", "camp-c") is None and c not in domains(step.lab, "host0"),
                    timeout=CONVERGE_TIMEOUT, what="camp-c deleted on host0 while host1 is down", interval=2)
+        before = len(unreachable_retries(step, "camp-b"))  # earlier scenarios' lines, if any
         delete(step, "camp-b")  # its host is down
-        time.sleep(15)
-        assert step.kubectl.get("px", "camp-b") is not None  # the VM is not gone, so neither is the Proxy
+        # The operator tries the delete, cannot reach host1 (HostUnreachable) and keeps the finalizer:
+        # wait for a failed attempt in status, then for a retry that failed too.
+        deleting = wait_until(lambda: delete_failed_unreachable(step, "camp-b"), timeout=CONVERGE_TIMEOUT,
+                              what="camp-b Deleting, its delete failed with host1 unreachable", interval=1)
+        print(f"\n[host1 down] camp-b: {deleting['message']}")
+        # That attempt was logged before its status was written, but the log reaches its file through
+        # podman: count it even if its line is not there yet, so only a later attempt ends the wait.
+        failed = max(len(unreachable_retries(step, "camp-b")), before + 1)
+        wait_until(lambda: len(unreachable_retries(step, "camp-b")) > failed, timeout=CONVERGE_TIMEOUT,
+                   what="camp-b's delete retried and failed again with host1 unreachable", interval=1)
+        obj = step.kubectl.get("px", "camp-b")
+        assert obj is not None  # the VM is not gone, so neither is the Proxy
+        assert obj["metadata"].get("finalizers"), obj["metadata"]
     converge(step, "host1 unreachable, delete while down")
+
+
+def unreachable_retries(st: Stack, name: str) -> list[dict]:
+    """The operator's log lines for reconciles of `name` that failed because its host did not answer
+    (the reconciler's _trouble logs one per failed reconcile, before it writes the status)."""
+    return st.log_msgs("reconcile will be retried", proxy=f"default/{name}", reason="HostUnreachable")
+
+
+def delete_failed_unreachable(st: Stack, name: str) -> dict | None:
+    """The Proxy's status once a delete attempt failed because its host did not answer: phase Deleting
+    (finalize() writes it before the attempt), message "retrying: ..." and HostReachable=False
+    (outcome.py's HostUnreachable row, written by the reconciler's _trouble), else None."""
+    s = st.status(name)
+    host = [c for c in s.get("conditions", []) if c.get("type") == "HostReachable"]
+    if (s.get("phase") == "Deleting" and str(s.get("message", "")).startswith("retrying")
+            and host and host[0].get("status") == "False"):
+        return s
+    return None
 
 
 def test_7_restart_storm_over_create_and_delete(step):

@@ -30,6 +30,7 @@ from egress_kvm.config import load_providers_file
 from egress_kvm.preflight import run_preflight
 from egress_kvm.providers.base import CreateRequest, InProgress, Placement
 from egress_kvm.providers.registry import build_providers
+from tests.envknobs import boot_timeout
 
 pytestmark = [
     pytest.mark.integration,
@@ -72,7 +73,7 @@ async def test_create_get_delete_on_your_host(libvirt_trace: Callable[[str], Non
             except InProgress as e:
                 assert e.wake is not None
                 await e.wake
-        deadline = time.monotonic() + float(env.get("KVM_TEST_BOOT_TIMEOUT", "600"))
+        deadline = time.monotonic() + boot_timeout(600, env)
         ip = None
         while ip is None:
             inst = await provider.get(name, zone)

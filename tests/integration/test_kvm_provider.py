@@ -40,10 +40,11 @@ from egress_kvm.providers.registry import build_providers
 from testbed import lab as labmod
 from testbed.lab import faults
 from testbed.lab.manifests import IMAGE_KEY
+from tests.envknobs import boot_timeout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
-BOOT_TIMEOUT = float(os.environ.get("KVM_TEST_BOOT_TIMEOUT", "420"))  # more on a loaded machine
+BOOT_TIMEOUT = boot_timeout(420)  # KVM_TEST_BOOT_TIMEOUT: more on a loaded machine
 # Image keys made per run (a copy of the lab image's entry), so the download path runs every time.
 RUN_IMAGE_KEY = "debian-12-it"
 RUN_IMAGE_PREFIX = naming.legacy_base_volume(RUN_IMAGE_KEY).removesuffix(".qcow2")  # any base of such a key

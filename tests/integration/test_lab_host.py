@@ -1,8 +1,10 @@
 """The lab's own proof for its hosts: real netns, sshd, libvirtd, dnsmasq; reachable over real SSH with
 the host key checked; idempotent `up`; a crashed lab cleaned and rebuilt; `down` leaves nothing behind.
 
-Uses its own lab index (EGRESS_LAB_SELFTEST_INDEX, default 5), and only that one, with its own state
-dirs, apart from the shared session lab that other tests use.
+Uses its own lab index, and only that one, with its own state dirs, apart from the shared session lab
+that other tests use: EGRESS_LAB_SELFTEST_INDEX, by default the session lab's index + 4 (mod 8: 0->4,
+3->7, 5->1), so two sessions with main labs 0-3 never remove each other's self-test lab; collecting this
+module fails, naming both variables, when it would be the session's own lab (tests/envknobs.py).
 """
 
 from __future__ import annotations
@@ -20,10 +22,27 @@ from testbed import lab
 from testbed.lab import procs
 from testbed.lab.host import authorized_keys_path
 from testbed.lab.layout import LabLayout
+from tests.envknobs import selftest_lab_index
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-INDEX = int(os.environ.get("EGRESS_LAB_SELFTEST_INDEX", "5"))
+INDEX = selftest_lab_index()
+
+
+def live_lab_of_index(index: int) -> list[str]:
+    """The hosts of a running lab of `index` (a netns of the index with processes in it), each with one
+    of its command lines: `lab.up` removes every lab of its index wherever its state dir is, so this
+    module must not start while another session (or the demo) runs one at its index."""
+    found = []
+    for h in LabLayout.make(index=index, hosts=1).every_possible_host:
+        pids = procs.pids_in_netns(h.netns)
+        if pids:
+            cmdline = "?"
+            with contextlib.suppress(OSError):  # gone meanwhile
+                cmdline = Path(f"/proc/{pids[0]}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace").strip()[:160]
+            found.append(f"{h.netns}: {len(pids)} processes, e.g. {cmdline}")
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +50,12 @@ def own_lab(tmp_path_factory):
     reason = lab.unavailable_reason()
     if reason:
         pytest.skip(reason)
+    running = live_lab_of_index(INDEX)
+    if running:
+        pytest.fail(f"lab index {INDEX} (EGRESS_LAB_SELFTEST_INDEX, or EGRESS_LAB_INDEX + 4) is in use by a "
+                    f"running lab, which this module would remove: {'; '.join(running)}. Set "
+                    f"EGRESS_LAB_SELFTEST_INDEX to a free index, or, if that lab is a leftover of yours, "
+                    f"remove it with `egress-kvm lab down --index {INDEX}`", pytrace=False)
     state = tmp_path_factory.mktemp("lab-selftest")
     info = lab.up(state_dir=state, index=INDEX, hosts=2, image=False)
     yield info

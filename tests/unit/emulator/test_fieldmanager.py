@@ -4,6 +4,8 @@ subresource. kubectl's side is in tests/integration/test_kubectl_emulator.py."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from testbed.emulator import Api
@@ -12,6 +14,7 @@ from testbed.emulator.fieldmanager import (
     field_set,
     from_fields_v1,
     path_text,
+    sent_ownership,
     to_fields_v1,
 )
 from testbed.emulator.resources import ResourceType
@@ -128,3 +131,181 @@ def test_a_map_list_refuses_two_items_with_one_key(api: Api, proxies: ResourceTy
     assert exc.value.code == 422
     assert ('status.conditions[1]: Duplicate value: map[string]interface {}{"type":"Ready"}'
             in exc.value.message)
+
+
+# --- managedFields a write sets itself ---------------------------------------------------------------
+# The apiserver's field manager (k8s.io/apimachinery/pkg/util/managedfields/internal/fieldmanager.go,
+# decodeLiveOrNew and isResetManagedFields, with its TestResetManagedFieldsEmptyList): a non-apply write
+# whose object carries a managedFields list that decodes is recorded on top of that list instead of the
+# stored one; a non-nil empty list or a list of one empty entry resets it; absent, null, a list that does
+# not decode, or any list on a subresource write leaves the stored one. An apply may not carry it.
+
+HAND = {"manager": "by-hand", "operation": "Update", "apiVersion": "egressproxies.io/v1alpha1",
+        "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {".": {}, "f:provider": {}}}}
+BOGUS = {**HAND, "operation": "Replace"}  # not Apply or Update: the list does not decode
+
+
+@pytest.mark.parametrize(("sent", "subresource", "base"), [
+    (None, "", None),  # absent or null: the stored list
+    ([], "", []),  # a non-nil empty list: reset
+    ([{}], "", []),  # one empty entry: reset (the documented way)
+    ([{"manager": "", "time": None}], "", []),  # an entry of zero values is an empty entry
+    ([HAND], "", [HAND]),  # a list that decodes: taken as sent
+    ([HAND, BOGUS], "", None),  # one entry that does not decode: the stored list
+    ([{**HAND, "fieldsType": ""}], "", None),
+    ([{**HAND, "apiVersion": ""}], "", None),
+    ([{**HAND, "fieldsV1": "f:spec"}], "", None),
+    # a fieldsV1 that is no field set, a time metav1.Time cannot read: the entry does not decode
+    ([{**HAND, "fieldsV1": {"f:spec": "x"}}], "", None),
+    ([{**HAND, "fieldsV1": {"f:spec": {"f:port": 3}}}], "", None),
+    ([{**HAND, "fieldsV1": {"f:spec": ["f:port"]}}], "", None),
+    ([{**HAND, "fieldsV1": {"f:spec": {"k:{not json": {}}}}], "", None),
+    ([{**HAND, "fieldsV1": {"f:spec": {"k:[1]": {}}}}], "", None),  # a key is a JSON object
+    ([{**HAND, "fieldsV1": {"f:spec": {"v:nope": {}}}}], "", None),
+    ([{**HAND, "fieldsV1": {"f:spec": {"i:x": {}}}}], "", None),
+    ([{**HAND, "time": "yesterday"}], "", None),
+    ([{**HAND, "time": "2026-01-01"}], "", None),
+    ([{"time": ""}], "", None),  # no zero time: unreadable, not an empty entry
+    ([{"fieldsV1": ""}], "", None),
+    # well-formed: null leaves, keys of every type, a key of no known type (skipped, value unread)
+    ([{**HAND, "fieldsV1": {"f:spec": {"f:port": None, "x-future": 7, ".": "any",
+                                       "f:list": {"k:{\"name\":\"a\"}": {}, "v:\"b\"": {}, "i:0": {}}}},
+       "time": "2026-01-01T01:00:00.5+02:00"}], "", "as sent"),
+    ("not a list", "", None),
+    ([], "status", None),  # a subresource write never sets ownership
+    ([HAND], "status", None),
+])
+def test_what_a_write_sends_in_managed_fields(sent, subresource, base) -> None:
+    assert sent_ownership(sent, subresource=subresource) == (sent if base == "as sent" else base)
+
+
+def stored(api: Api, proxies: ResourceType) -> dict:
+    """Proxy `a` written by two managers: kubectl-create made it, kubectl-patch changed its port."""
+    api.create(proxies, "default", proxy("a", port=3128), manager="kubectl-create")
+    obj, _ = api.patch(proxies, "default", "a", MERGE, {"spec": {"port": 8080}}, manager="kubectl-patch")
+    assert set(owners(obj)) == {("kubectl-create", "Update", ""), ("kubectl-patch", "Update", "")}
+    return obj
+
+
+ABSENT = object()
+
+
+@pytest.mark.parametrize(("sent", "managers"), [
+    (ABSENT, {("kubectl-create", "Update", ""), ("kubectl-patch", "Update", "")}),  # kept
+    (None, {("kubectl-create", "Update", ""), ("kubectl-patch", "Update", "")}),  # null: kept
+    ([], set()),  # cleared
+    ([{}], set()),  # cleared
+    ([HAND], {("by-hand", "Update", "")}),  # replaced
+    ([BOGUS], {("kubectl-create", "Update", ""), ("kubectl-patch", "Update", "")}),  # ignored: kept
+])
+def test_an_update_sets_managed_fields_as_sent(api: Api, proxies: ResourceType, sent, managers) -> None:
+    body = copy.deepcopy(stored(api, proxies))
+    if sent is ABSENT:
+        del body["metadata"]["managedFields"]
+    else:
+        body["metadata"]["managedFields"] = sent
+    obj, _ = api.update(proxies, "default", "a", body, manager="writer")
+    assert set(owners(obj)) == managers
+    assert api.get(proxies, "default", "a")["metadata"].get("managedFields") == \
+        obj["metadata"].get("managedFields")
+    if sent == [HAND]:
+        assert obj["metadata"]["managedFields"] == [HAND]  # as sent, time included
+    if not managers:
+        assert "managedFields" not in obj["metadata"]
+
+
+@pytest.mark.parametrize("fields_v1", [{"f:spec": "x"}, {"f:spec": {"f:port": 3}}, {"f:spec": ["a"]},
+                                       {"f:spec": {"k:{": {}}}])
+def test_an_update_sending_fields_v1_that_is_no_field_set_keeps_the_stored_list(
+        api: Api, proxies: ResourceType, fields_v1) -> None:
+    """The apiserver cannot decode such a list and keeps the stored one (the emulator used to fail with
+    a 500 reading it)."""
+    body = copy.deepcopy(stored(api, proxies))
+    body["metadata"]["managedFields"] = [{**HAND, "fieldsV1": fields_v1}]
+    body["metadata"]["labels"] = {"x": "y"}
+    obj, _ = api.update(proxies, "default", "a", body, manager="writer")
+    assert set(owners(obj)) == {("kubectl-create", "Update", ""), ("kubectl-patch", "Update", ""),
+                                ("writer", "Update", "")}
+
+
+def test_a_key_of_no_known_type_in_sent_fields_v1_is_dropped(api: Api, proxies: ResourceType) -> None:
+    """structured-merge-diff skips a fieldsV1 key whose type it does not know (a future one)."""
+    body = copy.deepcopy(stored(api, proxies))
+    body["metadata"]["managedFields"] = [{**HAND, "fieldsV1": {"f:spec": {"f:provider": {}, "x:new": 7}}}]
+    obj, _ = api.update(proxies, "default", "a", body, manager="writer")
+    assert owners(obj) == {("by-hand", "Update", ""): {("f:spec", "f:provider")}}
+
+
+def test_an_update_sending_back_what_it_read_changes_nothing(api: Api, proxies: ResourceType) -> None:
+    before = stored(api, proxies)
+    obj, _ = api.update(proxies, "default", "a", copy.deepcopy(before), manager="writer")
+    assert obj["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert obj["metadata"]["managedFields"] == before["metadata"]["managedFields"]
+
+
+def test_a_reset_with_other_changes_gives_the_writer_what_it_changed(api: Api, proxies: ResourceType) -> None:
+    """The docs: "the managedFields being reset first and the other changes being processed afterwards. As
+    a result the applier takes ownership of any fields updated in the same request"."""
+    body = copy.deepcopy(stored(api, proxies))
+    body["metadata"]["managedFields"] = [{}]
+    body["spec"]["port"] = 9090
+    obj, _ = api.update(proxies, "default", "a", body, manager="writer")
+    assert owners(obj) == {("writer", "Update", ""): {("f:spec", "f:port")}}
+
+
+def test_a_status_update_never_sets_managed_fields(api: Api, proxies: ResourceType) -> None:
+    before = stored(api, proxies)
+    body = {**copy.deepcopy(before), "status": {"phase": "Ready"}}
+    body["metadata"]["managedFields"] = []
+    obj, _ = api.update(proxies, "default", "a", body, subresource="status", manager="egress-kvm")
+    assert set(owners(obj)) == {("kubectl-create", "Update", ""), ("kubectl-patch", "Update", ""),
+                                ("egress-kvm", "Update", "status")}
+
+
+JSON_PATCH = "application/json-patch+json"
+
+
+@pytest.mark.parametrize(("content_type", "patch", "managers"), [
+    (MERGE, {"metadata": {"managedFields": [{}]}}, set()),  # the docs' example
+    (MERGE, {"metadata": {"managedFields": []}}, set()),
+    (JSON_PATCH, [{"op": "replace", "path": "/metadata/managedFields", "value": [{}]}], set()),
+    (JSON_PATCH, [{"op": "replace", "path": "/metadata/managedFields", "value": [HAND]}],
+     {("by-hand", "Update", "")}),
+    (MERGE, {"metadata": {"managedFields": None}}, {("kubectl-create", "Update", ""),  # removed from the
+                                                    ("kubectl-patch", "Update", "")}),  # body: kept
+    (JSON_PATCH, [{"op": "replace", "path": "/metadata/managedFields", "value": [BOGUS]}],
+     {("kubectl-create", "Update", ""), ("kubectl-patch", "Update", "")}),  # does not decode: kept
+    (MERGE, {"metadata": {"labels": {"x": "y"}}},
+     {("kubectl-create", "Update", ""), ("kubectl-patch", "Update", ""), ("writer", "Update", "")}),
+])
+def test_a_patch_sets_managed_fields_as_the_patched_object_has_them(
+        api: Api, proxies: ResourceType, content_type, patch, managers) -> None:
+    stored(api, proxies)
+    obj, _ = api.patch(proxies, "default", "a", content_type, patch, manager="writer")
+    assert set(owners(obj)) == managers
+
+
+def test_a_status_patch_never_sets_managed_fields(api: Api, proxies: ResourceType) -> None:
+    stored(api, proxies)
+    patch = {"metadata": {"managedFields": []}, "status": {"phase": "Ready"}}
+    obj, _ = api.patch(proxies, "default", "a", MERGE, patch, subresource="status", manager="egress-kvm")
+    assert set(owners(obj)) == {("kubectl-create", "Update", ""), ("kubectl-patch", "Update", ""),
+                                ("egress-kvm", "Update", "status")}
+
+
+def test_a_create_with_managed_fields_gives_the_creator_what_it_sets(api: Api, proxies: ResourceType) -> None:
+    """A create is recorded on top of the list it sends, against an empty object: the creator takes
+    every field it sets, so an entry sent for those fields is left with nothing and goes."""
+    body = {**proxy("a"), "metadata": {"name": "a", "managedFields": [HAND]}}
+    obj, _ = api.create(proxies, "default", body, manager="creator")
+    assert set(owners(obj)) == {("creator", "Update", "")}
+    assert ("f:spec", "f:provider") in owners(obj)[("creator", "Update", "")]
+
+
+@pytest.mark.parametrize("sent", [[], [HAND]])
+def test_an_apply_carrying_managed_fields_is_refused(api: Api, proxies: ResourceType, sent) -> None:
+    body = {**proxy("a"), "metadata": {"name": "a", "managedFields": sent}}
+    with pytest.raises(ApiError) as exc:
+        api.patch(proxies, "default", "a", APPLY, body, manager="applier")
+    assert (exc.value.code, exc.value.message) == (400, "metadata.managedFields must be nil")

@@ -5,7 +5,14 @@ import itertools
 
 import pytest
 
-from testbed.lab.layout import LAB_SUPERNET, MAX_HOSTS, MAX_INDEX, LabLayout, default_state_dir
+from testbed.lab.layout import (
+    LAB_SUPERNET,
+    MAX_HOSTS,
+    MAX_INDEX,
+    LabLayout,
+    default_state_dir,
+    selftest_index,
+)
 
 
 def test_lab0_host0_matches_the_documented_plan():
@@ -82,3 +89,23 @@ def test_simulated_hosts_live_beside_the_real_lab_in_their_own_range():
     assert len(set(names)) == len(names)
     with pytest.raises(ValueError, match=r"lab hosts: .* 1\.\.16"):
         LabLayout.make(index=0, hosts=17, simulated=True)
+
+
+@pytest.mark.parametrize(("main", "selftest"),
+                         [(0, 4), (1, 5), (2, 6), (3, 7), (4, 0), (5, 1), (6, 2), (7, 3)])
+def test_the_selftest_lab_is_half_the_index_range_away(main, selftest):
+    assert selftest_index(main) == selftest
+
+
+def test_selftest_labs_of_main_labs_0_to_3_are_nobodys_main_lab():
+    """Sessions side by side with main labs 0-3: no self-test lab is any session's main lab, or another
+    session's self-test lab, and every one is a valid index (its own subnets, docs/lab.md)."""
+    mains = range((MAX_INDEX + 1) // 2)
+    selftests = [selftest_index(m) for m in mains]
+    assert not set(selftests) & set(mains) and len(set(selftests)) == len(selftests)
+    assert all(0 <= s <= MAX_INDEX for s in selftests)
+
+
+def test_selftest_index_refuses_an_index_out_of_range():
+    with pytest.raises(ValueError, match=r"lab index: 8 is not an integer in 0\.\.7"):
+        selftest_index(8)
