@@ -131,9 +131,8 @@ class Client:
     async def call(self, method: str, path: str, body: Any = None, *, ok: tuple[int, ...] = (200, 201)
                    ) -> Any:
         self.requests += 1
-        async with self.session.request(method, self.url + path, json=body,
-                                        params={"fieldManager": MANAGER} if method in ("POST", "PUT") else None
-                                        ) as resp:
+        params = {"fieldManager": MANAGER} if method in ("POST", "PUT") else None
+        async with self.session.request(method, self.url + path, json=body, params=params) as resp:
             data = await resp.json(content_type=None)
             if resp.status not in ok:
                 raise RuntimeError(f"{method} {path}: {resp.status} {data}")
@@ -160,13 +159,31 @@ async def delete_proxy(c: Client, name: str) -> None:
     await c.call("PUT", path, obj)
 
 
-async def watcher(session: aiohttp.ClientSession, url: str, seen: list[int]) -> None:
+class Seen:
+    """Events the watchers read, and a wake-up once they reach `want`."""
+
+    def __init__(self) -> None:
+        self.count, self.want, self.reached = 0, 0, asyncio.Event()
+
+    def expect(self, want: int) -> None:
+        self.want = want
+        self.reached.clear()
+        if self.count >= want:
+            self.reached.set()
+
+    def add(self) -> None:
+        self.count += 1
+        if self.count >= self.want:
+            self.reached.set()
+
+
+async def watcher(session: aiohttp.ClientSession, url: str, seen: Seen) -> None:
     async with session.get(url + f"{BASE}/proxies", params={"watch": "true", "resourceVersion": "0",
                                                             "allowWatchBookmarks": "true"},
                            timeout=aiohttp.ClientTimeout(total=None)) as resp:
         async for line in resp.content:
             if json.loads(line)["type"] != "BOOKMARK":
-                seen[0] += 1
+                seen.add()
 
 
 @dataclass
@@ -183,12 +200,13 @@ class Result:
         return self.cpu_create + self.cpu_delete
 
 
-async def drive(url: str, pid: int, proxies: int, watchers: int, concurrency: int) -> tuple[int, float, float]:
+async def drive(url: str, pid: int, proxies: int, watchers: int, concurrency: int
+                ) -> tuple[int, float, float]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency + watchers + 2)) as s:
         c = Client(s, url)
         await c.call("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
                      yaml.safe_load(CRD.read_text()))
-        seen = [0]
+        seen = Seen()
         tasks = [asyncio.create_task(watcher(s, url, seen)) for _ in range(watchers)]
         await asyncio.sleep(0.3)
         names = [f"bench-{i:05d}" for i in range(proxies)]
@@ -201,12 +219,12 @@ async def drive(url: str, pid: int, proxies: int, watchers: int, concurrency: in
                     await fn(c, n)
 
             before = cpu_seconds(pid)
+            seen.expect(want_events * watchers)
             await asyncio.gather(*(one(n) for n in names))
-            deadline = time.monotonic() + 60
-            while seen[0] < want_events * watchers and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
-            if seen[0] < want_events * watchers:
-                raise RuntimeError(f"watchers saw {seen[0]} events, want {want_events * watchers}")
+            try:
+                await asyncio.wait_for(seen.reached.wait(), 60)
+            except TimeoutError:
+                raise RuntimeError(f"watchers saw {seen.count} events, want {seen.want}") from None
             return cpu_seconds(pid) - before
 
         requests0 = c.requests
@@ -251,8 +269,8 @@ def main() -> None:
                   f"(create {res.cpu_create:.2f} s, delete {res.cpu_delete:.2f} s)", flush=True)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, load average "
-          f"{load}; {args.proxies} Proxies, {args.watchers} watcher(s), concurrency {args.concurrency}, best of "
-          f"{args.rounds} rounds; spread = (worst - best) / best\n")
+          f"{load}; {args.proxies} Proxies, {args.watchers} watcher(s), concurrency {args.concurrency}, "
+          f"best of {args.rounds} rounds; spread = (worst - best) / best\n")
     print("| tree (imported from) | CPU ms per 1,000 requests | CPU ms per Proxy | create phase per Proxy "
           "| delete phase per Proxy |")
     print("|---|---|---|---|---|")
@@ -261,10 +279,10 @@ def main() -> None:
         b = min(rs, key=lambda x: x.cpu)
         spread = (max(x.cpu for x in rs) - b.cpu) / b.cpu if b.cpu else 0.0
         best[t] = b.cpu
+        median = statistics.median(x.cpu for x in rs)
         print(f"| {t} ({Path(b.imported).parent}) | {b.cpu / b.requests * 1e6:.0f} | "
-              f"{b.cpu / b.proxies * 1e3:.1f} (spread {spread:.0%}) | "
-              f"{b.cpu_create / b.proxies * 1e3:.1f} (median {statistics.median(x.cpu_create for x in rs) / b.proxies * 1e3:.1f}) | "
-              f"{b.cpu_delete / b.proxies * 1e3:.1f} |")
+              f"{b.cpu / b.proxies * 1e3:.1f} (median {median / b.proxies * 1e3:.1f}, spread {spread:.0%}) | "
+              f"{b.cpu_create / b.proxies * 1e3:.1f} | {b.cpu_delete / b.proxies * 1e3:.1f} |")
     if len(trees) > 1:
         first = str(trees[0])
         for t in list(best)[1:]:

@@ -143,7 +143,7 @@ class Api:
         if errs:
             raise errors.invalid(rt.group_kind, name, errs)
         if rt.namespaced:
-            namespace = self.store.get(NAMESPACE_KEY, "", meta["namespace"])
+            namespace = self.store.peek(NAMESPACE_KEY, "", meta["namespace"])
             if namespace is None:
                 raise errors.not_found(("", "namespaces"), meta["namespace"])
             if (namespace.get("metadata") or {}).get("deletionTimestamp"):
@@ -155,7 +155,7 @@ class Api:
                 )
         if rt.custom and self._crd_terminating(rt):
             raise errors.forbidden(rt.group_resource, name, "the custom resource definition is being deleted")
-        if self.store.get(rt.key, meta.get("namespace", ""), name) is not None:
+        if self.store.peek(rt.key, meta.get("namespace", ""), name) is not None:
             raise errors.already_exists(rt.group_resource, name)
         if rt.status_subresource:
             obj.pop("status", None)
@@ -168,7 +168,7 @@ class Api:
         self._track(rt, None, obj, change or Change(manager or "unknown"))
         if dry_run:
             return obj, warnings
-        stored = self.store.put(rt.key, obj, event="ADDED")
+        stored = self.store.put(rt.key, obj, event="ADDED", adopt=True)  # obj: this call's own copy
         if rt.key == CRD_KEY:
             self._rebuild_registry()
         return self.served(rt, stored), warnings
@@ -281,10 +281,11 @@ class Api:
 
     # --- update / patch ----------------------------------------------------------------------
     def _existing(self, rt: ResourceType, ns: str, name: str, subresource: str) -> tuple[str, Obj]:
-        """The namespace as stored (none for cluster-scoped kinds) and the object a write starts from."""
+        """The namespace as stored (none for cluster-scoped kinds) and the object a write starts from: the
+        stored one itself (Store.peek), which the write reads and copies from but never changes."""
         ns = ns if rt.namespaced else ""
         self._check_subresource(rt, subresource)
-        current = self.store.get(rt.key, ns, name)
+        current = self.store.peek(rt.key, ns, name)
         if current is None:
             raise errors.not_found(rt.group_resource, name)
         return ns, current
@@ -431,7 +432,7 @@ class Api:
         )
         change = Change(manager, Operation.APPLY, subresource, frozenset(paths))
         stored_ns = ns if rt.namespaced else ""
-        current = self.store.get(rt.key, stored_ns, name)
+        current = self.store.peek(rt.key, stored_ns, name)  # read and copied from, never changed
         if current is None:
             if subresource:
                 raise errors.not_found(rt.group_resource, name)
@@ -554,21 +555,24 @@ class Api:
         if dry_run:
             return self.served(rt, new), warnings
         if meta.get("deletionTimestamp") and not meta.get("finalizers") and self._may_vanish(rt, new):
-            final = self.store.remove(rt.key, new)
+            final = self.store.remove(rt.key, new, adopt=True)  # new: this write's own copy
             self._after_remove(rt, final)
             return self.served(rt, final), warnings
-        stored = self.store.put(rt.key, new, event="MODIFIED")
+        stored = self.store.put(rt.key, new, event="MODIFIED", adopt=True)
         if rt.key == CRD_KEY:
             self._rebuild_registry()
         return self.served(rt, stored), warnings
 
     @staticmethod
     def _same(a: Obj, b: Obj) -> bool:
-        a, b = clone(a), clone(b)
-        for o in (a, b):
-            o["metadata"].pop("resourceVersion", None)
-            o.pop("apiVersion", None)
-        return a == b
+        """Equal but for apiVersion and metadata.resourceVersion (compared in place, without copies)."""
+        skip = ("apiVersion", "metadata")
+        if {k: v for k, v in a.items() if k not in skip} != {k: v for k, v in b.items() if k not in skip}:
+            return False
+        ma, mb = a["metadata"], b["metadata"]
+        return {k: v for k, v in ma.items() if k != "resourceVersion"} == {
+            k: v for k, v in mb.items() if k != "resourceVersion"
+        }
 
     @staticmethod
     def _spec_changed(rt: ResourceType, old: Obj, new: Obj) -> bool:
@@ -616,7 +620,7 @@ class Api:
                 meta["generation"] += 1
             if rt.key == NAMESPACE_KEY:
                 current.setdefault("status", {})["phase"] = "Terminating"
-            stored = self.store.put(rt.key, current, event="MODIFIED")
+            stored = self.store.put(rt.key, current, event="MODIFIED", adopt=True)  # current: a copy (get)
             if cascades:
                 self._cascade(rt, stored)
                 again = self.store.get(rt.key, ns, name)
@@ -624,7 +628,7 @@ class Api:
                     return self.served(rt, stored), True
                 stored = again
             return self.served(rt, stored), False
-        final = self.store.remove(rt.key, current)
+        final = self.store.remove(rt.key, current, adopt=True)
         self._after_remove(rt, final)
         return self.served(rt, final), True
 
@@ -685,7 +689,7 @@ class Api:
         self._maybe_finish(rt, owner)
 
     def _maybe_finish(self, rt: ResourceType, owner: Obj) -> None:
-        current = self.store.get(rt.key, "", owner["metadata"]["name"])
+        current = self.store.peek(rt.key, "", owner["metadata"]["name"])  # read only; remove copies it
         if current is None or not current["metadata"].get("deletionTimestamp"):
             return
         if current["metadata"].get("finalizers") or not self._may_vanish(rt, current):
@@ -703,10 +707,8 @@ class Api:
             assert ns_type is not None
             self._maybe_finish(ns_type, {"metadata": {"name": final["metadata"]["namespace"]}})
         if rt.custom:
-            crd = next(
-                (c for c in self.store.list(CRD_KEY) if any(t.key == rt.key for t in self._crd_types(c))),
-                None,
-            )
+            crds = self.store.peek_list(CRD_KEY)
+            crd = next((c for c in crds if any(t.key == rt.key for t in self._crd_types(c))), None)
             crd_type = self.registry.by_key(CRD_KEY)
             if crd is not None and crd_type is not None:
                 self._maybe_finish(crd_type, crd)
@@ -716,7 +718,7 @@ class Api:
         self.registry.rebuild(self.store.list(CRD_KEY))
 
     def _crd_terminating(self, rt: ResourceType) -> bool:
-        for crd in self.store.list(CRD_KEY):
+        for crd in self.store.peek_list(CRD_KEY):
             spec = crd.get("spec") or {}
             if spec.get("group") == rt.group and (spec.get("names") or {}).get("plural") == rt.plural:
                 return bool(crd["metadata"].get("deletionTimestamp"))
@@ -777,7 +779,7 @@ class Api:
             ospec = old.get("spec") or {}
             if ospec.get("group") != spec.get("group"):
                 errs.append(FieldError("Invalid", "spec.group", spec.get("group"), "field is immutable"))
-        for other in self.store.list(CRD_KEY):
+        for other in self.store.peek_list(CRD_KEY):
             if other["metadata"]["name"] == name:
                 continue
             ospec = other.get("spec") or {}

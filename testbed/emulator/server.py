@@ -265,7 +265,7 @@ async def _resource(request: web.Request) -> web.StreamResponse:
         return _json(_render_one(request, api, rt, obj), 200, warnings)
     if method == "PATCH":
         apply = request.content_type == "application/apply-patch+yaml"
-        existed = apply and api.store.get(rt.key, (ns or "") if rt.namespaced else "", name) is not None
+        existed = apply and api.store.peek(rt.key, (ns or "") if rt.namespaced else "", name) is not None
         obj, warnings = api.patch(
             rt,
             ns or "",

@@ -106,7 +106,7 @@ async def serve(
     rv = req.resource_version
     initial: list[bytes] = []
     if rv in ("", "0") or req.send_initial_events:
-        for obj in store.list(req.rt.key, req.namespace if req.rt.namespaced else None):
+        for obj in store.peek_list(req.rt.key, req.namespace if req.rt.namespaced else None):
             if req.matches(obj):
                 initial.append(render("ADDED", obj))
         since = store.resource_version
