@@ -8,9 +8,10 @@ process so its CPU can be read from /proc:
     create (POST) -> finalizer (PUT) -> GET -> status PUT x4 -> Event POST x3 -> delete (DELETE)
     -> finalizer removed (PUT, the object goes)
 
-with `--watchers` cluster-wide watches on the Proxies (the operator's informer is one) that read every
-event. The emulator's CPU (utime + stime of its process) is read before and after the run, once the
-watchers have seen the last event, and reported per 1,000 requests and per Proxy.
+with `--watchers` cluster-wide watches on the Proxies (2 by default, as in the fleet bench: the operator's
+informer and the bench's own) that read every event. The emulator's CPU (utime + stime of its process)
+is read before and after the run, once the watchers have seen the last event, and reported per 1,000
+requests and per Proxy.
 
 To compare two source trees in one run (e.g. main's, from a detached worktree), name them with
 `--tree`; the runs alternate between trees and each row shows the best run and the spread
@@ -255,7 +256,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tree", action="append", type=Path, help="source tree(s) to compare (default: this one)")
     p.add_argument("--proxies", type=int, default=400)
-    p.add_argument("--watchers", type=int, default=1)
+    p.add_argument("--watchers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()

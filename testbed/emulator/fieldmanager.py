@@ -466,7 +466,8 @@ def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api
                            mine.time if unchanged and mine else now, paths))
     result = serialize(after)
     if _same_but_times(result, old_meta.get("managedFields") or []):
-        return clone(old_meta.get("managedFields") or [])
+        kept: list[Obj] = clone(old_meta.get("managedFields") or [])
+        return kept
     return result
 
 

@@ -71,9 +71,6 @@ class Store:
         obj = self._objects.get(key, {}).get((namespace, name))
         return clone(obj) if obj is not None else None
 
-    def list(self, key: TypeKey, namespace: str | None = None) -> list[Obj]:
-        return [clone(o) for o in self.peek_list(key, namespace)]
-
     def peek(self, key: TypeKey, namespace: str, name: str) -> Obj | None:
         """The stored object itself, not a copy: read it, never change it (see the module docstring)."""
         return self._objects.get(key, {}).get((namespace, name))
@@ -82,6 +79,9 @@ class Store:
         """The stored objects themselves, in `list`'s order: read them, never change them."""
         items = self._objects.get(key, {})
         return [o for (ns, _), o in sorted(items.items()) if namespace is None or ns == namespace]
+
+    def list(self, key: TypeKey, namespace: str | None = None) -> list[Obj]:
+        return [clone(o) for o in self.peek_list(key, namespace)]
 
     def type_keys(self) -> list[TypeKey]:
         return [k for k, v in self._objects.items() if v]

@@ -172,6 +172,26 @@ async def test_field_selector_watch_turns_changes_into_added_and_deleted(http: a
     assert [e["type"] for e in ev] == ["ADDED", "DELETED"]
 
 
+async def test_watchers_of_one_event_each_get_their_own_rendering(http: aiohttp.ClientSession) -> None:
+    """An event is encoded once for all watchers of a type (watch.py's cache), yet each watch still gets
+    what it asked for: MODIFIED for a plain watch, ADDED where the change enters a selector, a Table row."""
+    async with http.post(PX, json=proxy("a")) as r:
+        rv = (await r.json())["metadata"]["resourceVersion"]
+    base = {"watch": "1", "resourceVersion": rv}
+    async with (
+        http.get(PX, params=base) as plain,
+        http.get(PX, params=base) as plain2,
+        http.get(PX, params={**base, "labelSelector": "team=x"}) as selected,
+        http.get(PX, params=base, headers={"Accept": TABLE}) as table,
+    ):
+        hdr = {"Content-Type": "application/merge-patch+json"}
+        await http.patch(f"{PX}/a", json={"metadata": {"labels": {"team": "x"}}}, headers=hdr)
+        got = [(await _lines(w, 1))[0] for w in (plain, plain2, selected, table)]
+    assert [e["type"] for e in got] == ["MODIFIED", "MODIFIED", "ADDED", "MODIFIED"]
+    assert got[0] == got[1] and got[0]["object"]["metadata"]["labels"] == {"team": "x"}
+    assert got[2]["object"] == got[0]["object"] and got[3]["object"]["kind"] == "Table"
+
+
 async def test_table_watch_rows(http: aiohttp.ClientSession) -> None:
     async with http.post(PX, json=proxy("a")) as r:
         rv = (await r.json())["metadata"]["resourceVersion"]
