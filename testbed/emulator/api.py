@@ -130,8 +130,11 @@ class Api:
         dry_run: bool = False,
         manager: str = "",
         change: Change | None = None,
+        owned: bool = False,
     ) -> tuple[Obj, list[str]]:
-        obj = self._check_body(rt, body)
+        """`owned`: the caller hands `body` over (a request body it just parsed from JSON, nothing else
+        refers to it), so it is used as the new object instead of a copy of it."""
+        obj = self._check_body(rt, body, owned=owned)
         meta = obj.setdefault("metadata", {})
         for k in _SERVER_META:
             meta.pop(k, None)
@@ -173,12 +176,12 @@ class Api:
             self._rebuild_registry()
         return self.served(rt, stored), warnings
 
-    def _check_body(self, rt: ResourceType, body: Any) -> Obj:
+    def _check_body(self, rt: ResourceType, body: Any, *, owned: bool = False) -> Obj:
         if not isinstance(body, dict):
             raise errors.bad_request(
                 f"the body of the request must be a JSON object, not {type(body).__name__}"
             )
-        obj = clone(body)
+        obj = body if owned else clone(body)
         api_version, kind = obj.get("apiVersion"), obj.get("kind")
         if api_version and api_version != rt.api_version:
             raise errors.bad_request(
@@ -301,9 +304,11 @@ class Api:
         field_validation: str = "",
         dry_run: bool = False,
         manager: str = "",
+        owned: bool = False,
     ) -> tuple[Obj, list[str]]:
+        """`owned` as for `create`."""
         ns, current = self._existing(rt, ns, name, subresource)
-        obj = self._check_body(rt, body)
+        obj = self._check_body(rt, body, owned=owned)
         meta = obj.setdefault("metadata", {})
         if meta.get("name") and meta["name"] != name:
             raise errors.bad_request(
@@ -507,7 +512,8 @@ class Api:
     ) -> tuple[Obj, list[str]]:
         name = current["metadata"]["name"]
         if subresource == "status":
-            new = clone(current)
+            # current's own status is replaced: copy the rest only (None keeps status's place in the keys)
+            new = {k: None if k == "status" else clone(v) for k, v in current.items()}
             if "status" in obj:
                 new["status"] = obj["status"]
             else:

@@ -432,13 +432,15 @@ def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api
     # write's side plus the other side (each top-level field is walked once).
     everywhere = field_set(new, schema, subresource="" if sub == "status" else "status",
                            status_subresource=True, out=set(new_paths)) if status_subresource else new_paths
+    everywhere_leaves = _leaves(everywhere)
     if change.operation is Operation.APPLY:
         taken = set(change.applied) & everywhere
         taken_from_others = set(change.taken)
     else:
         old_paths = field_set(old, schema, subresource=sub, status_subresource=status_subresource) \
             if old else set()
-        leaves = _leaves(new_paths)
+        # new_paths holds whole top-level fields of everywhere, so its leaves are everywhere's in it.
+        leaves = {p for p in new_paths if p in everywhere_leaves}
         compared = [p for p in new_paths if p in old_paths and p in leaves]
         old_values, new_values = values_at(old, compared), values_at(new, compared)
         taken = {p for p in new_paths if p not in old_paths
@@ -447,7 +449,6 @@ def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api
     ident = (change.manager, change.operation, sub)
     after: list[Entry] = []
     mine: Entry | None = None
-    everywhere_leaves = _leaves(everywhere)
     for e in before:
         e = Entry(e.manager, e.operation, e.api_version, e.subresource, e.time, set(e.paths))
         if e.ident == ident:
@@ -482,16 +483,21 @@ def _settle(paths: set[Path], everywhere: set[Path], leaves: set[Path]) -> set[P
 def _same_but_times(result: list[Obj], old: list[Any]) -> bool:
     """`result` (fresh from `serialize`: strings and dicts only) and `old` (as stored; a patch may have
     written it, from JSON) are the same entries in any order, times aside, as `_without_times` compares
-    them, without encoding where it can: a string or dict of `result` equals only a string or dict, so
-    Python's equality in order is JSON's here, and lists of dicts of different lengths never sort equal."""
-    if all(isinstance(m, dict) for m in old):
-        if len(result) != len(old):
+    them, but without encoding: a string or dict of `result` is JSON-equal to a JSON value exactly when
+    it is Python-equal to it (JSON object keys are strings), so matching each entry of `result` to an
+    equal one of `old` decides it. A non-object entry in `old` takes `_without_times` (which fails on it
+    as it always did)."""
+    if not all(isinstance(m, dict) for m in old):
+        return _without_times(result) == _without_times(old)
+    if len(result) != len(old):
+        return False
+    unmatched = [{k: v for k, v in m.items() if k != "time"} for m in old]
+    for m in result:
+        mine = {k: v for k, v in m.items() if k != "time"}
+        if mine not in unmatched:
             return False
-        if [{k: v for k, v in m.items() if k != "time"} for m in result] == [
-            {k: v for k, v in m.items() if k != "time"} for m in old
-        ]:
-            return True
-    return _without_times(result) == _without_times(old)
+        unmatched.remove(mine)
+    return True
 
 
 def _without_times(items: list[Obj]) -> list[str]:

@@ -91,6 +91,13 @@ def _is_watch(request: web.Request) -> bool:
     return request.query.get("watch", "").lower() in ("1", "true")
 
 
+def _fresh_json(request: web.Request) -> bool:
+    """Whether `_body` parses this request's body with json.loads: a tree nothing else refers to and
+    without shared parts (YAML aliases can share them), which the Api may take over instead of copying."""
+    ctype = request.content_type
+    return not ("protobuf" in ctype or "cbor" in ctype or ctype.endswith("yaml"))
+
+
 async def _body(request: web.Request, kind: str = "") -> Any:
     raw = await request.read()
     if not raw:
@@ -232,6 +239,7 @@ async def _resource(request: web.Request) -> web.StreamResponse:
                 field_validation=fv,
                 dry_run=dry_run,
                 manager=writer,
+                owned=_fresh_json(request),
             )
             return _json(_render_one(request, api, rt, obj), 201, warnings)
         if method == "DELETE":
@@ -261,6 +269,7 @@ async def _resource(request: web.Request) -> web.StreamResponse:
             field_validation=fv,
             dry_run=dry_run,
             manager=writer,
+            owned=_fresh_json(request),
         )
         return _json(_render_one(request, api, rt, obj), 200, warnings)
     if method == "PATCH":
