@@ -23,6 +23,7 @@ import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from testbed.emulator import errors, fieldmanager, patch, schema
@@ -62,6 +63,12 @@ def meta_fields(obj: Obj) -> Any:
 
 
 def rfc3339(t: datetime) -> str:
+    return _rfc3339_seconds(t.replace(microsecond=0))
+
+
+@lru_cache(maxsize=64)
+def _rfc3339_seconds(t: datetime) -> str:
+    """Formatted once per second of the clock (every write asks for the time two or three times)."""
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -513,7 +520,7 @@ class Api:
         name = current["metadata"]["name"]
         if subresource == "status":
             # current's own status is replaced: copy the rest only (None keeps status's place in the keys)
-            new = {k: None if k == "status" else clone(v) for k, v in current.items()}
+            new: Obj = {k: None if k == "status" else clone(v) for k, v in current.items()}
             if "status" in obj:
                 new["status"] = obj["status"]
             else:

@@ -214,6 +214,15 @@ def values_at(obj: Any, paths: list[Path]) -> dict[Path, Any]:
 
 
 def to_fields_v1(paths: set[Path]) -> Obj:
+    """The fieldsV1 tree of a field set: a fresh copy of one built once per distinct set (every Proxy's
+    status entry has the same set), since building means sorting all its paths."""
+    tree: Obj = clone(_fields_tree(frozenset(paths)))
+    return tree
+
+
+@lru_cache(maxsize=1024)
+def _fields_tree(paths: frozenset[Path]) -> Obj:
+    """Shared by the cache: never handed out uncopied."""
     tree: Obj = {}
     prefixes = {p[:i] for p in paths for i in range(1, len(p))}
     for p in sorted(paths):
