@@ -535,7 +535,8 @@ class Api:
         meta, old_meta = new["metadata"], current["metadata"]
         for k in _SERVER_META:
             if k in old_meta:
-                meta[k] = clone(old_meta[k])
+                # managedFields only holds its place here: _track replaces it before anything reads it
+                meta[k] = old_meta[k] if k == "managedFields" else clone(old_meta[k])
             else:
                 meta.pop(k, None)
         if old_meta.get("deletionTimestamp"):

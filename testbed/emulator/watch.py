@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from testbed.emulator import errors, tables
+from testbed.emulator import errors, schema, tables
 from testbed.emulator.api import Api
 from testbed.emulator.resources import ResourceType
 from testbed.emulator.store import Event, clone
@@ -107,7 +107,11 @@ async def serve(
 
     def render(kind: str, obj: Obj) -> bytes:
         nonlocal first_table
-        served = api.served(req.rt, clone(obj))  # events share the stored dicts
+        rt = req.rt
+        if req.table or (rt.custom and rt.schema and schema.lacks_defaults(obj, rt.schema)):
+            served = api.served(rt, clone(obj))  # events share the stored dicts: default a copy
+        else:  # only apiVersion and kind change: a shallow copy, encoded at once, never changed
+            served = {**obj, "apiVersion": rt.api_version, "kind": rt.kind}
         if req.table:
             served = tables.table(
                 req.rt,

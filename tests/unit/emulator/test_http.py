@@ -192,6 +192,31 @@ async def test_watchers_of_one_event_each_get_their_own_rendering(http: aiohttp.
     assert got[2]["object"] == got[0]["object"] and got[3]["object"]["kind"] == "Table"
 
 
+async def test_watch_events_carry_defaults_added_to_the_crd_later(emu: Emulator,
+                                                                  http: aiohttp.ClientSession) -> None:
+    """Defaults apply on read: an object stored before its CRD gained a default is sent with it."""
+    crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/proxies.egressproxies.io"
+    async with http.post(PX, json=proxy("a")) as r:
+        rv = (await r.json())["metadata"]["resourceVersion"]
+    async with http.get(crd) as r:
+        body = await r.json()
+    props = body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    props["provider"]["default"] = "unused"  # present: not applied
+    props["newField"] = {"type": "string", "default": "later"}
+    async with http.put(crd, json=body) as r:
+        assert r.status == 200
+    # The stored object was never written again: the initial listing and the replayed creation both
+    # come from the stored state, defaulted as they are sent.
+    async with http.get(PX, params={"watch": "1"}) as listing, http.get(
+        PX, params={"watch": "1", "resourceVersion": str(int(rv) - 1)}
+    ) as replay:
+        got = [(await _lines(w, 1))[0] for w in (listing, replay)]
+    assert [e["type"] for e in got] == ["ADDED", "ADDED"]
+    assert [e["object"]["spec"]["newField"] for e in got] == ["later", "later"]
+    assert got[0]["object"]["spec"]["provider"] == "lab"
+    assert "newField" not in emu.store.get(("egressproxies.io", "proxies"), "default", "a")["spec"]
+
+
 async def test_table_watch_rows(http: aiohttp.ClientSession) -> None:
     async with http.post(PX, json=proxy("a")) as r:
         rv = (await r.json())["metadata"]["resourceVersion"]
