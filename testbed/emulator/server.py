@@ -72,7 +72,8 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
             resp = _json(method_not_allowed().status(), 405)
         else:
             raise
-    log.v(1).info("request", method=request.method, path=request.path, status=resp.status)
+    if log.enabled(1):  # checked first: a Logger per request cost ~2% of the emulator's CPU in the fleet
+        log.v(1).info("request", method=request.method, path=request.path, status=resp.status)
     return resp
 
 
