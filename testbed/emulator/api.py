@@ -23,6 +23,7 @@ import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from testbed.emulator import errors, fieldmanager, patch, schema
@@ -58,6 +59,12 @@ PATCH_TYPES = (
 
 
 def rfc3339(t: datetime) -> str:
+    return _rfc3339_seconds(t.replace(microsecond=0))
+
+
+@lru_cache(maxsize=64)
+def _rfc3339_seconds(t: datetime) -> str:
+    """Formatted once per second of the clock (every write asks for the time two or three times)."""
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -126,8 +133,11 @@ class Api:
         dry_run: bool = False,
         manager: str = "",
         change: Change | None = None,
+        owned: bool = False,
     ) -> tuple[Obj, list[str]]:
-        obj = self._check_body(rt, body)
+        """`owned`: the caller hands `body` over (a request body it just parsed from JSON, nothing else
+        refers to it), so it is used as the new object instead of a copy of it."""
+        obj = self._check_body(rt, body, owned=owned)
         meta = obj.setdefault("metadata", {})
         sent = fieldmanager.sent_ownership(meta.get("managedFields"), subresource="")
         for k in _SERVER_META:
@@ -140,7 +150,7 @@ class Api:
         if errs:
             raise errors.invalid(rt.group_kind, name, errs)
         if rt.namespaced:
-            namespace = self.store.get(NAMESPACE_KEY, "", meta["namespace"])
+            namespace = self.store.peek(NAMESPACE_KEY, "", meta["namespace"])
             if namespace is None:
                 raise errors.not_found(("", "namespaces"), meta["namespace"])
             if (namespace.get("metadata") or {}).get("deletionTimestamp"):
@@ -152,7 +162,7 @@ class Api:
                 )
         if rt.custom and self._crd_terminating(rt):
             raise errors.forbidden(rt.group_resource, name, "the custom resource definition is being deleted")
-        if self.store.get(rt.key, meta.get("namespace", ""), name) is not None:
+        if self.store.peek(rt.key, meta.get("namespace", ""), name) is not None:
             raise errors.already_exists(rt.group_resource, name)
         if rt.status_subresource:
             obj.pop("status", None)
@@ -165,17 +175,17 @@ class Api:
         self._track(rt, None, obj, change or Change(manager or "unknown", base=sent))
         if dry_run:
             return obj, warnings
-        stored = self.store.put(rt.key, obj, event="ADDED")
+        stored = self.store.put(rt.key, obj, event="ADDED", adopt=True)  # obj: this call's own copy
         if rt.key == CRD_KEY:
             self._rebuild_registry()
         return self.served(rt, stored), warnings
 
-    def _check_body(self, rt: ResourceType, body: Any) -> Obj:
+    def _check_body(self, rt: ResourceType, body: Any, *, owned: bool = False) -> Obj:
         if not isinstance(body, dict):
             raise errors.bad_request(
                 f"the body of the request must be a JSON object, not {type(body).__name__}"
             )
-        obj = clone(body)
+        obj = body if owned else clone(body)
         api_version, kind = obj.get("apiVersion"), obj.get("kind")
         if api_version and api_version != rt.api_version:
             raise errors.bad_request(
@@ -278,10 +288,11 @@ class Api:
 
     # --- update / patch ----------------------------------------------------------------------
     def _existing(self, rt: ResourceType, ns: str, name: str, subresource: str) -> tuple[str, Obj]:
-        """The namespace as stored (none for cluster-scoped kinds) and the object a write starts from."""
+        """The namespace as stored (none for cluster-scoped kinds) and the object a write starts from: the
+        stored one itself (Store.peek), which the write reads and copies from but never changes."""
         ns = ns if rt.namespaced else ""
         self._check_subresource(rt, subresource)
-        current = self.store.get(rt.key, ns, name)
+        current = self.store.peek(rt.key, ns, name)
         if current is None:
             raise errors.not_found(rt.group_resource, name)
         return ns, current
@@ -297,9 +308,11 @@ class Api:
         field_validation: str = "",
         dry_run: bool = False,
         manager: str = "",
+        owned: bool = False,
     ) -> tuple[Obj, list[str]]:
+        """`owned` as for `create`."""
         ns, current = self._existing(rt, ns, name, subresource)
-        obj = self._check_body(rt, body)
+        obj = self._check_body(rt, body, owned=owned)
         meta = obj.setdefault("metadata", {})
         if meta.get("name") and meta["name"] != name:
             raise errors.bad_request(
@@ -433,7 +446,7 @@ class Api:
         )
         change = Change(manager, Operation.APPLY, subresource, frozenset(paths))
         stored_ns = ns if rt.namespaced else ""
-        current = self.store.get(rt.key, stored_ns, name)
+        current = self.store.peek(rt.key, stored_ns, name)  # read and copied from, never changed
         if current is None:
             if subresource:
                 raise errors.not_found(rt.group_resource, name)
@@ -508,7 +521,8 @@ class Api:
     ) -> tuple[Obj, list[str]]:
         name = current["metadata"]["name"]
         if subresource == "status":
-            new = clone(current)
+            # current's own status is replaced: copy the rest only (None keeps status's place in the keys)
+            new: Obj = {k: None if k == "status" else clone(v) for k, v in current.items()}
             if "status" in obj:
                 new["status"] = obj["status"]
             else:
@@ -523,7 +537,8 @@ class Api:
         meta, old_meta = new["metadata"], current["metadata"]
         for k in _SERVER_META:
             if k in old_meta:
-                meta[k] = clone(old_meta[k])
+                # managedFields only holds its place here: _track replaces it before anything reads it
+                meta[k] = old_meta[k] if k == "managedFields" else clone(old_meta[k])
             else:
                 meta.pop(k, None)
         if old_meta.get("deletionTimestamp"):
@@ -556,21 +571,24 @@ class Api:
         if dry_run:
             return self.served(rt, new), warnings
         if meta.get("deletionTimestamp") and not meta.get("finalizers") and self._may_vanish(rt, new):
-            final = self.store.remove(rt.key, new)
+            final = self.store.remove(rt.key, new, adopt=True)  # new: this write's own copy
             self._after_remove(rt, final)
             return self.served(rt, final), warnings
-        stored = self.store.put(rt.key, new, event="MODIFIED")
+        stored = self.store.put(rt.key, new, event="MODIFIED", adopt=True)
         if rt.key == CRD_KEY:
             self._rebuild_registry()
         return self.served(rt, stored), warnings
 
     @staticmethod
     def _same(a: Obj, b: Obj) -> bool:
-        a, b = clone(a), clone(b)
-        for o in (a, b):
-            o["metadata"].pop("resourceVersion", None)
-            o.pop("apiVersion", None)
-        return a == b
+        """Equal but for apiVersion and metadata.resourceVersion (compared in place, without copies)."""
+        skip = ("apiVersion", "metadata")
+        if {k: v for k, v in a.items() if k not in skip} != {k: v for k, v in b.items() if k not in skip}:
+            return False
+        ma, mb = a["metadata"], b["metadata"]
+        return {k: v for k, v in ma.items() if k != "resourceVersion"} == {
+            k: v for k, v in mb.items() if k != "resourceVersion"
+        }
 
     @staticmethod
     def _spec_changed(rt: ResourceType, old: Obj, new: Obj) -> bool:
@@ -618,7 +636,7 @@ class Api:
                 meta["generation"] += 1
             if rt.key == NAMESPACE_KEY:
                 current.setdefault("status", {})["phase"] = "Terminating"
-            stored = self.store.put(rt.key, current, event="MODIFIED")
+            stored = self.store.put(rt.key, current, event="MODIFIED", adopt=True)  # current: a copy (get)
             if cascades:
                 self._cascade(rt, stored)
                 again = self.store.get(rt.key, ns, name)
@@ -626,7 +644,7 @@ class Api:
                     return self.served(rt, stored), True
                 stored = again
             return self.served(rt, stored), False
-        final = self.store.remove(rt.key, current)
+        final = self.store.remove(rt.key, current, adopt=True)
         self._after_remove(rt, final)
         return self.served(rt, final), True
 
@@ -687,7 +705,7 @@ class Api:
         self._maybe_finish(rt, owner)
 
     def _maybe_finish(self, rt: ResourceType, owner: Obj) -> None:
-        current = self.store.get(rt.key, "", owner["metadata"]["name"])
+        current = self.store.peek(rt.key, "", owner["metadata"]["name"])  # read only; remove copies it
         if current is None or not current["metadata"].get("deletionTimestamp"):
             return
         if current["metadata"].get("finalizers") or not self._may_vanish(rt, current):
@@ -705,10 +723,8 @@ class Api:
             assert ns_type is not None
             self._maybe_finish(ns_type, {"metadata": {"name": final["metadata"]["namespace"]}})
         if rt.custom:
-            crd = next(
-                (c for c in self.store.list(CRD_KEY) if any(t.key == rt.key for t in self._crd_types(c))),
-                None,
-            )
+            crds = self.store.peek_list(CRD_KEY)
+            crd = next((c for c in crds if any(t.key == rt.key for t in self._crd_types(c))), None)
             crd_type = self.registry.by_key(CRD_KEY)
             if crd is not None and crd_type is not None:
                 self._maybe_finish(crd_type, crd)
@@ -718,7 +734,7 @@ class Api:
         self.registry.rebuild(self.store.list(CRD_KEY))
 
     def _crd_terminating(self, rt: ResourceType) -> bool:
-        for crd in self.store.list(CRD_KEY):
+        for crd in self.store.peek_list(CRD_KEY):
             spec = crd.get("spec") or {}
             if spec.get("group") == rt.group and (spec.get("names") or {}).get("plural") == rt.plural:
                 return bool(crd["metadata"].get("deletionTimestamp"))
@@ -779,7 +795,7 @@ class Api:
             ospec = old.get("spec") or {}
             if ospec.get("group") != spec.get("group"):
                 errs.append(FieldError("Invalid", "spec.group", spec.get("group"), "field is immutable"))
-        for other in self.store.list(CRD_KEY):
+        for other in self.store.peek_list(CRD_KEY):
             if other["metadata"]["name"] == name:
                 continue
             ospec = other.get("spec") or {}

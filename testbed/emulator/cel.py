@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 _TOKEN = re.compile(r"""\s*(?:(?P<str>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|(?P<int>\d+)|"""
@@ -125,7 +126,10 @@ class _Parser:
         return path
 
 
+@lru_cache(maxsize=1024)
 def compile_rule(rule: str) -> _Node:
+    """Parsed once per rule text: a rule is checked on every write of every object of its CRD, and the
+    tree (frozen nodes, tuples) is never mutated. A rule that does not compile raises each time."""
     return _Parser(rule).parse()
 
 

@@ -31,9 +31,11 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
+from functools import lru_cache
 from typing import Any
 
 from testbed.emulator.errors import ApiError
+from testbed.emulator.store import clone
 
 Obj = dict[str, Any]
 Path = tuple[str, ...]
@@ -136,10 +138,12 @@ def _walk(value: Any, schema: Obj | None, path: Path, out: set[Path]) -> None:
 
 
 def field_set(obj: Obj, schema: Obj | None, *, subresource: str = "",
-              status_subresource: bool = False) -> set[Path]:
+              status_subresource: bool = False, out: set[Path] | None = None) -> set[Path]:
     """Every path the object sets, without identity and server-set metadata; with a status subresource,
-    only `.status` for a status write and everything but `.status` for a write to the main resource."""
-    out: set[Path] = set()
+    only `.status` for a status write and everything but `.status` for a write to the main resource.
+    With `out`, the paths are added to it (and it is returned)."""
+    if out is None:
+        out = set()
     for k, v in obj.items():
         if k in ("apiVersion", "kind"):
             continue
@@ -164,31 +168,66 @@ def _keyed(item: Any, keys: Obj) -> bool:
     return isinstance(item, dict) and all(item.get(k) == v for k, v in keys.items())
 
 
+@lru_cache(maxsize=4096)
+def _map_keys(rest: str) -> Obj:
+    """A `k:` element's key values, parsed once per text; callers only read the dict (_set copies it)."""
+    parsed: Obj = json.loads(rest)
+    return parsed
+
+
+def _step(cur: Any, element: str) -> Any:
+    """One element of `value_at`: the value under `cur`, or MISSING."""
+    kind, _, rest = element.partition(":")
+    if kind == "f" and isinstance(cur, dict) and rest in cur:
+        return cur[rest]
+    if kind == "k" and isinstance(cur, list):
+        keys = _map_keys(rest)
+        return next((i for i in cur if _keyed(i, keys)), MISSING)
+    if kind == "v" and isinstance(cur, list):
+        v = json.loads(rest)  # parsed afresh: the value itself is returned
+        return v if v in cur else MISSING
+    return MISSING
+
+
 def value_at(obj: Any, path: Path) -> Any:
     cur = obj
     for element in path:
-        kind, _, rest = element.partition(":")
-        if kind == "f" and isinstance(cur, dict) and rest in cur:
-            cur = cur[rest]
-        elif kind == "k" and isinstance(cur, list):
-            keys = json.loads(rest)
-            cur = next((i for i in cur if _keyed(i, keys)), MISSING)
-            if cur is MISSING:
-                return MISSING
-        elif kind == "v" and isinstance(cur, list):
-            v = json.loads(rest)
-            if v not in cur:
-                return MISSING
-            cur = v
-        else:
+        cur = _step(cur, element)
+        if cur is MISSING:
             return MISSING
     return cur
+
+
+def values_at(obj: Any, paths: list[Path]) -> dict[Path, Any]:
+    """`value_at` for many paths in one pass: each prefix is looked up once (a status write compares
+    every leaf of its conditions, which share their prefixes)."""
+    memo: dict[Path, Any] = {(): obj}
+
+    def at(path: Path) -> Any:
+        found = memo.get(path, memo)
+        if found is not memo:
+            return found
+        parent = at(path[:-1])
+        found = MISSING if parent is MISSING else _step(parent, path[-1])
+        memo[path] = found
+        return found
+
+    return {p: at(p) for p in paths}
 
 
 # --- fieldsV1 ------------------------------------------------------------------------------------------
 
 
 def to_fields_v1(paths: set[Path]) -> Obj:
+    """The fieldsV1 tree of a field set: a fresh copy of one built once per distinct set (every Proxy's
+    status entry has the same set), since building means sorting all its paths."""
+    tree: Obj = clone(_fields_tree(frozenset(paths)))
+    return tree
+
+
+@lru_cache(maxsize=1024)
+def _fields_tree(paths: frozenset[Path]) -> Obj:
+    """Shared by the cache: never handed out uncopied."""
     tree: Obj = {}
     prefixes = {p[:i] for p in paths for i in range(1, len(p))}
     for p in sorted(paths):
@@ -457,7 +496,7 @@ def _set(obj: Obj, path: Path, value: Any) -> None:
                 cur[rest] = [] if nxt[0] in "kv" else {}
             cur = cur[rest]
         elif kind == "k":
-            keys = json.loads(rest)
+            keys = _map_keys(rest)
             item = next((x for x in cur if _keyed(x, keys)), None)
             if item is None:
                 item = dict(keys)
@@ -480,7 +519,7 @@ def _remove(obj: Obj, path: Path) -> None:
     if kind == "f" and isinstance(parent, dict):
         parent.pop(rest, None)
     elif kind == "k" and isinstance(parent, list):
-        keys = json.loads(rest)
+        keys = _map_keys(rest)
         parent[:] = [x for x in parent if not _keyed(x, keys)]
     elif kind == "v" and isinstance(parent, list):
         v = json.loads(rest)
@@ -498,17 +537,23 @@ def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api
     before = entries(old_meta)
     sub = change.subresource
     new_paths = field_set(new, schema, subresource=sub, status_subresource=status_subresource)
-    # Everything set on the object, main resource and status, to drop fields that no longer exist.
-    everywhere = field_set(new, schema) if status_subresource else new_paths
+    # Everything set on the object, main resource and status, to drop fields that no longer exist: the
+    # write's side plus the other side (each top-level field is walked once).
+    everywhere = field_set(new, schema, subresource="" if sub == "status" else "status",
+                           status_subresource=True, out=set(new_paths)) if status_subresource else new_paths
+    everywhere_leaves = _leaves(everywhere)
     if change.operation is Operation.APPLY:
         taken = set(change.applied) & everywhere
         taken_from_others = set(change.taken)
     else:
         old_paths = field_set(old, schema, subresource=sub, status_subresource=status_subresource) \
             if old else set()
-        leaves = _leaves(new_paths)
+        # new_paths holds whole top-level fields of everywhere, so its leaves are everywhere's in it.
+        leaves = {p for p in new_paths if p in everywhere_leaves}
+        compared = [p for p in new_paths if p in old_paths and p in leaves]
+        old_values, new_values = values_at(old, compared), values_at(new, compared)
         taken = {p for p in new_paths if p not in old_paths
-                 or (p in leaves and value_at(old, p) != value_at(new, p))}
+                 or (p in leaves and old_values[p] != new_values[p])}
         taken_from_others = taken
     ident = (change.manager, change.operation, sub)
     after: list[Entry] = []
@@ -518,30 +563,50 @@ def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api
         if e.ident == ident:
             mine = e
             continue
-        e.paths = _settle(e.paths - taken_from_others, everywhere)
+        e.paths = _settle(e.paths - taken_from_others, everywhere, everywhere_leaves)
         if e.paths:
             after.append(e)
     if change.operation is Operation.APPLY:
         paths = taken
     else:
-        paths = _settle((mine.paths if mine else set()) | taken, everywhere)
+        paths = _settle((mine.paths if mine else set()) | taken, everywhere, everywhere_leaves)
     if paths:
         unchanged = mine is not None and mine.paths == paths and mine.api_version == api_version
         after.append(Entry(change.manager, change.operation, api_version, sub,
                            mine.time if unchanged and mine else now, paths))
     result = serialize(after)
-    if _without_times(result) == _without_times(old_meta.get("managedFields") or []):
-        return copy.deepcopy(old_meta.get("managedFields") or [])
+    if _same_but_times(result, old_meta.get("managedFields") or []):
+        kept: list[Obj] = clone(old_meta.get("managedFields") or [])
+        return kept
     return result
 
 
-def _settle(paths: set[Path], everywhere: set[Path]) -> set[Path]:
+def _settle(paths: set[Path], everywhere: set[Path], leaves: set[Path]) -> set[Path]:
     """Only fields the object still has; an object or list whose owned fields all went elsewhere is no
-    longer owned (it would read as owning the whole value)."""
+    longer owned (it would read as owning the whole value). `leaves` is `_leaves(everywhere)`."""
     paths = paths & everywhere
-    leaves = _leaves(everywhere)
     holding = {q[:i] for q in paths for i in range(1, len(q))}
     return {p for p in paths if p in leaves or p in holding}
+
+
+def _same_but_times(result: list[Obj], old: list[Any]) -> bool:
+    """`result` (fresh from `serialize`: strings and dicts only) and `old` (as stored; a patch may have
+    written it, from JSON) are the same entries in any order, times aside, as `_without_times` compares
+    them, but without encoding: a string or dict of `result` is JSON-equal to a JSON value exactly when
+    it is Python-equal to it (JSON object keys are strings), so matching each entry of `result` to an
+    equal one of `old` decides it. A non-object entry in `old` takes `_without_times` (which fails on it
+    as it always did)."""
+    if not all(isinstance(m, dict) for m in old):
+        return _without_times(result) == _without_times(old)
+    if len(result) != len(old):
+        return False
+    unmatched = [{k: v for k, v in m.items() if k != "time"} for m in old]
+    for m in result:
+        mine = {k: v for k, v in m.items() if k != "time"}
+        if mine not in unmatched:
+            return False
+        unmatched.remove(mine)
+    return True
 
 
 def _without_times(items: list[Obj]) -> list[str]:

@@ -49,6 +49,29 @@ def apply_defaults(value: Any, schema: Schema | None) -> None:
             apply_defaults(item, schema["items"])
 
 
+def lacks_defaults(value: Any, schema: Schema | None) -> bool:
+    """Whether `apply_defaults` would change `value` (it is not changed here): a stored object was
+    defaulted when written, so reading it back usually needs no copy to default."""
+    if not schema:
+        return False
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        for key, sub in props.items():
+            if key not in value:
+                if "default" in sub:
+                    return True
+            elif lacks_defaults(value[key], sub):
+                return True
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key, sub_value in value.items():
+                if key not in props and lacks_defaults(sub_value, extra):
+                    return True
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return any(lacks_defaults(item, schema["items"]) for item in value)
+    return False
+
+
 def prune(value: Any, schema: Schema | None, path: str = "", *, root: bool = False) -> list[str]:
     """Drop fields the schema does not declare (unless x-kubernetes-preserve-unknown-fields). Returns
     the dropped paths, in the form the server reports them (`spec.foo`)."""

@@ -7,6 +7,13 @@ compacted horizon must be answered with 410 Expired, which is how clients learn 
 
 Single-threaded by construction (one asyncio loop): each write is synchronous, so a watch that
 replays history and then subscribes can never miss or duplicate an event.
+
+Copy discipline: a stored object is never changed in place once stored (a write stores a new dict; the
+events in the history keep the old one), so `peek`/`peek_list` may hand out the stored dicts themselves
+to callers that only read them (existence checks, a write's "current" state, rendering a watch event),
+saving a deep copy per request. Everything a caller may change is a copy: `get`, `list`, and what
+`put`/`remove` return. `put`/`remove(adopt=True)` take the caller's dict as the stored one instead of
+copying it: for callers that built it for this write and never touch it again.
 """
 
 from __future__ import annotations
@@ -64,11 +71,17 @@ class Store:
         obj = self._objects.get(key, {}).get((namespace, name))
         return clone(obj) if obj is not None else None
 
-    def list(self, key: TypeKey, namespace: str | None = None) -> list[Obj]:
+    def peek(self, key: TypeKey, namespace: str, name: str) -> Obj | None:
+        """The stored object itself, not a copy: read it, never change it (see the module docstring)."""
+        return self._objects.get(key, {}).get((namespace, name))
+
+    def peek_list(self, key: TypeKey, namespace: str | None = None) -> list[Obj]:
+        """The stored objects themselves, in `list`'s order: read them, never change them."""
         items = self._objects.get(key, {})
-        return [
-            clone(o) for (ns, _), o in sorted(items.items()) if namespace is None or ns == namespace
-        ]
+        return [o for (ns, _), o in sorted(items.items()) if namespace is None or ns == namespace]
+
+    def list(self, key: TypeKey, namespace: str | None = None) -> list[Obj]:
+        return [clone(o) for o in self.peek_list(key, namespace)]
 
     def type_keys(self) -> list[TypeKey]:
         return [k for k, v in self._objects.items() if v]
@@ -81,25 +94,27 @@ class Store:
         self._rv += 1
         return self._rv
 
-    def put(self, key: TypeKey, obj: Obj, *, event: str) -> Obj:
-        """Store `obj` under a fresh resourceVersion and publish `event`; returns a copy of it."""
+    def put(self, key: TypeKey, obj: Obj, *, event: str, adopt: bool = False) -> Obj:
+        """Store `obj` under a fresh resourceVersion and publish `event`; returns a copy of it. With
+        `adopt`, `obj` itself is stored (the caller hands it over and must not use it again)."""
         meta = obj["metadata"]
         ident = (meta.get("namespace", ""), meta["name"])
         old = self._objects.get(key, {}).get(ident)
         rv = self.next_rv()
-        stored = clone(obj)
+        stored = obj if adopt else clone(obj)
         stored["metadata"]["resourceVersion"] = str(rv)
         self._objects.setdefault(key, {})[ident] = stored
         self._publish(Event(event, key, stored, old, rv))
         return clone(stored)
 
-    def remove(self, key: TypeKey, obj: Obj) -> Obj:
-        """Delete for good; the DELETED event carries the final state under a new resourceVersion."""
+    def remove(self, key: TypeKey, obj: Obj, *, adopt: bool = False) -> Obj:
+        """Delete for good; the DELETED event carries the final state under a new resourceVersion. With
+        `adopt`, that final state is `obj` itself (as for `put`)."""
         meta = obj["metadata"]
         ident = (meta.get("namespace", ""), meta["name"])
         old = self._objects.get(key, {}).pop(ident, None)
         rv = self.next_rv()
-        final = clone(obj)
+        final = obj if adopt else clone(obj)
         final["metadata"]["resourceVersion"] = str(rv)
         self._publish(Event("DELETED", key, final, old, rv))
         return clone(final)

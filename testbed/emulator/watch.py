@@ -10,23 +10,46 @@ selection into ADDED or DELETED, as the real watch cache does.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from testbed.emulator import errors, tables
+from testbed.emulator import errors, schema, tables
 from testbed.emulator.api import Api
 from testbed.emulator.resources import ResourceType
-from testbed.emulator.store import Event
+from testbed.emulator.store import Event, clone
 
 Obj = dict[str, Any]
 DEFAULT_TIMEOUT = 1800.0
 POLL = 1.0  # how often an idle watch checks for a gone client or the deadline
+_RENDERED_MAX = 512
+
+
+class _Rendered:
+    """The encoded line of a recent event, per (event, watch type, resource type): every watcher of a
+    type is sent the same bytes, so an event is encoded once, not once per watcher (the fleet has two
+    watches on Proxies). Bounded: watchers far behind encode again. Keyed by the event and type objects
+    themselves (identity), so one cache serves any number of emulators in a process."""
+
+    def __init__(self) -> None:
+        self._lines: OrderedDict[tuple[int, str, int], tuple[Event, ResourceType, bytes]] = OrderedDict()
+
+    def get(self, ev: Event, kind: str, rt: ResourceType) -> bytes | None:
+        hit = self._lines.get((id(ev), kind, id(rt)))
+        return hit[2] if hit is not None and hit[0] is ev and hit[1] is rt else None
+
+    def put(self, ev: Event, kind: str, rt: ResourceType, line: bytes) -> None:
+        self._lines[(id(ev), kind, id(rt))] = (ev, rt, line)
+        if len(self._lines) > _RENDERED_MAX:
+            self._lines.popitem(last=False)
+
+
+_rendered = _Rendered()
 
 
 @dataclass
@@ -84,7 +107,11 @@ async def serve(
 
     def render(kind: str, obj: Obj) -> bytes:
         nonlocal first_table
-        served = api.served(req.rt, copy.deepcopy(obj))  # events share the stored dicts
+        rt = req.rt
+        if req.table or (rt.custom and rt.schema and schema.lacks_defaults(obj, rt.schema)):
+            served = api.served(rt, clone(obj))  # events share the stored dicts: default a copy
+        else:  # only apiVersion and kind change: a shallow copy, encoded at once, never changed
+            served = {**obj, "apiVersion": rt.api_version, "kind": rt.kind}
         if req.table:
             served = tables.table(
                 req.rt,
@@ -96,6 +123,15 @@ async def serve(
             first_table = False
         return (json.dumps({"type": kind, "object": served}, separators=(",", ":")) + "\n").encode()
 
+    def render_event(ev: Event, kind: str, obj: Obj) -> bytes:
+        if req.table:
+            return render(kind, obj)
+        line = _rendered.get(ev, kind, req.rt)
+        if line is None:
+            line = render(kind, obj)
+            _rendered.put(ev, kind, req.rt, line)
+        return line
+
     def bookmark(initial_end: bool = False) -> bytes:
         meta: Obj = {"resourceVersion": str(store.resource_version)}
         if initial_end:
@@ -106,7 +142,7 @@ async def serve(
     rv = req.resource_version
     initial: list[bytes] = []
     if rv in ("", "0") or req.send_initial_events:
-        for obj in store.list(req.rt.key, req.namespace if req.rt.namespaced else None):
+        for obj in store.peek_list(req.rt.key, req.namespace if req.rt.namespaced else None):
             if req.matches(obj):
                 initial.append(render("ADDED", obj))
         since = store.resource_version
@@ -141,9 +177,10 @@ async def serve(
                 next_bookmark = time.monotonic() + bookmark_interval
                 continue
             while held:
-                out = translate(req, held.pop(0))
+                late = held.pop(0)
+                out = translate(req, late)
                 if out is not None:
-                    await resp.write(render(*out))
+                    await resp.write(render_event(late, *out))
             if req.bookmarks and now >= next_bookmark:
                 await resp.write(bookmark())
                 next_bookmark = now + bookmark_interval
@@ -161,7 +198,7 @@ async def serve(
                 continue
             out = translate(req, ev)
             if out is not None:
-                await resp.write(render(*out))
+                await resp.write(render_event(ev, *out))
         await resp.write_eof()
     except ConnectionError:
         pass  # the client went away

@@ -172,6 +172,51 @@ async def test_field_selector_watch_turns_changes_into_added_and_deleted(http: a
     assert [e["type"] for e in ev] == ["ADDED", "DELETED"]
 
 
+async def test_watchers_of_one_event_each_get_their_own_rendering(http: aiohttp.ClientSession) -> None:
+    """An event is encoded once for all watchers of a type (watch.py's cache), yet each watch still gets
+    what it asked for: MODIFIED for a plain watch, ADDED where the change enters a selector, a Table row."""
+    async with http.post(PX, json=proxy("a")) as r:
+        rv = (await r.json())["metadata"]["resourceVersion"]
+    base = {"watch": "1", "resourceVersion": rv}
+    async with (
+        http.get(PX, params=base) as plain,
+        http.get(PX, params=base) as plain2,
+        http.get(PX, params={**base, "labelSelector": "team=x"}) as selected,
+        http.get(PX, params=base, headers={"Accept": TABLE}) as table,
+    ):
+        hdr = {"Content-Type": "application/merge-patch+json"}
+        await http.patch(f"{PX}/a", json={"metadata": {"labels": {"team": "x"}}}, headers=hdr)
+        got = [(await _lines(w, 1))[0] for w in (plain, plain2, selected, table)]
+    assert [e["type"] for e in got] == ["MODIFIED", "MODIFIED", "ADDED", "MODIFIED"]
+    assert got[0] == got[1] and got[0]["object"]["metadata"]["labels"] == {"team": "x"}
+    assert got[2]["object"] == got[0]["object"] and got[3]["object"]["kind"] == "Table"
+
+
+async def test_watch_events_carry_defaults_added_to_the_crd_later(emu: Emulator,
+                                                                  http: aiohttp.ClientSession) -> None:
+    """Defaults apply on read: an object stored before its CRD gained a default is sent with it."""
+    crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/proxies.egressproxies.io"
+    async with http.post(PX, json=proxy("a")) as r:
+        rv = (await r.json())["metadata"]["resourceVersion"]
+    async with http.get(crd) as r:
+        body = await r.json()
+    props = body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    props["provider"]["default"] = "unused"  # present: not applied
+    props["newField"] = {"type": "string", "default": "later"}
+    async with http.put(crd, json=body) as r:
+        assert r.status == 200
+    # The stored object was never written again: the initial listing and the replayed creation both
+    # come from the stored state, defaulted as they are sent.
+    async with http.get(PX, params={"watch": "1"}) as listing, http.get(
+        PX, params={"watch": "1", "resourceVersion": str(int(rv) - 1)}
+    ) as replay:
+        got = [(await _lines(w, 1))[0] for w in (listing, replay)]
+    assert [e["type"] for e in got] == ["ADDED", "ADDED"]
+    assert [e["object"]["spec"]["newField"] for e in got] == ["later", "later"]
+    assert got[0]["object"]["spec"]["provider"] == "lab"
+    assert "newField" not in emu.store.get(("egressproxies.io", "proxies"), "default", "a")["spec"]
+
+
 async def test_table_watch_rows(http: aiohttp.ClientSession) -> None:
     async with http.post(PX, json=proxy("a")) as r:
         rv = (await r.json())["metadata"]["resourceVersion"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from testbed.emulator import Api, ApiError, schema
@@ -116,6 +118,42 @@ def test_defaults_fill_nested_objects_only_when_present(api: Api, proxies: Resou
         "successThreshold": 2,
         "failureThreshold": 3,
     }
+
+
+_DEFAULTS = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer", "default": 1},
+        "o": {"type": "object", "properties": {"b": {"type": "string", "default": "x"}}},
+        "l": {"type": "array",
+              "items": {"type": "object", "properties": {"c": {"type": "integer", "default": 2}}}},
+        "m": {"type": "object",
+              "additionalProperties": {"type": "object",
+                                       "properties": {"d": {"type": "boolean", "default": True}}}},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("value", "lacks"),
+    [
+        ({"a": 5}, False),
+        ({}, True),
+        ({"a": 5, "o": {}}, True),
+        ({"a": 5, "o": {"b": "y"}}, False),
+        ({"a": 5, "l": [{"c": 1}, {}]}, True),
+        ({"a": 5, "l": [{"c": 1}]}, False),
+        ({"a": 5, "m": {"k": {}}}, True),
+        ({"a": 5, "m": {"k": {"d": False}}}, False),
+        ({"a": None}, False),  # present, even as null: not defaulted
+        ("not an object", False),
+    ],
+)
+def test_lacks_defaults_says_whether_apply_defaults_would_change_a_value(value: object, lacks: bool) -> None:
+    """The watch stream copies an event's object only when defaulting it on read would change it."""
+    copy = json.loads(json.dumps(value))
+    schema.apply_defaults(copy, _DEFAULTS)
+    assert schema.lacks_defaults(value, _DEFAULTS) is lacks is (copy != value)
 
 
 def test_defaults_apply_on_update_and_patch(api: Api, proxies: ResourceType) -> None:
