@@ -11,7 +11,7 @@ nothing stored."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -68,29 +68,30 @@ def recorded(api: Api, monkeypatch: pytest.MonkeyPatch) -> Recorded:
 
 
 @pytest.fixture
-def step(recorded: Recorded) -> Iterator[Callable[..., Any]]:
-    """Run one call; scribble over what it returns (but ApiErrors, which are expected in some steps);
-    then no event may have changed. Returns a copy of the object returned (of the first item of a
-    tuple: (object, warnings) and the like)."""
+def step(recorded: Recorded) -> Callable[..., Any]:
+    """Run one call, then no event may have changed; scribble over what it returns, then still none
+    may have. Returns a copy of the object returned (of the first item of a tuple: (object, warnings)
+    and the like). With `refused=CODE`, the call must fail with that HTTP code instead."""
     count = 0
 
-    def run(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def run(call: Callable[..., Any], *args: Any, refused: int = 0, **kwargs: Any) -> Any:
         nonlocal count
         count += 1
-        try:
-            out = call(*args, **kwargs)
-        except ApiError as e:
-            out = e
-        assert recorded.changed() == [], f"step {count}: {call.__name__}{args[1:4]}"
-        if not isinstance(out, ApiError):
-            kept = copy.deepcopy(out)
-            _scribble(out)
-            assert recorded.changed() == [], f"step {count}: scribbling over {call.__name__}'s result"
-            return kept[0] if isinstance(kept, tuple) else kept
-        return out
+        where = f"step {count}: {call.__name__}{args[1:3]}"
+        if refused:
+            with pytest.raises(ApiError) as e:
+                call(*args, **kwargs)
+            assert e.value.code == refused, where
+            assert recorded.changed() == [], where
+            return None
+        out = call(*args, **kwargs)
+        assert recorded.changed() == [], where
+        kept = copy.deepcopy(out)
+        _scribble(out)
+        assert recorded.changed() == [], f"{where}, scribbling over its result"
+        return kept[0] if isinstance(kept, tuple) else kept
 
-    yield run
-    assert len(recorded.events) >= count // 2  # the sequence did write
+    return run
 
 
 def test_no_write_changes_a_stored_object_or_a_published_event(
@@ -110,10 +111,16 @@ def test_no_write_changes_a_stored_object_or_a_published_event(
     a["spec"]["port"] = 9090
     a["metadata"]["labels"] = {"team": "x"}
     a = step(api.update, proxies, "default", "a", copy.deepcopy(a), manager="op", owned=True)
-    step(api.update, proxies, "default", "a", stale, manager="op", owned=True)
+    step(api.update, proxies, "default", "a", stale, manager="op", owned=True, refused=409)
     a = step(api.update, proxies, "default", "a", copy.deepcopy(a), manager="op", owned=True)
     a["metadata"]["managedFields"] = [dict(m, manager="someone") for m in a["metadata"]["managedFields"]]
     a = step(api.update, proxies, "default", "a", copy.deepcopy(a), manager="op", owned=True)
+    a = step(api.patch, proxies, "default", "a", JSON_PATCH,
+             [{"op": "replace", "path": "/metadata/managedFields/0/manager", "value": "migrated"}],
+             manager="op")
+    sent = proxy("sent")
+    sent["metadata"]["managedFields"] = copy.deepcopy(a["metadata"]["managedFields"])
+    step(api.create, proxies, "default", sent, manager="op", owned=True)
     # status: PUT and patches, again and again (the same status is a no-op), a condition list (map list)
     cond = {"type": "Ready", "status": "True", "reason": "Up", "message": "", "lastTransitionTime": api.now()}
     a["status"] = {"phase": "Ready", "conditions": [cond]}
@@ -143,7 +150,7 @@ def test_no_write_changes_a_stored_object_or_a_published_event(
     applied["spec"]["port"] = 3001
     step(api.patch, proxies, "default", "c", APPLY, copy.deepcopy(applied), manager="kubectl")
     step(api.patch, proxies, "default", "c", MERGE, {"spec": {"port": 3002}}, manager="op")
-    step(api.patch, proxies, "default", "c", APPLY, copy.deepcopy(applied), manager="kubectl")
+    step(api.patch, proxies, "default", "c", APPLY, copy.deepcopy(applied), manager="kubectl", refused=409)
     step(api.patch, proxies, "default", "c", APPLY, copy.deepcopy(applied), manager="kubectl", force=True)
     step(api.patch, proxies, "default", "c", APPLY,
          {**applied, "status": {"phase": "Ready"}}, manager="op", subresource="status")
@@ -180,7 +187,7 @@ def test_no_write_changes_a_stored_object_or_a_published_event(
     w = step(api.get, widgets, "default", "w")
     assert (w["spec"]["new"], w["status"]["seen"]) == ("later", "no")
     step(api.patch, widgets, "default", "w", APPLY, {"apiVersion": "example.com/v1", "kind": "Widget",
-         "metadata": {"name": "w"}, "spec": {"size": 3}}, manager="kubectl")
+         "metadata": {"name": "w"}, "spec": {"size": 3}}, manager="kubectl", force=True)
     step(api.patch, widgets, "default", "w", MERGE, {"spec": {"size": 4}}, manager="x")
     step(api.delete, crds, "", "widgets.example.com")
     assert api.store.get(widgets.key, "default", "w") is None
