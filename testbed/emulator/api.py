@@ -537,8 +537,9 @@ class Api:
         meta, old_meta = new["metadata"], current["metadata"]
         for k in _SERVER_META:
             if k in old_meta:
-                # managedFields only holds its place here: _track replaces it before anything reads it
-                meta[k] = old_meta[k] if k == "managedFields" else clone(old_meta[k])
+                # A copy even of managedFields, which _track replaces: defaulting `new` can reach into it
+                # (a root additionalProperties schema applies to metadata), and `old_meta` is the stored one.
+                meta[k] = clone(old_meta[k])
             else:
                 meta.pop(k, None)
         if old_meta.get("deletionTimestamp"):

@@ -12,7 +12,7 @@ import pytest
 
 from testbed.emulator import Emulator
 
-from .conftest import proxy
+from .conftest import proxy, widget_crd
 
 PX = "/apis/egressproxies.io/v1alpha1/namespaces/default/proxies"
 TABLE = (
@@ -190,6 +190,23 @@ async def test_watchers_of_one_event_each_get_their_own_rendering(http: aiohttp.
     assert [e["type"] for e in got] == ["MODIFIED", "MODIFIED", "ADDED", "MODIFIED"]
     assert got[0] == got[1] and got[0]["object"]["metadata"]["labels"] == {"team": "x"}
     assert got[2]["object"] == got[0]["object"] and got[3]["object"]["kind"] == "Table"
+
+
+async def test_watches_of_two_versions_of_a_kind_get_their_own_version(http: aiohttp.ClientSession) -> None:
+    """One stored event, two served versions: the encoded-once line (watch.py) is per resource type."""
+    crd = widget_crd()
+    v1 = crd["spec"]["versions"][0]
+    crd["spec"]["versions"] = [dict(v1, name="v1beta1", storage=False), v1]
+    async with http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd) as r:
+        assert r.status == 201
+    path = "/apis/example.com/{}/namespaces/default/widgets"
+    async with http.get(path.format("v1beta1"), params={"watch": "1"}) as old, http.get(
+        path.format("v1"), params={"watch": "1"}
+    ) as new:
+        async with http.post(path.format("v1"), json={"metadata": {"name": "w"}}) as r:
+            assert r.status == 201
+        got = [(await _lines(w, 1))[0] for w in (old, new)]
+    assert [e["object"]["apiVersion"] for e in got] == ["example.com/v1beta1", "example.com/v1"]
 
 
 async def test_watch_events_carry_defaults_added_to_the_crd_later(emu: Emulator,
