@@ -40,11 +40,37 @@ from .planner import (
 from .status import PROVISIONING
 
 
+def acting(ctx: Context, act: Act) -> str | None:
+    """What `act` would change outside this pass (a write, an Event, a provider call that changes
+    something, a delete, the probes), or None for the acts that only observe: a look, a watch or unwatch
+    that leaves the probes as they are, a status write `ctx.write` would skip, the reconciler's memory.
+    A pass from the informer's cache reads fresh before any act that is not None here."""
+    if isinstance(act, Delete):
+        return f"delete instance {act.ref.name}"
+    if isinstance(act, Create | Start | Readdress):
+        return f"{type(act).__name__.lower()} instance {act.target.name}"
+    if isinstance(act, Record):
+        return f"record a {act.event.reason} Event"
+    if isinstance(act, WriteStatus):
+        return "write status" if ctx.would_write(act.status) else None
+    if isinstance(act, Watch):
+        return None if ctx.prober.target(act.key) == act.target else "watch a new probe target"
+    if isinstance(act, Unwatch):
+        return None if ctx.prober.target(act.key) is None else "stop a probe"
+    if isinstance(act, HandOver):
+        return "hand the probes over"
+    return None
+
+
 async def run(ctx: Context, act: Act, *, spec_provider_name: str, provider: Provider | None,
               desired: Desired | None, progress_interval: float) -> Outcome:
     """Carry out `act`; returns what it observed (None for the acts that observe nothing)."""
     if isinstance(act, Look):
         return await look(ctx, act, spec_provider_name=spec_provider_name, provider=provider)
+    if ctx.cached:  # the reconciler checks a whole step first (reconciler.py); this is the last line
+        what = acting(ctx, act)
+        if what is not None:
+            ctx.must_read(what)
     if isinstance(act, Create):
         assert desired is not None and desired.name == act.target.name
         return await create(ctx, act, desired, progress_interval=progress_interval)
@@ -99,6 +125,8 @@ async def create(ctx: Context, act: Create, desired: Desired, *,
     """Create the target; no capacity (quota_fallback) and a background image import are outcomes the
     planner decides about."""
     target = act.target
+    if desired.user_data is None:  # a pass from the cache reads fresh before acting (Context.must_read)
+        raise RuntimeError(f"create of {target.name} without its user-data loaded")
     request = CreateRequest(name=desired.name, owner_uid=ctx.proxy["metadata"].get("uid", ""),
                             placement=desired.resolved, user_data=desired.user_data,
                             owner_namespace=ctx.namespace, owner_name=ctx.key[1])

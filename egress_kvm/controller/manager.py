@@ -89,7 +89,7 @@ class Controller:
         refresh = (resync_period if probe_refresh is None else probe_refresh) * probe_time_scale
         self.reconciler = Reconciler(kube=kube, prober=self.prober, providers=providers,
                                      providers_hash=providers_hash, timings=timings, logger=self.log,
-                                     probe_refresh=refresh)
+                                     probe_refresh=refresh, cache=store)
         self._tasks: list[asyncio.Task[None]] = []
         self._died: BaseException | None = None
         self._stopping = False

@@ -1,0 +1,47 @@
+"""A routine pass from the informer's cache: when the cache may stand in for a fresh read, and the check
+that sends the pass back to a fresh read before it changes anything.
+
+A pass queued by the clock alone (a resync; see planner.vouched) starts from the cache's copy of the
+Proxy when the cache can be trusted (listed, alive, holding the key). Such a pass only looks: before a
+step with any act that changes something (actions.acting) or any end but a plain result, it starts over
+from a fresh read (context.FreshReadNeeded). A pass that changes nothing is what a fresh pass would have
+done when the cache was current, and anything newer reaches the controller as a watch event, which queues
+a pass that reads fresh (not routine). So a settled Proxy's resync costs the API server nothing, and no
+write, Event, provider change, delete or finalizer step is ever taken on the cache's word.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Protocol, runtime_checkable
+
+from egress_kvm.kube.interfaces import Key, Obj, ProxyStore
+
+from . import actions
+from .context import Context
+from .planner import Act
+
+
+@runtime_checkable
+class ReportsHealth(Protocol):
+    """A cache that can die (the informer): once it has, it never moves again and is not trusted."""
+
+    def healthy(self) -> bool: ...
+
+
+def cached_copy(cache: ProxyStore | None, key: Key) -> Obj | None:
+    """The cache's copy of the Proxy, if the cache can be trusted: listed, alive, holding the key."""
+    if cache is None or not cache.has_synced() or (isinstance(cache, ReportsHealth) and not cache.healthy()):
+        return None
+    obj = cache.get(key)
+    return copy.deepcopy(obj) if obj is not None else None  # the cache's objects are shared
+
+
+def check_step(ctx: Context, acts: tuple[Act, ...]) -> None:
+    """A pass from the cache starts over fresh before a step that would change anything, so none of the
+    step's acts runs on the cache's word (not even the ones before the one that changes something)."""
+    if ctx.cached:
+        for act in acts:
+            what = actions.acting(ctx, act)
+            if what is not None:
+                ctx.must_read(what)

@@ -1,0 +1,222 @@
+"""A routine pass starts from the informer's cache (controller/cached.py): a settled Proxy's resync reads
+nothing from the API server, and a routine pass that must act (write status, finalize, name the desired
+instance it cannot know from the cache) reads the Proxy fresh first and acts on that, never on the cache."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from egress_kvm.controller.cached import cached_copy
+from egress_kvm.controller.manager import Controller
+from egress_kvm.controller.verdict import ProbeKey
+from egress_kvm.kube.interfaces import Key, Obj
+from egress_kvm.kube.trim import trimmed
+
+from .conftest import eventually
+from .fakekube import FakeKube
+from .fakeprovider import FakeProvider
+from .proxyserver import MiniProxy
+from .test_lifecycle import KEY, phase, spec_for
+
+
+class InformerLike:
+    """A ProxyStore as the informer keeps it: trimmed copies (no inline user-data), and a health that a
+    test can kill; frozen on demand (a cache behind the API server)."""
+
+    def __init__(self, api: FakeKube) -> None:
+        self.api = api
+        self.alive = True
+        self.synced = True
+        self.frozen: dict[Key, Obj] | None = None
+
+    def freeze(self) -> None:
+        self.frozen = {k: trimmed(copy.deepcopy(v)) for k, v in self.api.objects.items()}
+
+    def get(self, key: Key) -> Obj | None:
+        if self.frozen is not None:
+            return self.frozen.get(key)
+        obj = self.api.objects.get(key)
+        return trimmed(copy.deepcopy(obj)) if obj is not None else None
+
+    def keys(self) -> list[Key]:
+        return list(self.frozen if self.frozen is not None else self.api.objects)
+
+    def has_synced(self) -> bool:
+        return self.synced
+
+    def healthy(self) -> bool:
+        return self.alive
+
+
+class Counted:
+    """Counts the fresh reads of the Proxy (FakeKube.get_proxy) and the passes the controller runs."""
+
+    def __init__(self, kube: FakeKube, c: Controller) -> None:
+        self.reads: list[Key] = []
+        self.passes: list[bool] = []
+        real_get, real_reconcile = kube.get_proxy, c.reconciler.reconcile
+
+        async def get_proxy(namespace: str, name: str) -> Obj | None:
+            self.reads.append((namespace, name))
+            return await real_get(namespace, name)
+
+        async def reconcile(key: Key, *, routine: bool = False) -> Any:
+            result = await real_reconcile(key, routine=routine)
+            self.passes.append(routine)
+            return result
+
+        kube.get_proxy = get_proxy  # type: ignore[method-assign]
+        c.reconciler.reconcile = reconcile  # type: ignore[method-assign]
+
+
+def provider_calls(provider: FakeProvider) -> int:
+    return len(provider.calls)
+
+
+async def settled(kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy,
+                  make_controller: Callable[..., Controller]) -> tuple[Controller, InformerLike, Counted]:
+    """px1 (inline user-data: not in the cache) Ready and healthy, nothing queued; probe-time refresh off,
+    as the operator runs by default; resync only when the test calls it."""
+    store = InformerLike(kube)
+    c = make_controller({"kvm-home": provider}, store=store, probe_refresh=math.inf)
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready" and kube.status(KEY).get("healthy") is True)
+    await eventually(lambda: not c.queue.wanted(KEY) and KEY not in c.queue.processing()
+                     and not c.queue.pending_delayed(), what="nothing queued")
+    return c, store, Counted(kube, c)
+
+
+async def resync(c: Controller, counted: Counted) -> None:
+    """One resync pass of px1, run to its end."""
+    before = len(counted.passes)
+    await c._resync()
+    await eventually(lambda: len(counted.passes) > before, what="the resync pass")
+
+
+async def test_a_settled_proxys_resync_reads_nothing(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    c, _, counted = await settled(kube, provider, proxy_server, make_controller)
+    writes, calls = kube.status_writes, provider_calls(provider)
+    for _ in range(3):
+        await resync(c, counted)
+    assert counted.passes == [True, True, True]
+    assert counted.reads == []  # no GET of the Proxy
+    assert provider_calls(provider) == calls  # no provider call (planner.vouched)
+    assert kube.status_writes == writes and phase(kube) == "Ready"
+    c.enqueue(KEY)  # anything but the clock: a real look, fresh
+    await eventually(lambda: len(counted.passes) == 4)
+    assert counted.passes[-1] is False and counted.reads == [KEY]
+
+
+async def test_the_desired_instance_unknown_to_this_process_is_read_fresh_once(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """The cache has no inline user-data, so the instance name is known only from a fresh pass (a new
+    leader, a restart: memory is empty). The first routine pass reads fresh, the next ones need not; the
+    VM is never replaced on the cache's word."""
+    c, _, counted = await settled(kube, provider, proxy_server, make_controller)
+    name = kube.status(KEY)["instance"]["name"]
+    c.reconciler.memory.forget(KEY)  # as after a restart
+    await resync(c, counted)
+    assert counted.reads == [KEY]
+    await resync(c, counted)
+    assert counted.reads == [KEY]
+    assert kube.status(KEY)["instance"]["name"] == name and provider.names() == {name}
+
+
+async def test_a_spec_edit_is_named_afresh_not_from_the_remembered_instance(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """The remembered desired instance is keyed by generation: a cache showing a newer spec (its event
+    lost in the queue) is not matched to it; the pass reads fresh."""
+    c, store, counted = await settled(kube, provider, proxy_server, make_controller)
+    store.freeze()
+    assert store.frozen is not None
+    store.frozen[KEY]["metadata"]["generation"] += 1
+    result = await c.reconciler.reconcile(KEY, routine=True)
+    assert counted.reads == [KEY] and result.retry is None
+
+
+async def test_a_routine_pass_that_must_write_reads_fresh_and_writes_from_that(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """The cache lags (our Ready write's event not yet seen): planned from it, the pass would write Ready
+    again with the cache's resourceVersion. It reads fresh instead, finds Ready, writes nothing."""
+    c, store, counted = await settled(kube, provider, proxy_server, make_controller)
+    store.freeze()
+    assert store.frozen is not None
+    stale = store.frozen[KEY]
+    stale["status"] = {**stale["status"], "phase": "Running", "message": "waiting for health probes"}
+    stale["metadata"]["resourceVersion"] = "1"
+    writes, conflicts = kube.status_writes, kube.conflicts
+    result = await c.reconciler.reconcile(KEY, routine=True)
+    assert counted.reads == [KEY]
+    assert kube.status_writes == writes and kube.conflicts == conflicts  # nothing written, no stale PUT
+    assert phase(kube) == "Ready" and result.retry is None
+
+
+async def test_a_routine_pass_writes_a_lone_probe_time_only_after_a_fresh_read(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """With --probe-time-refresh the routine pass has something to write (a newer lastProbeTime): it
+    reads the Proxy fresh and writes onto that."""
+    c, _, counted = await settled(kube, provider, proxy_server, make_controller)
+    c.reconciler.probe_refresh = 0.0  # any newer lastProbeTime is worth a write
+    stored = datetime.strptime(kube.status(KEY)["lastProbeTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+    def newer_probe() -> bool:
+        health = c.prober.health(ProbeKey(KEY))
+        last = health.last_probe if health is not None else None
+        return last is not None and last.replace(microsecond=0) > stored
+
+    await eventually(newer_probe, what="a probe in a later second than the stored lastProbeTime")
+    writes = kube.status_writes
+    await c.reconciler.reconcile(KEY, routine=True)
+    assert counted.reads == [KEY] and kube.status_writes == writes + 1 and kube.conflicts == 0
+
+
+async def test_a_deletion_in_the_cache_is_never_finalized_on_its_word(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """A cache that says deleting (wrongly, here) sends the pass to a fresh read; the server's object is
+    not being deleted, so its VM stays and its finalizer too."""
+    c, store, counted = await settled(kube, provider, proxy_server, make_controller)
+    name = kube.status(KEY)["instance"]["name"]
+    store.freeze()
+    assert store.frozen is not None
+    store.frozen[KEY]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    await c.reconciler.reconcile(KEY, routine=True)
+    assert counted.reads == [KEY]
+    assert provider.names() == {name} and not any(op == "delete" for op, _ in provider.calls)
+    assert kube.objects[KEY]["metadata"]["finalizers"]
+
+
+@pytest.mark.parametrize("why", ["unhealthy", "not synced", "not cached"])
+async def test_a_cache_that_cannot_be_trusted_is_not_used(
+        why: str, kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    c, store, counted = await settled(kube, provider, proxy_server, make_controller)
+    if why == "unhealthy":
+        store.alive = False
+    elif why == "not synced":
+        store.synced = False
+    else:
+        store.freeze()
+        assert store.frozen is not None
+        store.frozen.clear()
+    await c.reconciler.reconcile(KEY, routine=True)
+    assert counted.reads == [KEY]
+    await c.reconciler.reconcile(KEY, routine=False)  # a pass not routine reads fresh whatever the cache
+    assert counted.reads == [KEY, KEY]
+
+
+def test_cached_copy_is_a_copy() -> None:
+    kube = FakeKube()
+    kube.create_proxy("px1", {"mode": "Managed"})
+    store = InformerLike(kube)
+    store.freeze()
+    got = cached_copy(store, KEY)
+    assert got is not None and got == store.get(KEY)
+    got["metadata"]["name"] = "changed"
+    assert store.get(KEY)["metadata"]["name"] == "px1"  # type: ignore[index]
+    assert cached_copy(None, KEY) is None
