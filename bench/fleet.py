@@ -71,6 +71,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error(f"--resync-period: {exc}")
     if args.resync_seconds <= 0 or args.steady_window <= 0:
         p.error("--resync-period and --steady-window must be > 0 (the rates divide by them)")
+    periods = args.steady_window / args.resync_seconds
+    if periods < 1 or abs(periods - round(periods)) > 1e-9:
+        # A settled fleet's work comes in one burst per resync: a window holding a fraction of a period
+        # holds 0 or 1 bursts, and scaled to an hour reads 0 or (3600 / window) passes per Proxy (a 20 s
+        # window with one resync in it read 180 reconciles per Proxy per hour at --resync-period 60s).
+        p.error(f"--steady-window {args.steady_window:g}: must be a whole number of resync periods "
+                f"({args.resync_seconds:g} s), or the steady-state rates count 0 or 1 resyncs scaled up")
     if args.proxies > 250 * args.hosts:
         p.error(f"--proxies {args.proxies}: a simulated host holds at most 250 running guests (its /24)")
     return args
@@ -198,7 +205,8 @@ async def bench(args: argparse.Namespace, stack: FleetStack) -> list[str]:
             hour = 3600 / args.steady_window
             per_resync = steady.rpcs / n * args.resync_seconds / args.steady_window
             out += [f"steady state: a {args.steady_window:.0f} s window after all Ready "
-                    f"(--resync-period {args.resync_period}), extrapolated",
+                    f"({args.steady_window / args.resync_seconds:.0f} x --resync-period "
+                    f"{args.resync_period}), extrapolated",
                     row("libvirt RPCs per Proxy per hour (operator / hosts)",
                         f"{steady.rpcs / n * hour:.1f} / {steady.sim_calls / n * hour:.1f}"),
                     row("libvirt RPCs per Proxy per resync period", f"{per_resync:.2f}", "goal <= 1"),
