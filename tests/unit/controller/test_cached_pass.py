@@ -7,22 +7,43 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from egress_kvm.controller.actions import acting
 from egress_kvm.controller.cached import cached_copy
+from egress_kvm.controller.context import Context
 from egress_kvm.controller.manager import Controller
-from egress_kvm.controller.verdict import ProbeKey
+from egress_kvm.controller.memory import Memory
+from egress_kvm.controller.plan import Event
+from egress_kvm.controller.planner import (
+    Act,
+    Create,
+    Delete,
+    HandOver,
+    Look,
+    Readdress,
+    Record,
+    Remember,
+    Start,
+    Unwatch,
+    Watch,
+    WriteStatus,
+)
+from egress_kvm.controller.verdict import ProbeKey, ProbeTarget
 from egress_kvm.kube.interfaces import Key, Obj
 from egress_kvm.kube.trim import trimmed
+from egress_kvm.log import get_logger
 
 from .conftest import eventually
 from .fakekube import FakeKube
 from .fakeprovider import FakeProvider
 from .proxyserver import MiniProxy
 from .test_lifecycle import KEY, phase, spec_for
+from .test_planner import NEW, OLD, OWN, REPL, SPEC
 
 
 class InformerLike:
@@ -220,3 +241,42 @@ def test_cached_copy_is_a_copy() -> None:
     got["metadata"]["name"] = "changed"
     assert store.get(KEY)["metadata"]["name"] == "px1"  # type: ignore[index]
     assert cached_copy(None, KEY) is None
+
+
+class TargetsOnly:
+    """The prober as actions.acting reads it: the current target per key."""
+
+    def __init__(self, targets: dict[ProbeKey, ProbeTarget]) -> None:
+        self.targets = targets
+
+    def target(self, key: ProbeKey) -> ProbeTarget | None:
+        return self.targets.get(key)
+
+
+HERE = ProbeTarget("10.0.0.1", 3128, SPEC.health, "ns")
+SETTLED = {"phase": "Ready", "message": "ok", "observedGeneration": 1}
+ACTS: list[tuple[str, Act, str | None]] = [
+    ("a look", Look(NEW), None),
+    ("create", Create(NEW, None, None, ()), "create instance proxy-new"),
+    ("start", Start(NEW), "start instance proxy-new"),
+    ("readdress", Readdress(NEW), "readdress instance proxy-new"),
+    ("delete", Delete(OLD), "delete instance proxy-old"),
+    ("an Event", Record(Event("Normal", "Ready", "x")), "record a Ready Event"),
+    ("status as stored", WriteStatus(dict(SETTLED)), None),
+    ("status that changed", WriteStatus({**SETTLED, "message": "other"}), "write status"),
+    ("the same probe", Watch(OWN, HERE), None),
+    ("a new probe target", Watch(OWN, replace(HERE, host="10.0.0.2")), "watch a new probe target"),
+    ("unwatch what is not probed", Unwatch(REPL), None),
+    ("unwatch a probe", Unwatch(OWN), "stop a probe"),
+    ("hand over", HandOver(REPL, OWN), "hand the probes over"),
+    ("memory", Remember(restarts=0), None),
+]
+
+
+@pytest.mark.parametrize(("case", "act", "what"), ACTS, ids=[a[0] for a in ACTS])
+def test_what_acts_change(case: str, act: Act, what: str | None) -> None:
+    proxy = {"metadata": {"name": "px", "namespace": "ns", "generation": 1}, "status": dict(SETTLED)}
+    ctx = Context(key=KEY, proxy=proxy, log=get_logger("test"), kube=FakeKube(),
+                  prober=TargetsOnly({OWN: HERE}), memory=Memory(), probe_refresh=math.inf,  # type: ignore[arg-type]
+                  cached=True)
+    assert acting(ctx, act) == what
