@@ -4,6 +4,7 @@ deleted. With --chaos, faults are injected while they are created and the invari
 
     EGRESS_LAB_INDEX=6 nice -n 10 .venv/bin/python bench/fleet.py [--proxies 1000] [--hosts 10]
         [--boot-delay 5] [--rtt-ms 0] [--probe-interval 10] [--steady-window 120] [--chaos] [--keep-lab]
+        [--log-level info]
 
 What it prints (docs/performance.md, "Fleet", says how to read it):
 - time from the first create to all Ready; per-Proxy time to Ready, and the operator's overhead: Ready
@@ -61,6 +62,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="--max-concurrent-reconciles (default: the operator's)")
     p.add_argument("--chaos", action="store_true", help="inject faults while creating; check the invariants")
     p.add_argument("--workdir", type=Path, default=None, help="logs go here (default: a new temp dir)")
+    p.add_argument("--log-level", default="info",
+                   help="the operator's --zap-log-level (1: a line per resync, per health probe, ...)")
     p.add_argument("--keep-lab", action="store_true", help="leave the simulated lab up for the next run")
     args = p.parse_args(argv)
     if args.proxies < 1 or args.hosts < 1 or args.hosts > 16:
@@ -277,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     config = StackConfig(hosts=args.hosts, boot_delay_s=args.boot_delay, rtt_ms=args.rtt_ms,
-                         resync_period=args.resync_period, workers=args.workers)
+                         resync_period=args.resync_period, workers=args.workers, log_level=args.log_level)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load0 = load()
     stack = FleetStack(workdir, config)

@@ -255,7 +255,9 @@ class Controller:
                 self.log.error(e, "periodic task failed", task=getattr(fn, "__name__", str(fn)))
 
     async def _resync(self) -> None:
-        for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict
+        keys = self.store.keys()
+        self.log.v(1).info("resync: queueing every Proxy", proxies=len(keys))
+        for key in keys:
             self._enqueue_routine(key)
 
     async def collect_garbage(self) -> list[Collected]:
