@@ -2,7 +2,7 @@
 that sends the pass back to a fresh read before it changes anything.
 
 A pass queued by the clock alone (a resync; see planner.vouched) starts from the cache's copy of the
-Proxy when the cache can be trusted (listed, alive, holding the key). Such a pass only looks: before a
+Proxy when the cache can be trusted (listed, following the server, holding the key). Such a pass only looks: before a
 step with any act that changes something (actions.acting) or any end but a plain result, it starts over
 from a fresh read (context.FreshReadNeeded). A pass that changes nothing is what a fresh pass would have
 done when the cache was current, and anything newer reaches the controller as a watch event, which queues
@@ -23,15 +23,17 @@ from .planner import Act
 
 
 @runtime_checkable
-class ReportsHealth(Protocol):
-    """A cache that can die (the informer): once it has, it never moves again and is not trusted."""
+class Follows(Protocol):
+    """A cache that can tell whether it follows the server right now (the informer: listed, a watch
+    stream open and heard from, run() alive). One that cannot (a test's store) is trusted once synced."""
 
-    def healthy(self) -> bool: ...
+    def current(self) -> bool: ...
 
 
 def cached_copy(cache: ProxyStore | None, key: Key) -> Obj | None:
-    """The cache's copy of the Proxy, if the cache can be trusted: listed, alive, holding the key."""
-    if cache is None or not cache.has_synced() or (isinstance(cache, ReportsHealth) and not cache.healthy()):
+    """The cache's copy of the Proxy, if the cache can be trusted: listed, following the server (a watch
+    gone silent, reconnecting or relisting leaves it behind by any amount), holding the key."""
+    if cache is None or not cache.has_synced() or (isinstance(cache, Follows) and not cache.current()):
         return None
     obj = cache.get(key)
     return copy.deepcopy(obj) if obj is not None else None  # the cache's objects are shared

@@ -47,8 +47,8 @@ from .test_planner import NEW, OLD, OWN, REPL, SPEC
 
 
 class InformerLike:
-    """A ProxyStore as the informer keeps it: trimmed copies (no inline user-data), and a health that a
-    test can kill; frozen on demand (a cache behind the API server)."""
+    """A ProxyStore as the informer keeps it: trimmed copies (no inline user-data), and whether it follows
+    the server (`current`, which a test can turn off); frozen on demand (a cache behind the API server)."""
 
     def __init__(self, api: FakeKube) -> None:
         self.api = api
@@ -71,7 +71,7 @@ class InformerLike:
     def has_synced(self) -> bool:
         return self.synced
 
-    def healthy(self) -> bool:
+    def current(self) -> bool:
         return self.alive
 
 
@@ -213,11 +213,11 @@ async def test_a_deletion_in_the_cache_is_never_finalized_on_its_word(
     assert kube.objects[KEY]["metadata"]["finalizers"]
 
 
-@pytest.mark.parametrize("why", ["unhealthy", "not synced", "not cached"])
+@pytest.mark.parametrize("why", ["not following the server", "not synced", "not cached"])
 async def test_a_cache_that_cannot_be_trusted_is_not_used(
         why: str, kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
     c, store, counted = await settled(kube, provider, proxy_server, make_controller)
-    if why == "unhealthy":
+    if why == "not following the server":
         store.alive = False
     elif why == "not synced":
         store.synced = False
