@@ -1,13 +1,15 @@
 """A routine pass from the informer's cache: when the cache may stand in for a fresh read, and the check
-that sends the pass back to a fresh read before it changes anything.
+that sends the pass back to a fresh read before it does anything.
 
 A pass queued by the clock alone (a resync; see planner.vouched) starts from the cache's copy of the
-Proxy when the cache can be trusted (listed, following the server, holding the key). Such a pass only looks: before a
-step with any act that changes something (actions.acting) or any end but a plain result, it starts over
-from a fresh read (context.FreshReadNeeded). A pass that changes nothing is what a fresh pass would have
-done when the cache was current, and anything newer reaches the controller as a watch event, which queues
-a pass that reads fresh (not routine). So a settled Proxy's resync costs the API server nothing, and no
-write, Event, provider change, delete or finalizer step is ever taken on the cache's word.
+Proxy when the cache can be trusted (listed, following the server, holding the key). Such a pass changes
+nothing: before a step with any act that does something (actions.acting: a write, an Event, a provider
+call, a look included, a change of the probes or of the reconciler's memory) or any end but a plain
+result, it starts over from a fresh read (context.FreshReadNeeded). So it completes only for a Proxy its
+probes vouch for with nothing to change, which is what a fresh pass would have done when the cache was
+current; anything newer reaches the controller as a watch event, which queues a pass that reads fresh
+(not routine). A settled Proxy's resync costs the API server nothing, and no write, Event, provider call,
+delete, finalizer step or KeyState change is ever made on the cache's word.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ frozen when the pass starts: `proxy` is replaced by whatever a write returns, wh
 carry a newer spec this pass never evaluated, and a verdict must name the inputs it was computed from.
 
 A routine pass may start from the informer's cache (`cached`, see the reconciler): such a pass never
-writes, records or deletes; it raises `FreshReadNeeded` instead, and the reconciler starts over from a
-fresh read of the Proxy.
+writes, records, deletes or changes what the reconciler remembers; it raises `FreshReadNeeded` instead,
+and the reconciler starts over from a fresh read of the Proxy.
 """
 
 from __future__ import annotations
@@ -131,6 +131,8 @@ class Context:
         worth = worth_writing(old, status, now=datetime.now(UTC), refresh=self.probe_refresh)
         if worth or events:
             self.must_read("write status" if worth else "record an Event")
+        elif self.memory.peek(self.key).phase != status["phase"]:  # the gauge, from a status maybe behind
+            self.must_read("remember the phase")
         self.events.clear()
         if worth:
             self.proxy = await self.kube.update_proxy_status(self.proxy, status)

@@ -134,7 +134,11 @@ class Reconciler:
 
     async def _cached_outcome(self, ctx: Context) -> Result:
         """A pass from the cache ends in a plain result or starts over fresh: an error, a trouble, a
-        failure or an import in progress are acted on (status, Events, memory, backoff) by a fresh pass."""
+        failure or an import in progress are acted on (status, Events, memory, backoff) by a fresh pass.
+        So is a pass after one that ended in a trouble or an import: getting through forgets those."""
+        state = self.memory.peek(ctx.key)
+        if state.trouble is not None or state.importing:
+            raise FreshReadNeeded("forget the last pass's trouble or import")
         try:
             result = await self._reconcile(ctx)
         except FreshReadNeeded:
@@ -143,10 +147,6 @@ class Reconciler:
             raise FreshReadNeeded(f"the pass ended in {type(e).__name__}") from e
         if not isinstance(result, Result):
             raise FreshReadNeeded(f"the pass ended in {type(result).__name__}")
-        state = self.memory.get(ctx.key)
-        if state is not None:
-            state.trouble = None
-            state.importing = False
         return result
 
     async def _reconcile(self, ctx: Context) -> Result | Planned:
@@ -164,8 +164,9 @@ class Reconciler:
             # Failed stays until the spec or the providers file changes. The verdict is in status too,
             # so a restart or a new leader does not retry it (a bad image would be downloaded again).
             return Result()
-        if ctx.key in self.memory:
-            self.memory[ctx.key].failed = None  # a verdict about other inputs (a stale one is re-decided)
+        if self.memory.peek(ctx.key).failed is not None:  # a verdict about other inputs: re-decided
+            ctx.must_read("forget a Failed verdict")  # the cache's status may not show it yet
+            self.memory[ctx.key].failed = None
         spec = parse_spec(ctx.proxy.get("spec"))
         if spec.mode == EXTERNAL:
             return await self._external(ctx, spec)

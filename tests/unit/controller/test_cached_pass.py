@@ -13,17 +13,21 @@ from typing import Any
 
 import pytest
 
+from egress_kvm.controller import actions
 from egress_kvm.controller.actions import acting
 from egress_kvm.controller.cached import cached_copy
-from egress_kvm.controller.context import Context
+from egress_kvm.controller.context import Context, FreshReadNeeded
+from egress_kvm.controller.desired import Desired
 from egress_kvm.controller.manager import Controller
-from egress_kvm.controller.memory import Memory
+from egress_kvm.controller.memory import KeyState, Memory
+from egress_kvm.controller.outcome import Fail, Result, Retry, Trouble
 from egress_kvm.controller.plan import Event
 from egress_kvm.controller.planner import (
     Act,
     Create,
     Delete,
     HandOver,
+    Importing,
     Look,
     Readdress,
     Record,
@@ -33,10 +37,13 @@ from egress_kvm.controller.planner import (
     Watch,
     WriteStatus,
 )
+from egress_kvm.controller.status import Ref
 from egress_kvm.controller.verdict import ProbeKey, ProbeTarget
-from egress_kvm.kube.interfaces import Key, Obj
+from egress_kvm.kube.interfaces import Key, Obj, ProxyGone, SpecChanged
+from egress_kvm.kube.rest import KubeApiError
 from egress_kvm.kube.trim import trimmed
 from egress_kvm.log import get_logger
+from egress_kvm.providers.base import ResolvedPlacement
 
 from .conftest import eventually
 from .fakekube import FakeKube
@@ -256,7 +263,7 @@ class TargetsOnly:
 HERE = ProbeTarget("10.0.0.1", 3128, SPEC.health, "ns")
 SETTLED = {"phase": "Ready", "message": "ok", "observedGeneration": 1}
 ACTS: list[tuple[str, Act, str | None]] = [
-    ("a look", Look(NEW), None),
+    ("a look", Look(NEW), "look at instance proxy-new"),
     ("create", Create(NEW, None, None, ()), "create instance proxy-new"),
     ("start", Start(NEW), "start instance proxy-new"),
     ("readdress", Readdress(NEW), "readdress instance proxy-new"),
@@ -269,14 +276,182 @@ ACTS: list[tuple[str, Act, str | None]] = [
     ("unwatch what is not probed", Unwatch(REPL), None),
     ("unwatch a probe", Unwatch(OWN), "stop a probe"),
     ("hand over", HandOver(REPL, OWN), "hand the probes over"),
-    ("memory", Remember(restarts=0), None),
+    ("memory as it is", Remember(restarts=0, ip_waits=0, stranded_looks=0), None),
+    ("memory that changes", Remember(restarts=0, ip_waits=1, stranded_looks=2),
+     "remember ip_waits, stranded_looks"),
 ]
+
+
+def settled_context(*, remembered_phase: str = "Ready") -> Context:
+    """A pass from the cache of a Ready Proxy this process remembers as `remembered_phase`."""
+    proxy = {"metadata": {"name": "px", "namespace": "ns", "generation": 1}, "status": dict(SETTLED)}
+    memory = Memory()
+    memory[KEY].phase = remembered_phase
+    return Context(key=KEY, proxy=proxy, log=get_logger("test"), kube=FakeKube(),
+                   prober=TargetsOnly({OWN: HERE}), memory=memory, probe_refresh=math.inf,  # type: ignore[arg-type]
+                   cached=True)
 
 
 @pytest.mark.parametrize(("case", "act", "what"), ACTS, ids=[a[0] for a in ACTS])
 def test_what_acts_change(case: str, act: Act, what: str | None) -> None:
-    proxy = {"metadata": {"name": "px", "namespace": "ns", "generation": 1}, "status": dict(SETTLED)}
-    ctx = Context(key=KEY, proxy=proxy, log=get_logger("test"), kube=FakeKube(),
-                  prober=TargetsOnly({OWN: HERE}), memory=Memory(), probe_refresh=math.inf,  # type: ignore[arg-type]
+    assert acting(settled_context(), act) == what
+
+
+def test_status_as_stored_still_changes_the_phase_remembered_otherwise() -> None:
+    """The phase gauge (KeyState.phase) is not set from a status the cache may not have caught up with."""
+    assert acting(settled_context(remembered_phase="Provisioning"), WriteStatus(dict(SETTLED))) == \
+        "remember the phase"
+
+
+REMEMBERED: list[tuple[str, Callable[[KeyState], None]]] = [
+    ("a trouble", lambda s: setattr(s, "trouble", ("HostUnreachable", "zone nas1 unreachable"))),
+    ("an import", lambda s: setattr(s, "importing", True)),
+    ("a Failed verdict about other inputs", lambda s: setattr(s, "failed", (99, "other"))),
+    ("another phase", lambda s: setattr(s, "phase", "Provisioning")),
+    ("restarts", lambda s: setattr(s, "restarts", 2)),
+]
+
+
+@pytest.mark.parametrize(("case", "remember"), REMEMBERED, ids=[r[0] for r in REMEMBERED])
+async def test_what_the_reconciler_remembers_changes_only_after_a_fresh_read(
+        case: str, remember: Callable[[KeyState], None], kube: FakeKube, provider: FakeProvider,
+        proxy_server: MiniProxy, make_controller) -> None:
+    """KeyState outlives the pass and later fresh passes trust it (restart backoff, one Event per trouble,
+    Failed verdicts, the phase gauge): a pass from a cache that may lag never changes it. Here the settled
+    Ready Proxy's pass would set each back as a fresh pass does: it reads fresh first, then does."""
+    c, _, counted = await settled(kube, provider, proxy_server, make_controller)
+    remember(c.reconciler.memory[KEY])
+    result = await c.reconciler.reconcile(KEY, routine=True)
+    assert counted.reads == [KEY] and result.retry is None
+    state = c.reconciler.memory[KEY]
+    assert (state.trouble, state.importing, state.failed, state.phase, state.restarts) == \
+        (None, False, None, "Ready", 0)
+
+
+async def test_a_pass_that_must_look_reads_fresh_first_and_looks_once(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """Not vouched for by its probes (here none: as after a restart), the routine pass looks at the VM: it
+    reads the Proxy fresh before that, so a pass that then acts (here: probe the VM again) does not look
+    twice, and nothing it concludes rests on a status the cache may not have caught up with."""
+    c, _, counted = await settled(kube, provider, proxy_server, make_controller)
+    c.prober.unwatch(ProbeKey(KEY))
+    calls = len(provider.calls)
+    await c.reconciler.reconcile(KEY, routine=True)
+    assert counted.reads == [KEY]
+    assert [op for op, _ in provider.calls[calls:]] == ["get"]
+    assert c.prober.target(ProbeKey(KEY)) is not None
+
+
+async def test_a_cache_without_the_finalizer_does_not_add_it(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """Adding the finalizer is a write: done on a fresh read (which has it here), not on the cache's."""
+    c, store, counted = await settled(kube, provider, proxy_server, make_controller)
+    finalizer_calls: list[Obj] = []
+    real = kube.set_finalizer
+
+    async def set_finalizer(obj: Obj, *, present: bool) -> Obj:
+        finalizer_calls.append(obj)
+        return await real(obj, present=present)
+
+    kube.set_finalizer = set_finalizer  # type: ignore[method-assign]
+    store.freeze()
+    assert store.frozen is not None
+    store.frozen[KEY]["metadata"]["finalizers"] = []
+    await c.reconciler.reconcile(KEY, routine=True)
+    assert counted.reads == [KEY] and finalizer_calls == []
+
+
+ENDS: list[tuple[str, Callable[[], Any]]] = [
+    ("a trouble", lambda: Trouble("QuotaExceeded", "no room", Retry.QUOTA)),
+    ("a failure", lambda: Fail("cannot work", "SpecInvalid")),
+    ("an import", lambda: Importing("importing the image")),
+    ("an error", lambda: KubeApiError(500, "InternalError", "boom")),
+    ("a bug", lambda: AssertionError("a planner bug")),
+    ("the Proxy gone", lambda: ProxyGone("px1")),
+    ("a spec change", lambda: SpecChanged("generation 2")),
+]
+
+
+@pytest.mark.parametrize(("case", "end"), ENDS, ids=[e[0] for e in ENDS])
+async def test_a_pass_from_the_cache_ends_plainly_or_starts_over_fresh(
+        case: str, end: Callable[[], Any], kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy,
+        make_controller, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any end but a plain result (a trouble, a failure, an import, an exception) is acted on (status,
+    Events, memory, backoff) by a fresh pass, whose outcome is the reconcile's: the cached pass's end is
+    neither returned nor raised, nor counted as a failure."""
+    c, _, counted = await settled(kube, provider, proxy_server, make_controller)
+    fresh_result = Result(requeue_after=42.0)
+
+    async def planned(ctx: Context) -> Any:
+        if not ctx.cached:
+            return fresh_result
+        outcome = end()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(c.reconciler, "_reconcile", planned)
+    assert await c.reconciler.reconcile(KEY, routine=True) is fresh_result
+    assert counted.reads == [KEY]
+
+
+PLACED = ResolvedPlacement("nas1", "small", "debian")
+FRESH_ONLY: list[tuple[str, Act]] = [
+    ("create", Create(Ref("proxy-x", "nas1"), None, None, ())),
+    ("start", Start(Ref("proxy-x", "nas1"))),
+    ("readdress", Readdress(Ref("proxy-x", "nas1"))),
+    ("delete", Delete(Ref("proxy-x", "nas1"))),
+    ("look", Look(Ref("proxy-x", "nas1"), spec_provider=True)),
+    ("an Event", Record(Event("Normal", "Ready", "x"))),
+    ("a status write", WriteStatus({"phase": "Pending", "message": "m"})),
+    ("a hand-over", HandOver(REPL, OWN)),
+    ("memory", Remember(restarts=3)),
+]
+
+
+@pytest.mark.parametrize(("case", "act"), FRESH_ONLY, ids=[a[0] for a in FRESH_ONLY])
+async def test_the_last_line_actions_run_refuses_to_act_for_a_pass_from_the_cache(
+        case: str, act: Act, provider: FakeProvider) -> None:
+    """The reconciler checks a whole step first (check_step); actions.run checks again, so an act the
+    step check missed still never runs on the cache's word."""
+    kube = FakeKube()
+    kube.create_proxy("px1", {"mode": "Managed"})
+    proxy = kube.objects[KEY]
+    memory = Memory()
+    ctx = Context(key=KEY, proxy=copy.deepcopy(proxy), log=get_logger("test"), kube=kube,
+                  prober=TargetsOnly({}), memory=memory, providers={"kvm-home": provider},  # type: ignore[arg-type]
                   cached=True)
-    assert acting(ctx, act) == what
+    desired = Desired(provider=provider, resolved=PLACED, name="proxy-x", user_data=None)
+    with pytest.raises(FreshReadNeeded):
+        await actions.run(ctx, act, spec_provider_name="kvm-home", provider=provider, desired=desired,
+                          progress_interval=0.0)
+    assert provider.calls == [] and kube.status_writes == 0 and kube.events == [] and KEY not in memory
+
+
+async def test_the_last_line_context_refuses_writes_and_deletes_for_a_pass_from_the_cache(
+        provider: FakeProvider) -> None:
+    kube = FakeKube()
+    kube.create_proxy("px1", {"mode": "Managed"})
+    ctx = Context(key=KEY, proxy=copy.deepcopy(kube.objects[KEY]), log=get_logger("test"), kube=kube,
+                  prober=TargetsOnly({}), memory=Memory(), providers={"kvm-home": provider},  # type: ignore[arg-type]
+                  cached=True)
+    with pytest.raises(FreshReadNeeded):
+        await ctx.write({"phase": "Pending", "message": "m"})
+    with pytest.raises(FreshReadNeeded):
+        await ctx.delete("kvm-home", Ref("proxy-x", "nas1"))
+    assert provider.calls == [] and kube.status_writes == 0 and kube.events == []
+
+
+async def test_a_create_without_user_data_loaded_refuses() -> None:
+    """Desired.user_data is None only for a pass from the cache, which never creates; if one ever got
+    that far, no VM is made with empty user-data (its name hashes the real ones)."""
+    provider = FakeProvider()
+    kube = FakeKube()
+    kube.create_proxy("px1", {"mode": "Managed"})
+    ctx = Context(key=KEY, proxy=copy.deepcopy(kube.objects[KEY]), log=get_logger("test"), kube=kube,
+                  prober=TargetsOnly({}), memory=Memory(), providers={"kvm-home": provider})  # type: ignore[arg-type]
+    desired = Desired(provider=provider, resolved=PLACED, name="proxy-x", user_data=None)
+    with pytest.raises(RuntimeError, match="without its user-data loaded"):
+        await actions.create(ctx, Create(Ref("proxy-x", "nas1"), None, None, ()), desired,
+                             progress_interval=0.0)
+    assert provider.calls == []
