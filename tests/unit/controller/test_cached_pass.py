@@ -15,7 +15,7 @@ import pytest
 
 from egress_kvm.controller import actions
 from egress_kvm.controller.actions import acting
-from egress_kvm.controller.cached import cached_copy
+from egress_kvm.controller.cached import cached_copy, check_step
 from egress_kvm.controller.context import Context, FreshReadNeeded
 from egress_kvm.controller.desired import Desired
 from egress_kvm.controller.manager import Controller
@@ -169,6 +169,23 @@ async def test_a_spec_edit_is_named_afresh_not_from_the_remembered_instance(
     assert counted.reads == [KEY] and result.retry is None
 
 
+@pytest.mark.parametrize("changed", ["the providers file", "the uid (recreated under the same name)"])
+async def test_the_remembered_instance_name_is_used_only_for_the_same_inputs(
+        changed: str, kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy,
+        make_controller) -> None:
+    """Either may change the name (a new default image; the uid is hashed in), and neither shows in
+    what the vouching probes look at: the remembered name is not matched, the pass reads fresh."""
+    c, store, counted = await settled(kube, provider, proxy_server, make_controller)
+    if changed == "the providers file":
+        c.reconciler.set_providers(c.reconciler.providers, "another file")
+    else:
+        store.freeze()
+        assert store.frozen is not None
+        store.frozen[KEY]["metadata"]["uid"] = "uid-recreated"
+    await c.reconciler.reconcile(KEY, routine=True)
+    assert counted.reads == [KEY]
+
+
 async def test_a_routine_pass_that_must_write_reads_fresh_and_writes_from_that(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
     """The cache lags (our Ready write's event not yet seen): planned from it, the pass would write Ready
@@ -205,19 +222,23 @@ async def test_a_routine_pass_writes_a_lone_probe_time_only_after_a_fresh_read(
     assert counted.reads == [KEY] and kube.status_writes == writes + 1 and kube.conflicts == 0
 
 
+@pytest.mark.parametrize("cached_phase", ["Ready", "Deleting"])
 async def test_a_deletion_in_the_cache_is_never_finalized_on_its_word(
-        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+        cached_phase: str, kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy,
+        make_controller) -> None:
     """A cache that says deleting (wrongly, here) sends the pass to a fresh read; the server's object is
-    not being deleted, so its VM stays and its finalizer too."""
+    not being deleted, so its VM stays, its probe and its finalizer too. "Deleting": as a retry of the
+    finalizer flow sees it, which deletes through the provider with no status write first."""
     c, store, counted = await settled(kube, provider, proxy_server, make_controller)
     name = kube.status(KEY)["instance"]["name"]
     store.freeze()
     assert store.frozen is not None
     store.frozen[KEY]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    store.frozen[KEY]["status"]["phase"] = cached_phase
     await c.reconciler.reconcile(KEY, routine=True)
     assert counted.reads == [KEY]
     assert provider.names() == {name} and not any(op == "delete" for op, _ in provider.calls)
-    assert kube.objects[KEY]["metadata"]["finalizers"]
+    assert kube.objects[KEY]["metadata"]["finalizers"] and c.prober.target(ProbeKey(KEY)) is not None
 
 
 @pytest.mark.parametrize("why", ["not following the server", "not synced", "not cached"])
@@ -295,6 +316,20 @@ def settled_context(*, remembered_phase: str = "Ready") -> Context:
 @pytest.mark.parametrize(("case", "act", "what"), ACTS, ids=[a[0] for a in ACTS])
 def test_what_acts_change(case: str, act: Act, what: str | None) -> None:
     assert acting(settled_context(), act) == what
+
+
+@pytest.mark.parametrize(("case", "act", "what"), ACTS, ids=[a[0] for a in ACTS])
+def test_a_step_with_any_act_that_changes_something_is_not_begun(
+        case: str, act: Act, what: str | None) -> None:
+    """check_step refuses a step before its first act runs if any of its acts, wherever it stands, would
+    change something."""
+    steps = ((act,), (Remember(restarts=0), act))
+    for step in steps:
+        if what is None:
+            check_step(settled_context(), step)
+        else:
+            with pytest.raises(FreshReadNeeded, match=what):
+                check_step(settled_context(), step)
 
 
 def test_status_as_stored_still_changes_the_phase_remembered_otherwise() -> None:
@@ -440,6 +475,19 @@ async def test_the_last_line_context_refuses_writes_and_deletes_for_a_pass_from_
     with pytest.raises(FreshReadNeeded):
         await ctx.delete("kvm-home", Ref("proxy-x", "nas1"))
     assert provider.calls == [] and kube.status_writes == 0 and kube.events == []
+    ctx.proxy["status"] = {"phase": "Ready", "message": "ok"}
+    with pytest.raises(FreshReadNeeded, match="remember the phase"):  # nothing to write but the gauge
+        await ctx.write({"phase": "Ready", "message": "ok"})
+    assert KEY not in ctx.memory
+
+
+async def test_a_remember_of_what_is_remembered_makes_no_state_for_a_pass_from_the_cache() -> None:
+    """A key forgotten while its pass from the cache ran (the Proxy deleted) is not remembered again."""
+    ctx = settled_context()
+    ctx.memory.forget(KEY)
+    await actions.run(ctx, Remember(restarts=0, ip_waits=0, stranded_looks=0), spec_provider_name="kvm",
+                      provider=None, desired=None, progress_interval=0.0)
+    assert KEY not in ctx.memory
 
 
 async def test_a_create_without_user_data_loaded_refuses() -> None:
