@@ -157,6 +157,17 @@ async def test_the_desired_instance_unknown_to_this_process_is_read_fresh_once(
     assert kube.status(KEY)["instance"]["name"] == name and provider.names() == {name}
 
 
+async def test_the_remembered_instance_keeps_no_user_data(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """KeyState lives as long as the process and is shown by anything that prints it: the secret
+    user-data is dropped from the Desired remembered there (the name, a keyed digest, stands in)."""
+    c, _, _ = await settled(kube, provider, proxy_server, make_controller)
+    remembered = c.reconciler.memory[KEY].desired
+    assert remembered is not None and remembered[1].user_data is None
+    assert remembered[1].name == kube.status(KEY)["instance"]["name"]
+    assert "runcmd" not in repr(c.reconciler.memory[KEY])
+
+
 async def test_a_spec_edit_is_named_afresh_not_from_the_remembered_instance(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
     """The remembered desired instance is keyed by generation: a cache showing a newer spec (its event
