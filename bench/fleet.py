@@ -4,6 +4,7 @@ deleted. With --chaos, faults are injected while they are created and the invari
 
     EGRESS_LAB_INDEX=6 nice -n 10 .venv/bin/python bench/fleet.py [--proxies 1000] [--hosts 10]
         [--boot-delay 5] [--rtt-ms 0] [--probe-interval 10] [--steady-window 120] [--chaos] [--keep-lab]
+        [--log-level info]
 
 What it prints (docs/performance.md, "Fleet", says how to read it):
 - time from the first create to all Ready; per-Proxy time to Ready, and the operator's overhead: Ready
@@ -61,6 +62,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="--max-concurrent-reconciles (default: the operator's)")
     p.add_argument("--chaos", action="store_true", help="inject faults while creating; check the invariants")
     p.add_argument("--workdir", type=Path, default=None, help="logs go here (default: a new temp dir)")
+    p.add_argument("--log-level", default="info",
+                   help="the operator's --zap-log-level (1: a line per resync, per health probe, ...)")
     p.add_argument("--keep-lab", action="store_true", help="leave the simulated lab up for the next run")
     args = p.parse_args(argv)
     if args.proxies < 1 or args.hosts < 1 or args.hosts > 16:
@@ -71,6 +74,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error(f"--resync-period: {exc}")
     if args.resync_seconds <= 0 or args.steady_window <= 0:
         p.error("--resync-period and --steady-window must be > 0 (the rates divide by them)")
+    periods = args.steady_window / args.resync_seconds
+    if periods < 1 or abs(periods - round(periods)) > 1e-9:
+        # A settled fleet's work comes in one burst per resync: a window holding a fraction of a period
+        # holds 0 or 1 bursts, and scaled to an hour reads 0 or (3600 / window) passes per Proxy (a 20 s
+        # window with one resync in it read 180 reconciles per Proxy per hour at --resync-period 60s).
+        p.error(f"--steady-window {args.steady_window:g}: must be a whole number of resync periods "
+                f"({args.resync_seconds:g} s), or the steady-state rates count 0 or 1 resyncs scaled up")
     if args.proxies > 250 * args.hosts:
         p.error(f"--proxies {args.proxies}: a simulated host holds at most 250 running guests (its /24)")
     return args
@@ -198,7 +208,8 @@ async def bench(args: argparse.Namespace, stack: FleetStack) -> list[str]:
             hour = 3600 / args.steady_window
             per_resync = steady.rpcs / n * args.resync_seconds / args.steady_window
             out += [f"steady state: a {args.steady_window:.0f} s window after all Ready "
-                    f"(--resync-period {args.resync_period}), extrapolated",
+                    f"({args.steady_window / args.resync_seconds:.0f} x --resync-period "
+                    f"{args.resync_period}), extrapolated",
                     row("libvirt RPCs per Proxy per hour (operator / hosts)",
                         f"{steady.rpcs / n * hour:.1f} / {steady.sim_calls / n * hour:.1f}"),
                     row("libvirt RPCs per Proxy per resync period", f"{per_resync:.2f}", "goal <= 1"),
@@ -269,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     config = StackConfig(hosts=args.hosts, boot_delay_s=args.boot_delay, rtt_ms=args.rtt_ms,
-                         resync_period=args.resync_period, workers=args.workers)
+                         resync_period=args.resync_period, workers=args.workers, log_level=args.log_level)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load0 = load()
     stack = FleetStack(workdir, config)

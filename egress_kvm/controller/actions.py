@@ -40,9 +40,51 @@ from .planner import (
 from .status import PROVISIONING
 
 
+def acting(ctx: Context, act: Act) -> str | None:
+    """What `act` would do beyond reading the cache: a write, an Event, a provider call (a look included),
+    a delete, a change of the probes or of what the reconciler remembers (KeyState); None for the acts
+    that change nothing: a watch or unwatch that leaves the probes as they are, a status write `ctx.write`
+    would skip with the phase remembered as it is, a Remember of what is remembered already. A pass from
+    the informer's cache reads fresh before any act that is not None here. A look too: a pass that looks
+    was not settled (planner.vouched); read fresh first, it neither looks twice when it then acts nor
+    decides (or counts, KeyState) from a status the cache may not have caught up with."""
+    if isinstance(act, Look):
+        return f"look at instance {act.ref.name}"
+    if isinstance(act, Delete):
+        return f"delete instance {act.ref.name}"
+    if isinstance(act, Create | Start | Readdress):
+        return f"{type(act).__name__.lower()} instance {act.target.name}"
+    if isinstance(act, Record):
+        return f"record a {act.event.reason} Event"
+    if isinstance(act, WriteStatus):
+        if ctx.would_write(act.status):
+            return "write status"
+        return "remember the phase" if ctx.memory.peek(ctx.key).phase != act.status["phase"] else None
+    if isinstance(act, Watch):
+        return None if ctx.prober.target(act.key) == act.target else "watch a new probe target"
+    if isinstance(act, Unwatch):
+        return None if ctx.prober.target(act.key) is None else "stop a probe"
+    if isinstance(act, HandOver):
+        return "hand the probes over"
+    if isinstance(act, Remember):
+        state = ctx.memory.peek(ctx.key)
+        changed = [name for name, new, old in (("restarts", act.restarts, state.restarts),
+                                               ("ip_waits", act.ip_waits, state.ip_waits),
+                                               ("stranded_looks", act.stranded_looks, state.stranded_looks))
+                   if new is not None and new != old]
+        return f"remember {', '.join(changed)}" if changed else None
+    return None
+
+
 async def run(ctx: Context, act: Act, *, spec_provider_name: str, provider: Provider | None,
               desired: Desired | None, progress_interval: float) -> Outcome:
     """Carry out `act`; returns what it observed (None for the acts that observe nothing)."""
+    if ctx.cached:  # the reconciler checks a whole step first (reconciler.py); this is the last line
+        what = acting(ctx, act)
+        if what is not None:
+            ctx.must_read(what)
+        if isinstance(act, Remember):
+            return None  # remembered already (acting): no KeyState made for a key forgotten meanwhile
     if isinstance(act, Look):
         return await look(ctx, act, spec_provider_name=spec_provider_name, provider=provider)
     if isinstance(act, Create):
@@ -99,6 +141,8 @@ async def create(ctx: Context, act: Create, desired: Desired, *,
     """Create the target; no capacity (quota_fallback) and a background image import are outcomes the
     planner decides about."""
     target = act.target
+    if desired.user_data is None:  # a pass from the cache reads fresh before acting (Context.must_read)
+        raise RuntimeError(f"create of {target.name} without its user-data loaded")
     request = CreateRequest(name=desired.name, owner_uid=ctx.proxy["metadata"].get("uid", ""),
                             placement=desired.resolved, user_data=desired.user_data,
                             owner_namespace=ctx.namespace, owner_name=ctx.key[1])

@@ -4,10 +4,15 @@ Status is written whole (composed by compose.py), with the transition Events (pl
 pass gathered, and the phase written is remembered for the gauge. `generation` and the providers are
 frozen when the pass starts: `proxy` is replaced by whatever a write returns, which after a conflict may
 carry a newer spec this pass never evaluated, and a verdict must name the inputs it was computed from.
+
+A routine pass may start from the informer's cache (`cached`, see the reconciler): such a pass never
+writes, records, deletes or changes what the reconciler remembers; it raises `FreshReadNeeded` instead,
+and the reconciler starts over from a fresh read of the Proxy.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,6 +30,12 @@ from .status import Ref
 from .verdict import ProbeKey, ProbeTarget
 
 
+class FreshReadNeeded(Exception):
+    """A pass started from the informer's cache is about to act (a status write, an Event, a provider call
+    that changes something, a delete) or to end in anything but a plain result: nothing is done on the
+    strength of the cache alone, the pass starts over from a fresh read. The message says what it wanted."""
+
+
 @dataclass
 class Context:
     key: Key
@@ -38,6 +49,7 @@ class Context:
     events: list[Event] = field(default_factory=list)  # recorded with the next status write
     routine: bool = False  # queued only by the clock: a settled Proxy's probes may vouch for its VM
     probe_refresh: float = 0.0  # a newer lastProbeTime alone is written once the stored one is this old
+    cached: bool = False  # `proxy` is the informer's copy, not a fresh read: acting raises FreshReadNeeded
     generation: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -68,8 +80,14 @@ class Context:
 
     # --- acting --------------------------------------------------------------------------------------
 
+    def must_read(self, what: str) -> None:
+        """Before an act that changes something: a pass from the cache starts over from a fresh read."""
+        if self.cached:
+            raise FreshReadNeeded(what)
+
     async def delete(self, provider_name: str, ref: Ref) -> None:
         """Delete an instance status names (`provider_name`: the spec's, for status that lacks one)."""
+        self.must_read(f"delete instance {ref.name}")
         provider = provider_for_ref(self.providers, provider_name, ref)
         if provider is None:
             self.events.append(Event(WARNING, "ProviderMissing",
@@ -97,14 +115,26 @@ class Context:
         backing = Serving(serving, self.prober.health(self.own)) if serving is not None else None
         await self.write(compose(self.status, verdict, generation=self.generation, serving=backing))
 
+    def would_write(self, status: Obj) -> bool:
+        """Whether `write(status)` would write status or record an Event (it leaves `status` as is)."""
+        capped = copy.deepcopy(status)
+        cap_messages(capped)
+        return bool(self.events) or worth_writing(self.status, capped, now=datetime.now(UTC),
+                                                  refresh=self.probe_refresh)
+
     async def write(self, status: Obj) -> None:
         cap_messages(status)
         old = self.status
         events = [*self.events, *transition_events(
             old_phase=old.get("phase"), new_phase=status["phase"], message=status.get("message", ""),
             endpoint=status.get("endpoint"), ip=status.get("ip"))]
+        worth = worth_writing(old, status, now=datetime.now(UTC), refresh=self.probe_refresh)
+        if worth or events:
+            self.must_read("write status" if worth else "record an Event")
+        elif self.memory.peek(self.key).phase != status["phase"]:  # the gauge, from a status maybe behind
+            self.must_read("remember the phase")
         self.events.clear()
-        if worth_writing(old, status, now=datetime.now(UTC), refresh=self.probe_refresh):
+        if worth:
             self.proxy = await self.kube.update_proxy_status(self.proxy, status)
             if old.get("phase") != status["phase"]:
                 self.log.info("phase changed", old=old.get("phase"), new=status["phase"],

@@ -30,7 +30,24 @@ class Desired:
     provider: Provider
     resolved: ResolvedPlacement
     name: str
-    user_data: bytes = field(repr=False)
+    # None: not loaded. A routine pass from the informer's cache (no inline user-data there, kube/trim.py)
+    # reuses the name a fresh pass computed (`DesiredKey`); it never creates, so it never needs them.
+    user_data: bytes | None = field(repr=False)
+
+    def without_user_data(self) -> Desired:
+        return Desired(provider=self.provider, resolved=self.resolved, name=self.name, user_data=None)
+
+
+@dataclass(frozen=True)
+class DesiredKey:
+    """Everything a Proxy with inline user-data (or none) has its desired instance computed from: the
+    object (uid), its spec (generation: any spec edit bumps it), the providers file, and the instance
+    status names (a legacy name is kept, see desired_instance). Equal keys, equal Desired."""
+
+    uid: str
+    generation: int
+    providers_hash: str
+    instance: str | None
 
 
 def provider_for(spec: ProxySpec, providers: Mapping[str, Provider]) -> Provider:

@@ -89,7 +89,7 @@ class Controller:
         refresh = (resync_period if probe_refresh is None else probe_refresh) * probe_time_scale
         self.reconciler = Reconciler(kube=kube, prober=self.prober, providers=providers,
                                      providers_hash=providers_hash, timings=timings, logger=self.log,
-                                     probe_refresh=refresh)
+                                     probe_refresh=refresh, cache=store)
         self._tasks: list[asyncio.Task[None]] = []
         self._died: BaseException | None = None
         self._stopping = False
@@ -255,7 +255,9 @@ class Controller:
                 self.log.error(e, "periodic task failed", task=getattr(fn, "__name__", str(fn)))
 
     async def _resync(self) -> None:
-        for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict
+        keys = self.store.keys()
+        self.log.v(1).info("resync: queueing every Proxy", proxies=len(keys))
+        for key in keys:
             self._enqueue_routine(key)
 
     async def collect_garbage(self) -> list[Collected]:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from egress_kvm.kube.interfaces import Key
 
+from .desired import Desired, DesiredKey
+
 
 @dataclass
 class KeyState:
@@ -26,6 +28,10 @@ class KeyState:
     ip_waits: int = 0  # looks in a row at the instance running without an IP
     stranded_looks: int = 0  # looks in a row at the instance stranded (Instance.stranded; plan.py)
     importing: bool = False  # the last reconcile waited on a background image import (status shows it)
+    # The desired instance a fresh pass computed from inline user-data, without the user-data, and what it
+    # was computed from: a routine pass from the informer's cache, which holds no inline user-data,
+    # reuses it while the inputs are the same (reconciler.py).
+    desired: tuple[DesiredKey, Desired] | None = None
 
 
 class Memory:

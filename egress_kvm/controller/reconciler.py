@@ -1,6 +1,7 @@
 """The reconciler: one Proxy key in; observe (the Proxy fresh from the API server, its instances, the
 probe verdicts, `memory`), plan (planner.py, pure), act (actions.py), and write what the plan composed.
-How it fits the operator is docs/architecture.md.
+How it fits the operator is docs/architecture.md. A routine pass starts from the informer's cache instead
+and reads fresh only to act (cached.py).
 """
 
 from __future__ import annotations
@@ -9,15 +10,16 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 
-from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, ProxyGone, SpecChanged
+from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj, ProxyGone, ProxyStore, SpecChanged
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.providers.base import InProgress, Provider
 
 from . import actions
+from .cached import cached_copy, check_step
 from .compose import Verdict, compose, providers_tag
-from .context import Context
+from .context import Context, FreshReadNeeded
 from .deletion import finalize
-from .desired import Desired, Waiting, desired_instance, provider_for, unserved
+from .desired import Desired, DesiredKey, Waiting, desired_instance, provider_for, unserved
 from .health import Prober
 from .memory import Memory
 from .outcome import Fail, Result, Retry, Trouble, outcome_for
@@ -44,9 +46,12 @@ from .verdict import ProbeKey
 class Reconciler:
     def __init__(self, *, kube: KubeApi, prober: Prober[ProbeKey], providers: Mapping[str, Provider],
                  providers_hash: str = "", timings: Timings | None = None,
-                 logger: Logger | None = None, probe_refresh: float = 0.0) -> None:
-        """`probe_refresh`: seconds before a newer lastProbeTime alone is worth a status write."""
+                 logger: Logger | None = None, probe_refresh: float = 0.0,
+                 cache: ProxyStore | None = None) -> None:
+        """`probe_refresh`: seconds before a newer lastProbeTime alone is worth a status write. `cache`: the
+        informer's store, which a routine pass starts from (cached.py); None: always read fresh."""
         self.kube = kube
+        self.cache = cache
         self.probe_refresh = probe_refresh
         self.prober = prober
         self.providers: Mapping[str, Provider] = dict(providers)
@@ -71,15 +76,26 @@ class Reconciler:
     # --- entry point: errors become outcomes ---------------------------------------------------------
 
     async def reconcile(self, key: Key, *, routine: bool = False) -> Result:
-        """`routine`: queued only by the clock (a resync, a probe refresh); see planner.vouched."""
+        """`routine`: queued only by the clock (a resync, a probe refresh); see planner.vouched. Such a
+        pass starts from the cache and reads fresh only to act (cached.py)."""
+        cached = cached_copy(self.cache, key) if routine else None
+        if cached is not None:
+            try:
+                return await self._pass(key, cached, routine=True, cached=True)
+            except FreshReadNeeded as e:
+                self.log.v(1).info("a routine pass must act; reading the Proxy fresh",
+                                   proxy=f"{key[0]}/{key[1]}", wants=str(e))
         proxy = await self.kube.get_proxy(*key)
         if proxy is None:
             self.forget(key)
             return Result()
+        return await self._pass(key, proxy, routine=routine, cached=False)
+
+    async def _pass(self, key: Key, proxy: Obj, *, routine: bool, cached: bool) -> Result:
         ctx = Context(key=key, proxy=proxy, log=self.log.with_values(proxy=f"{key[0]}/{key[1]}"),
                       kube=self.kube, prober=self.prober, memory=self.memory, providers=self.providers,
                       providers_hash=self.providers_hash, routine=routine,
-                      probe_refresh=self.probe_refresh)
+                      probe_refresh=self.probe_refresh, cached=cached)
         try:
             return await self._outcome(ctx)
         except SpecChanged as e:
@@ -91,6 +107,8 @@ class Reconciler:
     async def _outcome(self, ctx: Context) -> Result:
         """One reconcile, with the provider's error kinds turned into their outcomes (outcome.py)."""
         key = ctx.key
+        if ctx.cached:
+            return await self._cached_outcome(ctx)
         try:
             result = await self._reconcile(ctx)
         except ProxyGone:
@@ -114,11 +132,30 @@ class Reconciler:
             state.importing = False
         return result
 
+    async def _cached_outcome(self, ctx: Context) -> Result:
+        """A pass from the cache ends in a plain result or starts over fresh: an error, a trouble, a
+        failure or an import in progress are acted on (status, Events, memory, backoff) by a fresh pass.
+        So is a pass after one that ended in a trouble or an import: getting through forgets those."""
+        state = self.memory.peek(ctx.key)
+        if state.trouble is not None or state.importing:
+            raise FreshReadNeeded("forget the last pass's trouble or import")
+        try:
+            result = await self._reconcile(ctx)
+        except FreshReadNeeded:
+            raise
+        except Exception as e:
+            raise FreshReadNeeded(f"the pass ended in {type(e).__name__}") from e
+        if not isinstance(result, Result):
+            raise FreshReadNeeded(f"the pass ended in {type(result).__name__}")
+        return result
+
     async def _reconcile(self, ctx: Context) -> Result | Planned:
         meta = ctx.proxy["metadata"]
         if meta.get("deletionTimestamp"):
+            ctx.must_read("finalize")
             return await self._finalize(ctx)
         if FINALIZER not in (meta.get("finalizers") or []):
+            ctx.must_read("add the finalizer")
             ctx.proxy = await self.kube.set_finalizer(ctx.proxy, present=True)
         if ctx.status.get("phase") == FAILED and (
                 self.memory.peek(ctx.key).failed == (ctx.generation, ctx.providers_hash)
@@ -127,8 +164,9 @@ class Reconciler:
             # Failed stays until the spec or the providers file changes. The verdict is in status too,
             # so a restart or a new leader does not retry it (a bad image would be downloaded again).
             return Result()
-        if ctx.key in self.memory:
-            self.memory[ctx.key].failed = None  # a verdict about other inputs (a stale one is re-decided)
+        if self.memory.peek(ctx.key).failed is not None:  # a verdict about other inputs: re-decided
+            ctx.must_read("forget a Failed verdict")  # the cache's status may not show it yet
+            self.memory[ctx.key].failed = None
         spec = parse_spec(ctx.proxy.get("spec"))
         if spec.mode == EXTERNAL:
             return await self._external(ctx, spec)
@@ -142,8 +180,7 @@ class Reconciler:
         desired: Desired | None = None
         waiting: str | None = None
         try:
-            desired = await desired_instance(proxy=ctx.proxy, spec=spec, providers=ctx.providers,
-                                             kube=self.kube)
+            desired = await self._desired(ctx, spec)
         except Waiting as e:
             waiting = str(e)
             if ctx.status.get("instance"):
@@ -158,6 +195,7 @@ class Reconciler:
             obs = replace(obs, status=ctx.status, probes=self._probes(ctx.key),
                           memory=replace(self.memory.peek(ctx.key)))
             step = plan_managed(obs, self.timings)
+            check_step(ctx, step.actions)
             for act in step.actions:
                 obs = learn(obs, act, await actions.run(
                     ctx, act, spec_provider_name=spec.provider, provider=provider, desired=desired,
@@ -165,6 +203,22 @@ class Reconciler:
             if step.end is not None:
                 return await self._end(ctx, step.end)
         raise RuntimeError(f"no plan settled in {MAX_ROUNDS} rounds")  # a planner bug: retried as an error
+
+    async def _desired(self, ctx: Context, spec: ProxySpec) -> Desired:
+        """desired_instance, or, for a pass from the cache (which holds no inline user-data: kube/trim.py),
+        the one a fresh pass computed from the same inputs (memory.KeyState.desired)."""
+        if spec.user_data_ref is not None:  # from a Secret: read (and named) afresh on every pass
+            return await desired_instance(proxy=ctx.proxy, spec=spec, providers=ctx.providers, kube=self.kube)
+        inputs = DesiredKey(uid=ctx.uid, generation=ctx.generation, providers_hash=ctx.providers_hash,
+                            instance=(ctx.status.get("instance") or {}).get("name"))
+        if ctx.cached:
+            known = self.memory.peek(ctx.key).desired
+            if known is None or known[0] != inputs:
+                raise FreshReadNeeded("the desired instance, with inline user-data not in the cache")
+            return known[1]
+        desired = await desired_instance(proxy=ctx.proxy, spec=spec, providers=ctx.providers, kube=self.kube)
+        self.memory[ctx.key].desired = (inputs, desired.without_user_data())
+        return desired
 
     def _probes(self, key: Key) -> Probes:
         by_key = {}
@@ -188,6 +242,7 @@ class Reconciler:
                        namespace=ctx.namespace, probes=self._probes(ctx.key),
                        unserved=unserved(ctx.providers, spec.provider, ctx.status))
         step = plan_external(obs, self.prober.policies)
+        check_step(ctx, step.actions)
         for act in step.actions:
             await actions.run(ctx, act, spec_provider_name=spec.provider, provider=None, desired=None,
                               progress_interval=self.timings.progress_interval)

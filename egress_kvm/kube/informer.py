@@ -11,7 +11,8 @@ Shape (client-go's reflector, reduced to what one resource needs):
 - A stream can stop delivering without closing (a half-open TCP connection through a NAT or an API
   server failover): if neither an event nor a bookmark arrives for `stall_timeout` seconds, drop it and
   watch again from the last version seen. A stream that breaks or is refused reconnects with jittered
-  exponential backoff, reset once a stream is healthy again.
+  exponential backoff, reset once a stream is healthy again. Only while a stream is open and heard from
+  is the cache `current()`: a routine reconcile trusts it instead of reading fresh only then.
 - Lines are split by hand from raw chunks (see lines.py): one long line must not wedge the watch.
 - Errors we expect from a network and a server are retried forever; anything else is a bug and ends
   run() with the exception, and from then on healthy() is False, so /healthz fails and the kubelet
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +83,9 @@ class ProxyInformer:
         self._stopping = False
         self._task: asyncio.Task[Any] | None = None
         self._died: BaseException | None = None
+        # time.monotonic() the open watch stream was last heard from (opened, an event, a bookmark); None
+        # while no stream is open (listing, reconnecting, backing off after errors): see current().
+        self._heard: float | None = None
         # Counters for tests and the debug log; not a substitute for the cache's content.
         self.lists = 0
         self.watches = 0
@@ -100,6 +105,14 @@ class ProxyInformer:
     def healthy(self) -> bool:
         """False once run() ended without stop(): the cache would never move again."""
         return self._died is None
+
+    def current(self) -> bool:
+        """Whether the cache follows the server now: listed, a watch stream open and heard from within
+        stall_timeout, run() alive. Between streams (a silent one dropped, reconnects failing and backing
+        off, a relist) the cache may lag by any amount while healthy() stays True, so a routine reconcile
+        reads fresh then instead of trusting it (controller/cached.py)."""
+        return (self._died is None and self._synced and self._heard is not None
+                and time.monotonic() - self._heard < self.stall_timeout)
 
     @property
     def resource_version(self) -> str | None:
@@ -241,6 +254,7 @@ class ProxyInformer:
                 exc.body = body
                 raise from_api_exception(exc)
             self._log.v(1).info("watching", resourceVersion=self._rv)
+            self._heard = time.monotonic()
             splitter = LineSplitter()
             deadline = loop.time() + self.stall_timeout
             while True:
@@ -260,7 +274,9 @@ class ProxyInformer:
                         raise _Expired(progressed=progressed) from None
                     progressed = True
                     deadline = loop.time() + self.stall_timeout
+                    self._heard = time.monotonic()
         finally:
+            self._heard = None
             resp.close()
 
     async def _handle(self, event: Any) -> None:

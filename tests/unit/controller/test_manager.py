@@ -110,15 +110,15 @@ async def test_periodic_resync_reconciles_without_events(
     c = make_controller({"kvm-home": provider}, resync_period=0.05)
     kube.create_proxy("px1", spec_for(proxy_server))
     await eventually(lambda: phase(kube) == "Ready")
-    reads: list[tuple[str, str]] = []
-    real_get_proxy = kube.get_proxy
+    passes: list[bool] = []
+    real_reconcile = c.reconciler.reconcile
 
-    async def counted(namespace: str, name: str):  # type: ignore[no-untyped-def]
-        reads.append((namespace, name))
-        return await real_get_proxy(namespace, name)
+    async def counted(key, *, routine=False):  # type: ignore[no-untyped-def]
+        passes.append(routine)
+        return await real_reconcile(key, routine=routine)
 
-    kube.get_proxy = counted  # type: ignore[method-assign]
-    await eventually(lambda: len(reads) >= 3, what="three resync passes")
+    c.reconciler.reconcile = counted  # type: ignore[method-assign]
+    await eventually(lambda: passes.count(True) >= 3, what="three resync passes")
     assert c.queue.failures(KEY) == 0
 
 

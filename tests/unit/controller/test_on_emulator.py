@@ -21,7 +21,8 @@ from fakes import fake_kvm_provider
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from egress_kvm.controller.manager import Controller
-from egress_kvm.kube.api import KubeApiClient
+from egress_kvm.controller.verdict import ProbeKey
+from egress_kvm.kube.api import KubeApiClient, rfc3339
 from egress_kvm.kube.informer import ProxyInformer
 from egress_kvm.kube.interfaces import FINALIZER, GROUP, KIND, PLURAL, VERSION
 from egress_kvm.kube.rest import KubeApiError, request_json
@@ -186,3 +187,50 @@ async def test_failed_on_the_server_names_the_field_and_is_fixed_by_a_spec_chang
                        content_type="application/merge-patch+json")
     await c.until_status("px1", lambda s: s.get("phase") == "Provisioning"
                          and s.get("observedGeneration") == 2)
+
+
+async def proxy_gets(c: Cluster) -> int:
+    """GETs of single Proxies the emulator served (any client; the test makes none while counting)."""
+    rows = (await request_json(c.client, "GET", "/debug/requests"))["requests"]
+    return sum(r["count"] for r in rows if r["method"] == "GET" and not r["watch"]
+               and r["resource"] == PLURAL and not r["subresource"])
+
+
+async def test_a_settled_proxys_resync_costs_the_api_server_nothing(
+        cluster: tuple[Cluster, Any], proxy_server: MiniProxy) -> None:
+    """The real informer's cache (inline user-data trimmed away) stands in for the GET on a routine pass
+    (controller/cached.py): three resyncs of a Ready Proxy, no request. A routine pass that has something
+    to write (here a lone lastProbeTime, --probe-time-refresh) reads the Proxy fresh and writes onto it."""
+    c, hv = cluster
+    key = (NS, "px1")
+    await apply(c, "px1", spec_for(proxy_server, cloudInit={"userData": "#cloud-config\n"}))
+    st = await c.until_status("px1", lambda s: (s.get("instance") or {}).get("name") in hv["host0"].domains)
+    hv["host0"].set_vm_ip(st["instance"]["name"], "127.0.0.1")
+    c.controller.enqueue(key)
+    await c.until_status("px1", lambda s: s.get("phase") == "Ready" and s.get("healthy") is True)
+    q = c.controller.queue
+    await eventually(lambda: not q.wanted(key) and key not in q.processing() and not q.pending_delayed())
+    passes: list[bool] = []
+    real = c.controller.reconciler.reconcile
+
+    async def counted(k: tuple[str, str], *, routine: bool = False) -> Any:
+        result = await real(k, routine=routine)
+        passes.append(routine)
+        return result
+
+    c.controller.reconciler.reconcile = counted  # type: ignore[method-assign]
+    gets = await proxy_gets(c)
+    for n in range(1, 4):
+        await c.controller._resync()
+        await eventually(lambda n=n: len(passes) == n)  # type: ignore[misc]
+    assert passes == [True, True, True] and await proxy_gets(c) == gets
+
+    c.controller.reconciler.probe_refresh = 0.0  # any newer lastProbeTime is worth a write
+    stored = (await c.status("px1"))["lastProbeTime"]
+    gets = await proxy_gets(c)
+    await eventually(lambda: (h := c.controller.prober.health(ProbeKey(key))) is not None
+                     and h.last_probe is not None and rfc3339(h.last_probe.timestamp()) > stored)
+    await c.controller._resync()
+    await eventually(lambda: len(passes) == 4)
+    assert await proxy_gets(c) == gets + 1
+    assert (await c.status("px1"))["lastProbeTime"] > stored

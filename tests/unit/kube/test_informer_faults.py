@@ -119,6 +119,27 @@ async def test_a_silent_stream_is_dropped_and_watched_again_from_the_last_versio
         assert api.lists == 1  # a reconnect is not a relist
 
 
+@pytest.mark.parametrize("ends", ["goes silent", "is closed"])
+async def test_the_cache_is_current_only_while_a_stream_is_open_and_heard_from(ends: str) -> None:
+    """A routine reconcile trusts the cache only when current() (controller/cached.py): once the stream
+    is dropped as silent or closed, and the reconnect is refused (the informer backing off), the cache
+    no longer follows the server, though the process stays healthy."""
+
+    async def one_event(s: WatchStream) -> None:
+        await s.send("ADDED", proxy("x", 120))
+        if ends == "goes silent":
+            await asyncio.sleep(3600)  # open, alive at TCP level, says nothing
+
+    api = ScriptedApi(plans=[one_event, status_plan(500)])
+    async with informer_on(api, stall_timeout=2.0,
+                           backoff=Backoff(base=3600, cap=3600, jitter=0)) as (inf, rec, _):
+        await rec.wait_for(lambda: ("ADDED", "x", "120") in rec.events)
+        assert inf.current()
+        await until(lambda: len(api.watch_queries) == 2)  # the first stream is over; this one is refused
+        assert not inf.current() and inf.healthy() and inf.has_synced()
+        assert inf.get(("default", "x")) is not None  # still cached, just not trusted as current
+
+
 async def test_bookmarks_move_the_resume_point_and_keep_the_stream_alive() -> None:
     async def bookmarks(s: WatchStream) -> None:
         for rv in (110, 120, 130, 140, 150, 160):
