@@ -1,11 +1,12 @@
 """The instance index (controller/instanceindex.py) answers exactly what `hostevents.keys_for`'s scan
 answers: a table of what an object contributes, a table of updates (a reference moving, a replacement
 starting and ending, a delete), and a property test replaying random updates against both over random
-status shapes. The controller over the index is tested where the events arrive (test_hostevents.py,
-test_host_back.py)."""
+status shapes. Then the controller keeping it from the informer's events (and from the store when it
+starts); the controller acting on host events over it: test_hostevents.py, test_host_back.py."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -14,7 +15,12 @@ from hypothesis import strategies as st
 
 from egress_kvm.controller.hostevents import keys_for
 from egress_kvm.controller.instanceindex import InstanceIndex, Ref, refs_of
-from egress_kvm.kube.interfaces import Key, Obj
+from egress_kvm.controller.manager import Controller
+from egress_kvm.controller.outcome import Result
+from egress_kvm.kube.interfaces import Key, Obj, key_of
+
+from .conftest import eventually
+from .fakekube import FakeKube
 
 P, Q = "p", "q"
 
@@ -136,3 +142,50 @@ def test_the_index_answers_what_the_scan_answers(updates: list[tuple[Key, Any]])
                     assert len(scanned) == len(set(scanned))
                     assert index.keys(provider=provider, zone=zone, name=name) == sorted(scanned)
     assert len(index) == sum(1 for o in store.values() if refs_of(o))
+
+
+# --- the controller keeps it from the informer's events ------------------------------------------------
+
+def at(name: str, zone: str = "z0") -> dict[str, str]:
+    return {"name": name, "zone": zone, "provider": P}
+
+
+async def test_the_controller_follows_each_proxys_instance_through_its_events(kube: FakeKube) -> None:
+    c = Controller(kube=kube, store=kube, providers={})
+    created = kube.create_proxy("px1", {"mode": "Managed", "provider": P})
+    key = key_of(created)
+    c.on_event("ADDED", created)
+    assert c._zone_keys(P, "z0", None) == []
+    c.on_event("MODIFIED", {**created, "status": {"instance": at("vm1")}})
+    assert c._zone_keys(P, "z0", "vm1") == [key]
+    replacing = {"instance": at("vm2", "z1"), "previousInstance": at("vm1")}
+    c.on_event("MODIFIED", {**created, "status": replacing})
+    assert c._zone_keys(P, "z0", "vm1") == [key] and c._zone_keys(P, "z1", "vm2") == [key]
+    c.on_event("MODIFIED", {**created, "status": {"instance": at("vm2", "z1")}})
+    assert c._zone_keys(P, "z0", "vm1") == [] and c._zone_keys(P, "z0", None) == []
+    assert c._zone_keys(P, "z1", None) == [key]
+    c.on_event("DELETED", {**created, "status": {"instance": at("vm2", "z1")}})
+    assert c._zone_keys(P, "z1", "vm2") == [] and c._zone_keys(P, "z1", None) == []
+    await c.stop(timeout=0)
+
+
+async def no_reconcile(key: Key, *, routine: bool = False) -> Result:
+    return Result()
+
+
+async def test_a_store_filled_before_the_controller_heard_of_it_is_indexed_when_it_starts(
+        kube: FakeKube) -> None:
+    """FakeKube replays nothing to a late watcher (the real informer's first list does): what the
+    store holds when the controller starts is indexed from the store."""
+    for i in range(3):
+        kube.create_proxy(f"px{i}", {"mode": "Managed", "provider": P})
+        kube.objects[("default", f"px{i}")]["status"] = {"instance": at(f"vm{i}")}
+    c = Controller(kube=kube, store=kube, providers={})
+    c.reconciler.reconcile = no_reconcile  # type: ignore[method-assign]  # only the index is looked at
+    assert c._zone_keys(P, "z0", None) == []
+    task = asyncio.get_running_loop().create_task(c.run())
+    await eventually(lambda: c._tasks != [], what="started")
+    assert c._zone_keys(P, "z0", "vm1") == [("default", "px1")]
+    assert c._zone_keys(P, "z0", None) == [("default", f"px{i}") for i in range(3)]
+    await c.stop(timeout=0)
+    await asyncio.wait_for(task, 5)
