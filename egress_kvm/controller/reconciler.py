@@ -5,7 +5,6 @@ How it fits the operator is docs/architecture.md.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -65,7 +64,7 @@ class Reconciler:
         self.prober.unwatch(ProbeKey(key, replacement=True))
         self.memory.forget(key)
 
-    def phase_counts(self) -> Counter[str]:
+    def phase_counts(self) -> Mapping[str, int]:
         return self.memory.phase_counts()
 
     # --- entry point: errors become outcomes ---------------------------------------------------------
