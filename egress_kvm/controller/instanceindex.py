@@ -29,7 +29,7 @@ from egress_kvm.kube.interfaces import Key, Obj
 from .hostevents import INSTANCE_FIELDS
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ref:
     """One recorded instance reference, as the index files it."""
 
