@@ -139,6 +139,6 @@ class Context:
             if old.get("phase") != status["phase"]:
                 self.log.info("phase changed", old=old.get("phase"), new=status["phase"],
                               message=status.get("message"))
-        self.memory[self.key].phase = status["phase"]
+        self.memory.set_phase(self.key, status["phase"])
         for ev in events:
             await self.kube.record_event(self.proxy, type_=ev.type_, reason=ev.reason, message=ev.message)

@@ -22,7 +22,8 @@ def keys_for(*, provider: str, zone: str, name: str | None, proxies: Iterable[tu
              ) -> list[Key]:
     """The keys whose recorded instances run on `provider`/`zone` and, given `name`, are named so (None:
     every Proxy on that zone). A reference without `provider` (written before the field existed) matches
-    any provider."""
+    any provider. The definition: the controller asks instanceindex.py, which answers the same without
+    scanning every Proxy per event (its tests compare the two)."""
     out: list[Key] = []
     for key, obj in proxies:
         status = (obj or {}).get("status") or {}

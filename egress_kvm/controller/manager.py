@@ -42,7 +42,8 @@ from egress_kvm.providers.base import (
 
 from .gc import Collected, collect_orphans
 from .health import Prober
-from .hostevents import keys_for, wakes_now
+from .hostevents import wakes_now
+from .instanceindex import InstanceIndex
 from .outcome import Result, Retry
 from .queue import QUOTA_BACKOFF, TRANSIENT_BACKOFF, QueueShutDown, WorkQueue
 from .reconciler import Reconciler, Timings
@@ -96,6 +97,9 @@ class Controller:
         self._stopped: asyncio.Event | None = None
         self._last_gc: list[Collected] = []
         self._seen: dict[Key, tuple[object, ...]] = {}  # key -> what of metadata last triggered a reconcile
+        # Which Proxies record which instance, kept from the events (instanceindex.py): a host's event
+        # finds its Proxy without scanning them all.
+        self._instances = InstanceIndex()
         # Keys queued only by the clock (a resync, a probe refresh) or their own probes turning healthy,
         # and by nothing since: their reconcile may trust healthy probes instead of reading the VM
         # (planner.vouched). Any other add clears it.
@@ -119,6 +123,8 @@ class Controller:
 
     def on_event(self, kind: str, obj: Obj) -> None:
         key = key_of(obj)
+        # First, so that nothing below (a metrics or queue bug the informer would swallow) can skip it.
+        self._instances.put(key, None if kind == "DELETED" else obj)
         if kind == "DELETED":
             self._routine.discard(key)
             metrics.forget_proxy(*key)
@@ -178,6 +184,7 @@ class Controller:
             t.add_done_callback(self._task_done)
         self.log.info("controller started", workers=self.workers, resyncPeriod=self.resync_period,
                       gcInterval=self.gc_interval)
+        self._index_store()
         self._watch_instances(self.reconciler.providers)
         self._enqueue_all()
         try:
@@ -330,8 +337,17 @@ class Controller:
             self.enqueue(key)
 
     def _zone_keys(self, provider: str, zone: str, name: str | None) -> list[Key]:
-        return keys_for(provider=provider, zone=zone, name=name,
-                        proxies=((k, self.store.get(k)) for k in self.store.keys()))  # noqa: SIM118
+        """hostevents.keys_for over the cache, from the index (instanceindex.py)."""
+        return self._instances.keys(provider=provider, zone=zone, name=name)
+
+    def _index_store(self) -> None:
+        """Index what the store holds now. The informer's events index it as it fills (its first list
+        included, also while a standby waits to lead); this covers a store filled before its events
+        were handed to us (a test's fake store does not replay them)."""
+        for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict
+            obj = self.store.get(key)
+            if obj is not None:
+                self._instances.put(key, obj)
 
     # --- lifecycle events (hostevents.py, providers/kvm/watch.py) -------------------------------------
 

@@ -2,11 +2,16 @@
 
 Everything here is a cache of what a reconcile concluded: losing it (a restart, a new leader) costs at
 most one repeated Event or one early retry, never a wrong phase, since status holds what must survive.
+
+The last phase written per key is kept beside the states with its counts per phase, moved only where
+a phase changes (`set_phase`, `forget`): the per-phase gauge is refreshed after every reconcile, and a
+recount over every Proxy each time made a ramp of N Proxies cost O(N^2) (issue 8).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from egress_kvm.kube.interfaces import Key
@@ -14,11 +19,10 @@ from egress_kvm.kube.interfaces import Key
 from .desired import Desired, DesiredKey
 
 
-@dataclass
+@dataclass(slots=True)  # slots: a stray `state.phase = ...` fails instead of bypassing the counts
 class KeyState:
     # (generation, providers hash) of a Failed verdict: not retried while both are unchanged.
     failed: tuple[int, str] | None = None
-    phase: str | None = None  # last phase written, for the per-phase gauge
     # Starts since the instance was last Ready: a guest that keeps stopping (a crash at boot) is started
     # again on a growing delay, with an Event on the 1st, 2nd, 4th, 8th... start only.
     restarts: int = 0
@@ -37,6 +41,8 @@ class KeyState:
 class Memory:
     def __init__(self) -> None:
         self._states: dict[Key, KeyState] = {}
+        self._phases: dict[Key, str] = {}  # last phase written, for the per-phase gauge
+        self._counts: Counter[str] = Counter()  # == Counter(self._phases.values()), kept as they change
 
     def __getitem__(self, key: Key) -> KeyState:
         state = self._states.get(key)
@@ -56,11 +62,32 @@ class Memory:
 
     def forget(self, key: Key) -> None:
         self._states.pop(key, None)
+        self._count(self._phases.pop(key, None), -1)
 
     def forget_failed(self) -> None:
         """A providers-file change may cure any Failed Proxy."""
         for state in self._states.values():
             state.failed = None
 
-    def phase_counts(self) -> Counter[str]:
-        return Counter(s.phase for s in self._states.values() if s.phase is not None)
+    def phase(self, key: Key) -> str | None:
+        return self._phases.get(key)
+
+    def set_phase(self, key: Key, phase: str) -> None:
+        """The phase just written to `key`'s status."""
+        old = self._phases.get(key)
+        if old == phase:
+            return
+        self._phases[key] = phase
+        self._count(old, -1)
+        self._count(phase, +1)
+
+    def phase_counts(self) -> Mapping[str, int]:
+        """Keys per last phase written (phases with none left out)."""
+        return dict(self._counts)
+
+    def _count(self, phase: str | None, delta: int) -> None:
+        if phase is None:
+            return
+        self._counts[phase] += delta
+        if self._counts[phase] <= 0:
+            del self._counts[phase]

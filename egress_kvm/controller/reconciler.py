@@ -6,7 +6,6 @@ and reads fresh only to act (cached.py).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -70,7 +69,7 @@ class Reconciler:
         self.prober.unwatch(ProbeKey(key, replacement=True))
         self.memory.forget(key)
 
-    def phase_counts(self) -> Counter[str]:
+    def phase_counts(self) -> Mapping[str, int]:
         return self.memory.phase_counts()
 
     # --- entry point: errors become outcomes ---------------------------------------------------------

@@ -569,6 +569,8 @@ class KvmProvider:
         legacy = naming.legacy_volumes(name)
         found = []
         for vol in listing.vols:
+            if not vol.name.startswith(name):  # every name of its volumes does: skip the HMAC for the rest
+                continue
             parsed = naming.parse_instance_volume(vol.name, cluster_id=self.cluster_id)
             if (parsed is not None and parsed.instance == name) or vol.name in legacy:
                 found.append(vol)

@@ -232,6 +232,9 @@ async def test_an_instance_event_while_a_routine_pass_waits_makes_that_pass_look
     c = Controller(kube=kube, store=kube, providers={"kvm-home": provider}, egress=LOOPBACK_POLICIES, **FAST)
     kube.create_proxy("px1", spec_for(proxy_server))
     kube.objects[KEY]["status"] = {"instance": {"name": "vm1", "zone": "z1", "provider": "kvm-home"}}
+    c.on_event("ADDED", kube.objects[KEY])  # as the informer hands it over: the instance is indexed
+    assert await asyncio.wait_for(c.queue.get(), 5) == KEY  # ... and its first pass has run
+    c.queue.done(KEY)
     passes: list[bool] = []
 
     async def reconcile(key, *, routine=False):  # type: ignore[no-untyped-def]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from egress_kvm.controller.queue import URGENT_BURST, Backoff, QueueShutDown, WorkQueue
 
@@ -207,3 +210,96 @@ async def test_the_burst_counts_only_while_plain_work_waits() -> None:
     q.add("plain")
     got = [await q.get() for _ in range(URGENT_BURST + 1)]
     assert got == [f"u{i}" for i in range(URGENT_BURST, 2 * URGENT_BURST)] + ["plain"]
+
+
+# --- the order, against a model of the lanes --------------------------------------------------------------
+
+class LaneModel:
+    """The queue's hand-out order written the plain way (two lists, as before the plain lane became an
+    OrderedDict): the queue must hand out exactly what this does after any sequence of operations."""
+
+    def __init__(self) -> None:
+        self.plain: list[str] = []
+        self.urgent: list[str] = []
+        self.dirty: set[str] = set()
+        self.urgent_keys: set[str] = set()
+        self.processing: set[str] = set()
+        self.streak = 0
+        self.shut = False
+
+    def add(self, key: str, urgent: bool) -> None:
+        if self.shut:
+            return
+        if key in self.dirty:
+            if urgent and key not in self.urgent_keys:
+                self.urgent_keys.add(key)
+                if key not in self.processing:
+                    self.plain.remove(key)
+                    self.urgent.append(key)
+            return
+        self.dirty.add(key)
+        if urgent:
+            self.urgent_keys.add(key)
+        if key not in self.processing:
+            (self.urgent if urgent else self.plain).append(key)
+
+    def get(self) -> str:
+        if self.urgent and (not self.plain or self.streak < URGENT_BURST):
+            self.streak = self.streak + 1 if self.plain else 0
+            key = self.urgent.pop(0)
+        else:
+            self.streak = 0
+            key = self.plain.pop(0)
+        self.dirty.discard(key)
+        self.urgent_keys.discard(key)
+        self.processing.add(key)
+        return key
+
+    def done(self, key: str) -> None:
+        self.processing.discard(key)
+        if key in self.dirty and not self.shut:
+            (self.urgent if key in self.urgent_keys else self.plain).append(key)
+
+
+QUEUE_OPS = st.lists(st.one_of(
+    st.tuples(st.sampled_from(["add", "urgent", "forget", "drop"]), st.sampled_from("abcdef")),
+    st.tuples(st.sampled_from(["get", "done"]), st.integers(0, 5)),
+    st.just(("shutdown", 0)),
+), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(QUEUE_OPS)
+def test_the_hand_out_order_is_the_models_after_any_sequence(ops: list[tuple[str, Any]]) -> None:
+    """FIFO per lane, dedupe, promotion of a waiting key, a dirty key re-queued in its lane by `done`,
+    the urgent burst rule and shutdown, over random interleavings (`forget`/`drop` move nothing)."""
+
+    async def run() -> None:
+        q: WorkQueue[str] = WorkQueue()
+        m = LaneModel()
+        for op, arg in ops:
+            if op in ("add", "urgent"):
+                q.add(arg, urgent=op == "urgent")
+                m.add(arg, op == "urgent")
+            elif op == "forget":
+                q.forget(arg)
+            elif op == "drop":
+                q.drop(arg)
+            elif op == "shutdown":
+                q.shutdown()
+                m.shut = True
+            elif op == "done":
+                if m.processing:
+                    key = sorted(m.processing)[arg % len(m.processing)]
+                    q.done(key)
+                    m.done(key)
+            elif m.shut:
+                with pytest.raises(QueueShutDown):
+                    await q.get()
+            elif m.plain or m.urgent:
+                assert await q.get() == m.get()
+            assert len(q) == len(m.plain) + len(m.urgent)
+            assert q.processing() == m.processing
+            assert all(q.wanted(k) == (k in m.dirty) for k in "abcdef")
+
+    asyncio.run(run())

@@ -4,9 +4,12 @@ functions, no I/O (plan.py, outcome.py, compose.py, memory.py)."""
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from egress_kvm.controller.compose import Serving, Verdict, compose, held, providers_tag
 from egress_kvm.controller.memory import Memory
@@ -172,14 +175,49 @@ def test_providers_tag_is_short_and_not_the_digest() -> None:
 def test_memory_forgets_a_key_whole() -> None:
     m = Memory()
     m[("ns", "a")].restarts = 3
-    m[("ns", "a")].phase = "Ready"
-    m[("ns", "b")].phase = "Failed"
+    m.set_phase(("ns", "a"), "Ready")
+    m.set_phase(("ns", "b"), "Failed")
     m[("ns", "b")].failed = (1, "h")
     assert m.phase_counts() == {"Ready": 1, "Failed": 1}
     m.forget(("ns", "a"))
     assert ("ns", "a") not in m and m.peek(("ns", "a")).restarts == 0 and ("ns", "a") not in m
+    assert m.phase(("ns", "a")) is None and m.phase_counts() == {"Failed": 1}
     m.forget_failed()
     assert m.peek(("ns", "b")).failed is None
+    assert m.phase(("ns", "b")) == "Failed" and m.phase_counts() == {"Failed": 1}  # still Failed in status
+    with pytest.raises(AttributeError):
+        m[("ns", "b")].phase = "Ready"  # type: ignore[attr-defined]  # only set_phase moves the counts
+
+
+PHASE_OPS = st.lists(st.tuples(st.sampled_from(["set", "forget", "forget_failed", "touch", "fail"]),
+                               st.sampled_from([("ns", str(i)) for i in range(4)]),
+                               st.sampled_from(["Pending", "Provisioning", "Running", "Ready", "Failed"])),
+                     max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(PHASE_OPS)
+def test_phase_counts_are_the_recount_after_every_change(ops: list[tuple[str, tuple[str, str], str]]) -> None:
+    """Kept as phases change (memory.py), the counts equal a recount over the keys after each step: a
+    phase moving, written twice, a key forgotten (deleted, ProxyGone) or forgotten twice, a Failed
+    verdict remembered and forgotten (a providers change), a state made without a phase."""
+    m = Memory()
+    phases: dict[tuple[str, str], str] = {}
+    for op, key, phase in ops:
+        if op == "set":
+            m.set_phase(key, phase)
+            phases[key] = phase
+        elif op == "forget":
+            m.forget(key)
+            phases.pop(key, None)
+        elif op == "forget_failed":
+            m.forget_failed()
+        elif op == "touch":
+            m[key].restarts += 1
+        else:
+            m[key].failed = (1, "h")
+        assert m.phase_counts() == Counter(phases.values())
+        assert all(m.phase(k) == phases.get(k) for k in {k for _, k, _ in ops})
 
 
 def test_probe_keys_of_a_proxy_and_its_replacement_differ() -> None:
