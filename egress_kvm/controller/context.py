@@ -131,7 +131,7 @@ class Context:
         worth = worth_writing(old, status, now=datetime.now(UTC), refresh=self.probe_refresh)
         if worth or events:
             self.must_read("write status" if worth else "record an Event")
-        elif self.memory.peek(self.key).phase != status["phase"]:  # the gauge, from a status maybe behind
+        elif self.memory.phase(self.key) != status["phase"]:  # the gauge, from a status maybe behind
             self.must_read("remember the phase")
         self.events.clear()
         if worth:

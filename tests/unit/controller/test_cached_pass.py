@@ -19,7 +19,7 @@ from egress_kvm.controller.cached import cached_copy, check_step
 from egress_kvm.controller.context import Context, FreshReadNeeded
 from egress_kvm.controller.desired import Desired
 from egress_kvm.controller.manager import Controller
-from egress_kvm.controller.memory import KeyState, Memory
+from egress_kvm.controller.memory import Memory
 from egress_kvm.controller.outcome import Fail, Result, Retry, Trouble
 from egress_kvm.controller.plan import Event
 from egress_kvm.controller.planner import (
@@ -318,7 +318,7 @@ def settled_context(*, remembered_phase: str = "Ready") -> Context:
     """A pass from the cache of a Ready Proxy this process remembers as `remembered_phase`."""
     proxy = {"metadata": {"name": "px", "namespace": "ns", "generation": 1}, "status": dict(SETTLED)}
     memory = Memory()
-    memory[KEY].phase = remembered_phase
+    memory.set_phase(KEY, remembered_phase)
     return Context(key=KEY, proxy=proxy, log=get_logger("test"), kube=FakeKube(),
                    prober=TargetsOnly({OWN: HERE}), memory=memory, probe_refresh=math.inf,  # type: ignore[arg-type]
                    cached=True)
@@ -349,28 +349,28 @@ def test_status_as_stored_still_changes_the_phase_remembered_otherwise() -> None
         "remember the phase"
 
 
-REMEMBERED: list[tuple[str, Callable[[KeyState], None]]] = [
-    ("a trouble", lambda s: setattr(s, "trouble", ("HostUnreachable", "zone nas1 unreachable"))),
-    ("an import", lambda s: setattr(s, "importing", True)),
-    ("a Failed verdict about other inputs", lambda s: setattr(s, "failed", (99, "other"))),
-    ("another phase", lambda s: setattr(s, "phase", "Provisioning")),
-    ("restarts", lambda s: setattr(s, "restarts", 2)),
+REMEMBERED: list[tuple[str, Callable[[Memory], None]]] = [
+    ("a trouble", lambda m: setattr(m[KEY], "trouble", ("HostUnreachable", "zone nas1 unreachable"))),
+    ("an import", lambda m: setattr(m[KEY], "importing", True)),
+    ("a Failed verdict about other inputs", lambda m: setattr(m[KEY], "failed", (99, "other"))),
+    ("another phase", lambda m: m.set_phase(KEY, "Provisioning")),
+    ("restarts", lambda m: setattr(m[KEY], "restarts", 2)),
 ]
 
 
 @pytest.mark.parametrize(("case", "remember"), REMEMBERED, ids=[r[0] for r in REMEMBERED])
 async def test_what_the_reconciler_remembers_changes_only_after_a_fresh_read(
-        case: str, remember: Callable[[KeyState], None], kube: FakeKube, provider: FakeProvider,
+        case: str, remember: Callable[[Memory], None], kube: FakeKube, provider: FakeProvider,
         proxy_server: MiniProxy, make_controller) -> None:
     """KeyState outlives the pass and later fresh passes trust it (restart backoff, one Event per trouble,
     Failed verdicts, the phase gauge): a pass from a cache that may lag never changes it. Here the settled
     Ready Proxy's pass would set each back as a fresh pass does: it reads fresh first, then does."""
     c, _, counted = await settled(kube, provider, proxy_server, make_controller)
-    remember(c.reconciler.memory[KEY])
+    remember(c.reconciler.memory)
     result = await c.reconciler.reconcile(KEY, routine=True)
     assert counted.reads == [KEY] and result.retry is None
     state = c.reconciler.memory[KEY]
-    assert (state.trouble, state.importing, state.failed, state.phase, state.restarts) == \
+    assert (state.trouble, state.importing, state.failed, c.reconciler.memory.phase(KEY), state.restarts) == \
         (None, False, None, "Ready", 0)
 
 
