@@ -75,7 +75,8 @@ async def main() -> dict[str, Any]:
         await host.close()
         out["after_close"] = table()
         out["workers_closed"], out["children_closed"] = workers(), children()
-    sh("ip", "neigh", "replace", "10.99.0.200", "lladdr", "52:54:00:00:00:c8", "dev", "br0", "nud", "permanent")
+    sh("ip", "neigh", "replace", "10.99.0.200", "lladdr", "52:54:00:00:00:c8", "dev", "br0",
+       "nud", "permanent")
     out["iproute2"] = table()
     return out
 

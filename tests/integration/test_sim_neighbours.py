@@ -29,16 +29,20 @@ def _by_ip(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {e["dst"]: e for e in entries}
 
 
+def _rest(entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry but its address and MAC."""
+    return {k: v for k, v in entry.items() if k not in ("dst", "lladdr")}
+
+
 def test_neighbour_entries_are_iproute2s_follow_their_guests_and_refusals_are_logged() -> None:
     out, log = _run()
     booted = _by_ip(out["booted"])
     assert {ip: e["lladdr"] for ip, e in booted.items()} == {
         "10.99.0.2": "52:54:00:00:00:01", "10.99.0.3": "52:54:00:00:00:02", "10.99.0.4": "52:54:00:00:00:03"}
     # Every field `ip -d -j neigh` shows but the address and MAC is what iproute2's own entry has.
-    reference = {k: v for k, v in _by_ip(out["iproute2"])["10.99.0.200"].items() if k not in ("dst", "lladdr")}
+    reference = _rest(_by_ip(out["iproute2"])["10.99.0.200"])
     assert reference["state"] == ["PERMANENT"]
-    assert [{k: v for k, v in e.items() if k not in ("dst", "lladdr")} for e in booted.values()] == \
-        [reference] * 3
+    assert [_rest(e) for e in booted.values()] == [reference] * 3
     assert set(_by_ip(out["after_destroy"])) == {"10.99.0.2", "10.99.0.4"}
     assert out["after_close"] == []  # the daemon's exit shut the guests off: their entries went with them
     # One writer thread, whatever the number of guests; no process; nothing left after close().
