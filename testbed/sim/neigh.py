@@ -113,9 +113,13 @@ class Neighbours:
         self._executor: ThreadPoolExecutor | None = None
         self._sock: socket.socket | None = None
         self._seq = 0
+        self._closed = False
 
     async def apply(self, request: Request) -> None:
-        """Send `request` and wait for the kernel's answer; NeighbourError when it refuses."""
+        """Send `request` and wait for the kernel's answer; NeighbourError when it refuses, or when this
+        writer is closed (a request after close() must not start a thread nobody ends)."""
+        if self._closed:
+            raise NeighbourError(errno.ESHUTDOWN, f"{request.command()}: the neighbour writer is closed")
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sim-neigh")
         await asyncio.get_running_loop().run_in_executor(self._executor, self._apply, request)
@@ -126,18 +130,26 @@ class Neighbours:
         except OSError:
             raise NeighbourError(errno.ENODEV, f"{request.command()}: Cannot find device "
                                                f"{request.dev!r}") from None
-        if self._sock is None:
-            self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-            self._sock.bind((0, 0))
         self._seq += 1
-        self._sock.send(encode(request, ifindex=ifindex, seq=self._seq))
-        while (code := ack_errno(self._sock.recv(65536), seq=self._seq)) is None:
-            pass
+        try:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+                self._sock.bind((0, 0))
+            self._sock.send(encode(request, ifindex=ifindex, seq=self._seq))
+            while (code := ack_errno(self._sock.recv(65536), seq=self._seq)) is None:
+                pass
+        except OSError as exc:  # the socket's own failure (ENOBUFS: an answer was dropped): a new one next
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            code = exc.errno or errno.EIO
+            raise NeighbourError(code, f"{request.command()}: {os.strerror(code)}") from None
         if code:
             raise NeighbourError(code, f"{request.command()}: {os.strerror(code)}")
 
     def close(self) -> None:
-        """Wait for the requests already sent, then end the thread and close the socket."""
+        """Wait for the requests already sent, then end the thread and close the socket; for good."""
+        self._closed = True
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None

@@ -3,12 +3,16 @@ kernel's answers are read right. The kernel side itself: tests/integration/test_
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import os
+import re
 import struct
+import threading
 
 import pytest
 
-from testbed.sim.neigh import Op, Request, ack_errno, encode
+from testbed.sim.neigh import NeighbourError, Neighbours, Op, Request, ack_errno, encode
 
 #: What `ip neigh replace 10.99.0.3 lladdr 52:54:00:00:00:03 dev br0 nud permanent` and
 #: `ip neigh del 10.99.0.3 dev br0` send (iproute2 6.1, strace -xx; br0 = ifindex 2), with seq 1.
@@ -65,3 +69,52 @@ def _ack(seq: int, error: int) -> bytes:
 ])
 def test_the_kernels_answer_is_read_for_its_request(data: bytes, seq: int, expected: int | None) -> None:
     assert ack_errno(data, seq=seq) == expected
+
+
+class _DroppingSocket:
+    """A netlink socket whose answer the kernel dropped (a full receive buffer: recv fails ENOBUFS)."""
+
+    closed = False
+
+    def send(self, data: bytes) -> int:
+        return len(data)
+
+    def recv(self, size: int) -> bytes:
+        raise OSError(errno.ENOBUFS, os.strerror(errno.ENOBUFS))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _writers() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("sim-neigh"))
+
+
+def test_a_socket_failure_is_a_neighbour_error_naming_the_command_and_the_socket_is_replaced() -> None:
+    neighbours, dropping = Neighbours(), _DroppingSocket()
+    neighbours._sock = dropping  # type: ignore[assignment]
+
+    async def run() -> None:
+        dropped = re.escape("ip neigh del 10.99.0.3 dev lo: No buffer space")
+        with pytest.raises(NeighbourError, match=dropped) as exc:
+            await neighbours.apply(Request(Op.DELETE, "10.99.0.3", "lo"))
+        assert exc.value.errno == errno.ENOBUFS
+        neighbours.close()
+
+    asyncio.run(run())
+    assert dropping.closed and neighbours._sock is None
+
+
+def test_a_request_after_close_is_refused_and_starts_no_thread() -> None:
+    neighbours = Neighbours()
+    neighbours.close()
+    neighbours.close()  # twice: nothing to do
+
+    async def run() -> None:
+        closed = re.escape("ip neigh del 10.99.0.3 dev lo: the neighbour writer is closed")
+        with pytest.raises(NeighbourError, match=closed):
+            await neighbours.apply(Request(Op.DELETE, "10.99.0.3", "lo"))
+
+    before = _writers()
+    asyncio.run(run())
+    assert _writers() == before
