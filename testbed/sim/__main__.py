@@ -52,6 +52,7 @@ async def _main(args: argparse.Namespace, knobs: Knobs) -> int:
     await stop.wait()
     control.close()
     host.kill()
+    await host.close()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(args.control)
     return 0

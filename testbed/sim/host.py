@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import json
+import logging
 import os
 import re
 import time
@@ -42,7 +44,10 @@ from .model import (
     load_pool_dir,
     lv_error,
 )
+from .neigh import NeighbourError, Neighbours, Op, Request
 from .server import WireConnection
+
+log = logging.getLogger(__name__)
 
 _PORT_LINE = re.compile(rb"^\s*Port\s+(\d{1,5})\s*$", re.MULTILINE)
 
@@ -81,6 +86,7 @@ class SimHost:
         # In the lab: where a real host's dnsmasq and kernel would record a booted guest's address
         self.leases: Path | None = None
         self.bridge: str | None = None
+        self.neighbours = Neighbours()
         self._background: set[asyncio.Task[None]] = set()
         self._callback_id = 0
         hyp.listeners.append(self._lifecycle)
@@ -198,11 +204,32 @@ class SimHost:
             with self.leases.open("a") as f:
                 f.write(f"{int(time.time()) + 3600} {dom.mac} {ip} {dom.name} *\n")
         if self.bridge is not None:
-            await _ip("neigh", "replace", ip, "lladdr", dom.mac, "dev", self.bridge, "nud", "permanent")
+            await self._neighbour(Op.REPLACE, ip, dom.mac)
 
     async def _forget(self, ip: str) -> None:
         if self.bridge is not None:
-            await _ip("neigh", "del", ip, "dev", self.bridge)
+            await self._neighbour(Op.DELETE, ip)
+
+    async def _neighbour(self, op: Op, ip: str, mac: str | None = None) -> None:
+        """One neighbour entry written or deleted on the bridge. A refusal (the kernel's, or a MAC it could
+        not take) is logged naming the command (sim.log in the lab): the guest's address stands without
+        it, as a real guest's does when its host's table misses it. A delete that finds no entry is no
+        refusal: the guest went before its boot wrote one."""
+        assert self.bridge is not None
+        try:
+            await self.neighbours.apply(Request(op, ip, self.bridge, mac))
+        except NeighbourError as exc:
+            if not (op is Op.DELETE and exc.errno == errno.ENOENT):
+                log.warning("%s", exc)
+        except ValueError as exc:
+            log.warning("ip neigh %s %s dev %s: %s", op.value, ip, self.bridge, exc)
+
+    async def close(self) -> None:
+        """At the daemon's exit (after kill()): the neighbour deletes already due are done, the thread
+        that writes them is ended."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+        self.neighbours.close()
 
     def _seed_files(self, dom: Domain) -> dict[str, bytes]:
         """The files of the domain's seed ISO (its cdrom), as cloud-init's NoCloud would read them."""
@@ -345,13 +372,6 @@ def static_address(network_config: bytes | None, *, mac: str) -> str | None:
             with contextlib.suppress(ValueError):
                 return str(ipaddress.IPv4Interface(str(addr)).ip)
     return None
-
-
-async def _ip(*args: str) -> None:
-    proc = await asyncio.create_subprocess_exec("ip", *args, stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.DEVNULL,
-                                                stderr=asyncio.subprocess.DEVNULL)
-    await proc.wait()
 
 
 def make_host(*, name: str, pool_path: str, knobs: Knobs, socket_path: str, guest_network: str | None,
