@@ -14,7 +14,6 @@ host is empty but for its base image. The checks print with their counts
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import pytest
@@ -23,6 +22,7 @@ from testbed import lab as labmod
 from testbed.fleet import chaos, invariants
 from testbed.fleet.kube import FleetKube, proxy_doc
 from testbed.fleet.stack import IMAGE_KEY, FleetStack, StackConfig
+from tests.envknobs import lab_index
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
@@ -43,7 +43,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
         pytest.skip(reason)
     stack = FleetStack(tmp_path_factory.mktemp("fleet"),
                        StackConfig(hosts=HOSTS, boot_delay_s=2.0, resync_period="60s", gc_interval="10s",
-                                   gc_grace_period="30s", index=int(os.environ.get("EGRESS_LAB_INDEX", "0"))))
+                                   gc_grace_period="30s", index=lab_index()))
     try:
         stack.start()
         yield stack

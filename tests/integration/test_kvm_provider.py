@@ -4,9 +4,9 @@ One VM boots with the spec's SATA seed and is checked row by row against "What l
 virsh (its NIC under the default `clean-traffic` nwfilter, which drops a connect from a spoofed source
 address); its IP comes from `get`, first through the guest agent and then, with the agent stopped, through
 the host's neighbour table (libvirt's ARP source fails on this kernel, docs/lab.md quirk 2). A second VM boots
-with `seedBus: scsi`, and a third on the bridge with the host's DHCP server stopped, at the static address
-the provider wrote into its seed. Boots are sequential and few: each takes about a minute under software
-emulation.
+on the bridge with the host's DHCP server stopped, at the static address the provider wrote into its seed,
+which it can only read from its virtio-scsi cdrom (`seedBus: scsi`): that one boot proves both. Boots are
+sequential and few: each takes about a minute under software emulation.
 """
 
 from __future__ import annotations
