@@ -57,9 +57,7 @@ def acting(ctx: Context, act: Act) -> str | None:
     if isinstance(act, Record):
         return f"record a {act.event.reason} Event"
     if isinstance(act, WriteStatus):
-        if ctx.would_write(act.status):
-            return "write status"
-        return "remember the phase" if ctx.memory.phase(ctx.key) != act.status["phase"] else None
+        return ctx.writing(act.status)
     if isinstance(act, Watch):
         return None if ctx.prober.target(act.key) == act.target else "watch a new probe target"
     if isinstance(act, Unwatch):

@@ -115,24 +115,27 @@ class Context:
         backing = Serving(serving, self.prober.health(self.own)) if serving is not None else None
         await self.write(compose(self.status, verdict, generation=self.generation, serving=backing))
 
-    def would_write(self, status: Obj) -> bool:
-        """Whether `write(status)` would write status or record an Event (it leaves `status` as is)."""
+    def writing(self, status: Obj) -> str | None:
+        """What `write(status)` would change beyond the cache's copy (None: nothing): write status, record
+        an Event, or move the phase gauge, which a status behind the server may have wrong. Leaves `status`
+        as it is."""
         capped = copy.deepcopy(status)
         cap_messages(capped)
-        return bool(self.events) or worth_writing(self.status, capped, now=datetime.now(UTC),
-                                                  refresh=self.probe_refresh)
+        if worth_writing(self.status, capped, now=datetime.now(UTC), refresh=self.probe_refresh):
+            return "write status"
+        if self.events:  # a phase change (a transition Event) is a status worth writing too
+            return "record an Event"
+        return "remember the phase" if self.memory.phase(self.key) != status["phase"] else None
 
     async def write(self, status: Obj) -> None:
+        if self.cached and (what := self.writing(status)) is not None:
+            self.must_read(what)
         cap_messages(status)
         old = self.status
         events = [*self.events, *transition_events(
             old_phase=old.get("phase"), new_phase=status["phase"], message=status.get("message", ""),
             endpoint=status.get("endpoint"), ip=status.get("ip"))]
         worth = worth_writing(old, status, now=datetime.now(UTC), refresh=self.probe_refresh)
-        if worth or events:
-            self.must_read("write status" if worth else "record an Event")
-        elif self.memory.phase(self.key) != status["phase"]:  # the gauge, from a status maybe behind
-            self.must_read("remember the phase")
         self.events.clear()
         if worth:
             self.proxy = await self.kube.update_proxy_status(self.proxy, status)
