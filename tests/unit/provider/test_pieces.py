@@ -290,6 +290,19 @@ def test_the_host_table_for_one_vm() -> None:
     assert addresses.host_table("", "52:54:00:aa:bb:cc") == addresses.HostTable()  # read: no entries
 
 
+def test_one_host_output_answers_every_vm_on_it() -> None:
+    """The output is read once per host (addresses._table) and then answers each VM by its MAC; what a
+    caller gets is its own (changing it changes nothing for the next VM)."""
+    first = addresses.pick_neighbours(NEIGH, "52:54:00:aa:bb:cc")
+    first.append("192.0.2.99")
+    assert addresses.pick_neighbours(NEIGH, "52:54:00:AA:BB:CC") == ["192.0.2.5"]
+    assert addresses.host_table(NEIGH, "52:54:00:00:00:07").mapped == ("192.0.2.7",)
+    assert addresses.host_table(NEIGH, "52:54:00:00:00:99") == \
+        addresses.HostTable((), frozenset({"192.0.2.9", "192.0.2.8"}))
+    mac = "52:54:00:aa:bb:cc"
+    assert addresses.host_table(NEIGH, mac) == addresses.host_table(NEIGH, mac)
+
+
 FAILED_9 = frozenset({"192.0.2.9"})
 
 
