@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from egress_kvm.providers.kvm.session import DialOptions, ExecNotAllowed, ExecResult
 from rpc import types as t
+from rpc.agentevent import AgentLifecycleEvent
 from rpc.errors import ConnectionLost, LibvirtError
 from rpc.observe import CallRecord, Observer
 from rpc.procedures import BY_NAME
@@ -82,7 +83,7 @@ class FakeLifecycleEvents:
 
     def __init__(self, client: FakeLibvirtClient) -> None:
         self._client = client
-        self._queue: list[t.LifecycleEvent] = []
+        self._queue: list[Any] = []  # LifecycleEvent or AgentLifecycleEvent, per the subclass
         self._wake = asyncio.Event()
         self.callback_id = 0
 
@@ -94,19 +95,23 @@ class FakeLifecycleEvents:
                 raise lv_error(39, "unknown procedure: 316", domain=7)
             hyp.next_callback += 1
             self.callback_id = hyp.next_callback
-            hyp.listeners.append(self._on_event)
+            self._listeners().append(self._on_event)
             self._client._session.subscriptions.append(self)
             return self.callback_id
         await self._call_register(register)
         return self
 
     async def _call_register(self, fn: Callable[[], int]) -> None:
-        await self._client._call("connect_domain_event_callback_register_any", (0, None), fn)
+        await self._client._call("connect_domain_event_callback_register_any", (self.event_id, None), fn)
+
+    event_id = 0
+
+    def _listeners(self) -> list[Any]:
+        return self._client.hyp.listeners
 
     async def __aexit__(self, *exc: object) -> None:
-        hyp = self._client.hyp
-        if self._on_event in hyp.listeners:
-            hyp.listeners.remove(self._on_event)
+        if self._on_event in self._listeners():
+            self._listeners().remove(self._on_event)
         with contextlib.suppress(ValueError):
             self._client._session.subscriptions.remove(self)
 
@@ -121,7 +126,7 @@ class FakeLifecycleEvents:
     def __aiter__(self) -> FakeLifecycleEvents:
         return self
 
-    async def __anext__(self) -> t.LifecycleEvent:
+    async def __anext__(self) -> Any:
         while True:
             if self._queue:
                 return self._queue.pop(0)
@@ -130,6 +135,19 @@ class FakeLifecycleEvents:
                                      f"{self._client._session.lost}")
             self._wake.clear()
             await self._wake.wait()
+
+
+class FakeAgentLifecycleEvents(FakeLifecycleEvents):
+    """`agent_lifecycle_events()`: the model's agent_listeners, shaped like AgentLifecycleSubscription."""
+
+    event_id = 18
+
+    def _listeners(self) -> list[Any]:
+        return self._client.hyp.agent_listeners
+
+    def _on_event(self, dom: Domain, state: Any, reason: Any = 0) -> None:
+        self._queue.append(AgentLifecycleEvent(self.callback_id, dom.handle(), state, reason))
+        self._wake.set()
 
 
 class _Download:
@@ -191,6 +209,9 @@ class FakeLibvirtClient:
 
     def lifecycle_events(self) -> FakeLifecycleEvents:
         return FakeLifecycleEvents(self)
+
+    def agent_lifecycle_events(self) -> FakeAgentLifecycleEvents:
+        return FakeAgentLifecycleEvents(self)
 
     async def _call(self, method: str, args: tuple[Any, ...], fn: Any) -> Any:
         await asyncio.sleep(0)  # a real call always yields to the loop
