@@ -62,7 +62,8 @@ class FakeHypervisor(Hypervisor):
         self.execs_open = 0
         self.fail: dict[str, LibvirtError] = {}  # method -> error raised once on its next call
         self.sessions: list[FakeSession] = []
-        self.events_refused = False  # registering for lifecycle events fails as on a daemon without it
+        self.events_refused = False  # registering for events fails as on a daemon without it
+        self.agent_events_refused = False  # registering for agent lifecycle events (only) fails
         self.next_callback = 0
 
     def drop_connections(self, reason: str = "connection reset by peer") -> None:
@@ -93,6 +94,9 @@ class FakeLifecycleEvents:
         def register() -> int:
             if hyp.events_refused:
                 raise lv_error(39, "unknown procedure: 316", domain=7)
+            if self.event_id == 18 and hyp.agent_events_refused:
+                raise lv_error(3, "this function is not supported by the connection driver: event 18",
+                               domain=7)
             hyp.next_callback += 1
             self.callback_id = hyp.next_callback
             self._listeners().append(self._on_event)
