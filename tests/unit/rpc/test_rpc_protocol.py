@@ -26,10 +26,10 @@ from rpc.messages import (
 from rpc.procedures import BY_NUMBER, LIFECYCLE_MSG
 from rpc.protocol import (
     MAX_TOMBSTONES,
+    AgentLifecycleReceived,
     CallDone,
     CallFailed,
     ClientProtocol,
-    AgentLifecycleReceived,
     ConnectionClosed,
     LifecycleReceived,
     StreamChanged,
