@@ -394,8 +394,8 @@ class Controller:
         """O(1) per event: the index's lookup by name, then per key (one, bar a replacement) its memory,
         queue and cached status."""
         for key in self._zone_keys(event.provider, event.zone, event.name):
-            obj = self.store.get(key) or {}
-            ref = ((obj.get("status") or {}).get("instance") or {})
+            status = (self.store.get(key) or {}).get("status")
+            ref = status.get("instance") if isinstance(status, dict) else None
             target = isinstance(ref, dict) and ref.get("name") == event.name
             ip_waits, failures = self.reconciler.memory.peek(key).ip_waits, self.queue.failures(key)
             woken = agent_wakes(state=event.state, target=target, ip_waits=ip_waits, failures=failures)
