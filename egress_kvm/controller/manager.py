@@ -107,6 +107,10 @@ class Controller:
         self.reconcile_timeout = reconcile_timeout
         self.wedge_grace = wedge_grace
         self._running_since: dict[Key, float] = {}  # key -> monotonic start of its reconcile in flight
+        # Keys whose DELETED came while their reconcile ran: that pass goes on from what it read and may
+        # remember the key again (a phase for the gauge, a KeyState, a probe), so it is forgotten once more
+        # when the pass ends. Never more keys than passes in flight.
+        self._gone_mid_pass: set[Key] = set()
         self._gc_failing: set[tuple[str, str]] = set()  # (provider, zone) whose GC listing failed last
         self._volume_clocks: VolumeClocks = {}  # orphan volumes' grace clocks (volume_gc.py)
         self._listened: set[int] = set()  # id() of providers whose host-back events we hear
@@ -131,6 +135,9 @@ class Controller:
             self.reconciler.forget(key)
             self.queue.drop(key)
             self._seen.pop(key, None)
+            if key in self._running_since:
+                self._gone_mid_pass.add(key)
+            self._update_phase_gauge()  # now: no other reconcile may come to move it (the last Proxy)
             return
         # The per-Proxy gauge mirrors status as stored (our writes come back as MODIFIED), so it is right
         # from the first list after a restart too, also for a Failed Proxy that is not reconciled again.
@@ -234,6 +241,9 @@ class Controller:
             return
         finally:
             self._running_since.pop(key, None)
+            if key in self._gone_mid_pass:  # whatever the pass remembered after DELETED goes too
+                self._gone_mid_pass.discard(key)
+                self.reconciler.forget(key)
             metrics.RECONCILE_TIME.labels(NAME).observe(time.monotonic() - start)
             self._update_phase_gauge()
         if result.retry:

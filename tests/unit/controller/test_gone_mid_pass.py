@@ -1,0 +1,91 @@
+"""A Proxy that goes away while its pass runs (its finalizer removed by hand) leaves nothing behind: the
+pass, finishing after the DELETED event, must not count it in `egress_kvm_proxies` again, nor keep its
+per-key memory (memory.KeyState) or its probes, whatever it did on its way out.
+
+The pass is made to read the Proxy just before it goes: the rest of it works from what it read, as a
+real pass does while the watch delivers the DELETED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from egress_kvm import metrics
+from egress_kvm.controller.manager import PHASES, Controller
+from egress_kvm.controller.verdict import ProbeKey
+
+from .conftest import eventually
+from .fakekube import FakeKube
+from .fakeprovider import FakeProvider
+from .proxyserver import MiniProxy
+from .test_lifecycle import KEY, phase, spec_for
+
+
+def gauge() -> dict[str, float]:
+    return {p: metrics.REGISTRY.get_sample_value("egress_kvm_proxies", {"phase": p}) or 0.0 for p in PHASES}
+
+
+def gone_after_the_next_read(kube: FakeKube, c: Controller) -> list[object]:
+    """The next fresh read of px1 returns it, then the Proxy is removed (finalizer stripped by hand) and
+    its DELETED handled by the controller before the pass goes on. Returns the list of finished passes."""
+    real_get = kube.get_proxy
+    armed = [True]
+
+    async def read_then_gone(namespace: str, name: str):  # type: ignore[no-untyped-def]
+        obj = await real_get(namespace, name)
+        if armed[0] and (namespace, name) == KEY and obj is not None:
+            armed[0] = False
+            deleted: list[str] = []
+            kube.watch(lambda kind, o: deleted.append(kind))
+            kube.force_remove(KEY)
+            while "DELETED" not in deleted:  # the controller's handler runs before ours (registered first)
+                await asyncio.sleep(0)
+            assert KEY not in c.reconciler.memory  # DELETED did forget it; the pass goes on from here
+        return obj
+
+    kube.get_proxy = read_then_gone  # type: ignore[method-assign]
+    done: list[object] = []
+    real_reconcile = c.reconciler.reconcile
+
+    async def counted(key, **kw):  # type: ignore[no-untyped-def]
+        try:
+            return await real_reconcile(key, **kw)
+        finally:
+            done.append(key)
+
+    c.reconciler.reconcile = counted  # type: ignore[method-assign]
+    return done
+
+
+@pytest.mark.parametrize("case", ["ready", "delete-blocked"])
+async def test_a_proxy_gone_during_its_pass_is_neither_counted_nor_remembered(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller, case: str) -> None:
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Ready")
+    await eventually(lambda: gauge()["Ready"] == 1)
+    if case == "delete-blocked":  # its provider entry gone: the deletion waits, retried (deletion.py)
+        c.update_providers({}, "without kvm-home")
+        kube.delete(KEY)
+        await eventually(lambda: "DeleteBlocked" in kube.reasons("px1"))
+        await eventually(lambda: gauge()["Deleting"] == 1)
+    done = gone_after_the_next_read(kube, c)
+    c.enqueue(KEY)
+    await eventually(lambda: KEY in done, what="the pass that read px1 before it went")
+    await asyncio.sleep(0.05)  # anything it queued or scheduled has run too
+    assert KEY not in kube.objects
+    assert gauge() == dict.fromkeys(PHASES, 0.0)
+    assert len(c.reconciler.memory) == 0  # no KeyState (nor phase) left for the gone Proxy
+    assert c.prober.target(ProbeKey(KEY)) is None  # and no probe
+
+
+async def test_the_gauge_drops_a_deleted_proxy_without_waiting_for_another_reconcile(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """The gauge used to move only when a reconcile ended: the last Proxy deleted stayed counted."""
+    make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: gauge()["Ready"] == 1)
+    kube.force_remove(KEY)
+    await eventually(lambda: gauge() == dict.fromkeys(PHASES, 0.0), what="the gauge without px1")
