@@ -118,3 +118,25 @@ async def test_a_restarted_operator_does_not_retry_a_failed_proxy_until_its_inpu
 
     make_controller({"kvm-home": provider}, providers_hash="v2")  # the file changed: tried again
     await eventually(lambda: sum(1 for op, _ in provider.calls if op == "create") == creates + 1)
+
+
+async def test_a_restarted_operator_counts_a_proxy_that_stays_failed(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """A pass that leaves a Failed Proxy alone (its inputs unchanged) still counts it in
+    `egress_kvm_proxies`: the new process never writes its status, yet it is a Failed Proxy."""
+    from egress_kvm.providers.base import PermanentError
+
+    async def bad_image(request, *, progress=None):  # type: ignore[no-untyped-def]
+        raise PermanentError("image 'debian-13': sha256 mismatch")
+
+    provider.create = bad_image  # type: ignore[method-assign]
+    first = make_controller({"kvm-home": provider}, providers_hash="v1")
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Failed")
+    await first.stop(timeout=1.0)
+    writes = kube.status_writes
+
+    second = make_controller({"kvm-home": provider}, providers_hash="v1")
+    await eventually(lambda: second.reconciler.phase_counts() == {"Failed": 1}, what="px1 counted Failed")
+    assert REGISTRY.get_sample_value("egress_kvm_proxies", {"phase": "Failed"}) == 1
+    assert kube.status_writes == writes and phase(kube) == "Failed"  # counted, not rewritten
