@@ -37,11 +37,10 @@ def gone_after_the_next_read(kube: FakeKube, c: Controller) -> list[object]:
         obj = await real_get(namespace, name)
         if armed[0] and (namespace, name) == KEY and obj is not None:
             armed[0] = False
-            deleted: list[str] = []
-            kube.watch(lambda kind, o: deleted.append(kind))
+            deleted = asyncio.Event()
+            kube.watch(lambda kind, o: deleted.set() if kind == "DELETED" else None)
             kube.force_remove(KEY)
-            while "DELETED" not in deleted:  # the controller's handler runs before ours (registered first)
-                await asyncio.sleep(0)
+            await deleted.wait()  # the controller's handler ran before ours (registered first)
             assert KEY not in c.reconciler.memory  # DELETED did forget it; the pass goes on from here
         return obj
 
