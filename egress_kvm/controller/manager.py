@@ -107,10 +107,7 @@ class Controller:
         self.reconcile_timeout = reconcile_timeout
         self.wedge_grace = wedge_grace
         self._running_since: dict[Key, float] = {}  # key -> monotonic start of its reconcile in flight
-        # Keys whose DELETED came while their reconcile ran: that pass goes on from what it read and may
-        # remember the key again (a phase for the gauge, a KeyState, a probe), so it is forgotten once more
-        # when the pass ends. Never more keys than passes in flight.
-        self._gone_mid_pass: set[Key] = set()
+        self._gone_mid_pass: set[Key] = set()  # DELETED while their reconcile ran: see _process
         self._gc_failing: set[tuple[str, str]] = set()  # (provider, zone) whose GC listing failed last
         self._volume_clocks: VolumeClocks = {}  # orphan volumes' grace clocks (volume_gc.py)
         self._listened: set[int] = set()  # id() of providers whose host-back events we hear
@@ -241,7 +238,9 @@ class Controller:
             return
         finally:
             self._running_since.pop(key, None)
-            if key in self._gone_mid_pass:  # whatever the pass remembered after DELETED goes too
+            # A DELETED came while this pass ran: it went on from what it read and may have remembered the
+            # key again (a phase for the gauge, a KeyState, a probe), so all that goes once more.
+            if key in self._gone_mid_pass:
                 self._gone_mid_pass.discard(key)
                 self.reconciler.forget(key)
             metrics.RECONCILE_TIME.labels(NAME).observe(time.monotonic() - start)
