@@ -222,6 +222,7 @@ class Controller:
         routine = key in self._routine
         self._routine.discard(key)
         deadline = asyncio.timeout(self.reconcile_timeout)
+        gone = False
         try:
             async with deadline:
                 result: Result = await self.reconciler.reconcile(key, routine=routine)
@@ -239,12 +240,18 @@ class Controller:
         finally:
             self._running_since.pop(key, None)
             # A DELETED came while this pass ran: it went on from what it read and may have remembered the
-            # key again (a phase for the gauge, a KeyState, a probe), so all that goes once more.
+            # key again (a phase for the gauge, a KeyState, a probe) or asked for a retry or a requeue
+            # (the error path above), so all that goes once more. A Proxy re-created meanwhile is queued
+            # by its ADDED and starts afresh.
             if key in self._gone_mid_pass:
+                gone = True
                 self._gone_mid_pass.discard(key)
                 self.reconciler.forget(key)
+                self.queue.drop(key)
             metrics.RECONCILE_TIME.labels(NAME).observe(time.monotonic() - start)
             self._update_phase_gauge()
+        if gone:
+            return
         if result.retry:
             metrics.RECONCILE_ERRORS.labels(NAME).inc()
             metrics.RECONCILE_TOTAL.labels(NAME, "error").inc()

@@ -72,9 +72,11 @@ async def test_a_proxy_gone_during_its_pass_is_neither_counted_nor_remembered(
         await eventually(lambda: gauge()["Deleting"] == 1)
     done = gone_after_the_next_read(kube, c)
     c.enqueue(KEY)
-    await eventually(lambda: KEY in done, what="the pass that read px1 before it went")
-    await asyncio.sleep(0.05)  # anything it queued or scheduled has run too
+    await eventually(lambda: KEY in done and KEY not in c.queue.processing(),
+                     what="the pass that read px1 before it went")
     assert KEY not in kube.objects
+    # Nor a retry or requeue of it (DELETED dropped its backoff and timers): it would only read it again.
+    assert KEY not in c.queue.pending_delayed() and c.queue.failures(KEY) == 0 and len(c.queue) == 0
     assert gauge() == dict.fromkeys(PHASES, 0.0)
     assert len(c.reconciler.memory) == 0  # no KeyState (nor phase) left for the gone Proxy
     assert c.prober.target(ProbeKey(KEY)) is None  # and no probe
@@ -88,3 +90,33 @@ async def test_the_gauge_drops_a_deleted_proxy_without_waiting_for_another_recon
     await eventually(lambda: gauge()["Ready"] == 1)
     kube.force_remove(KEY)
     await eventually(lambda: gauge() == dict.fromkeys(PHASES, 0.0), what="the gauge without px1")
+
+
+async def test_a_proxy_recreated_during_its_pass_is_reconciled_and_counted_afresh(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """Deleted and created again under the same name while a pass runs: what the old pass left goes, but
+    the new Proxy (queued by its ADDED) is reconciled once the pass ends, counted and remembered."""
+    c = make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: gauge()["Ready"] == 1)
+    real_get = kube.get_proxy
+    old_uid = kube.objects[KEY]["metadata"]["uid"]
+
+    async def read_then_recreated(namespace: str, name: str):  # type: ignore[no-untyped-def]
+        obj = await real_get(namespace, name)
+        if (namespace, name) == KEY and obj is not None and obj["metadata"]["uid"] == old_uid:
+            added = asyncio.Event()
+            kube.watch(lambda kind, o: added.set() if kind == "ADDED" else None)
+            kube.force_remove(KEY)
+            kube.create_proxy("px1", spec_for(proxy_server))
+            await added.wait()  # the controller handled the DELETED, then the ADDED (registered first)
+            assert c._running_since.get(KEY) is not None and KEY in c._gone_mid_pass
+        return obj
+
+    kube.get_proxy = read_then_recreated  # type: ignore[method-assign]
+    c.enqueue(KEY)
+    await eventually(lambda: kube.objects[KEY]["metadata"]["uid"] != old_uid, what="px1 re-created")
+    await eventually(lambda: phase(kube) == "Ready", what="the new px1 Ready")
+    await eventually(lambda: gauge()["Ready"] == 1 and KEY not in c.queue.processing() and len(c.queue) == 0)
+    assert gauge() == {**dict.fromkeys(PHASES, 0.0), "Ready": 1.0}
+    assert KEY in c.reconciler.memory and not c._gone_mid_pass
