@@ -140,3 +140,22 @@ async def test_a_restarted_operator_counts_a_proxy_that_stays_failed(
     await eventually(lambda: second.reconciler.phase_counts() == {"Failed": 1}, what="px1 counted Failed")
     assert REGISTRY.get_sample_value("egress_kvm_proxies", {"phase": "Failed"}) == 1
     assert kube.status_writes == writes and phase(kube) == "Failed"  # counted, not rewritten
+
+    # At steady state a resync's pass over it (from the cache) reads and writes nothing: counting it cost
+    # at most the one fresh read of the process's first pass.
+    reads: list[object] = []
+    real_get = kube.get_proxy
+
+    async def counted_get(namespace: str, name: str):  # type: ignore[no-untyped-def]
+        reads.append((namespace, name))
+        return await real_get(namespace, name)
+
+    kube.get_proxy = counted_get  # type: ignore[method-assign]
+    done = {"controller": "proxy", "result": "success"}
+    passes = REGISTRY.get_sample_value("controller_runtime_reconcile_total", done) or 0.0
+    for _ in range(3):
+        await second._resync()
+        await eventually(lambda: len(second.queue) == 0 and not second.queue.processing())
+    assert REGISTRY.get_sample_value("controller_runtime_reconcile_total", done) == passes + 3  # 3 passes ran
+    assert reads == [] and kube.status_writes == writes
+    assert REGISTRY.get_sample_value("egress_kvm_proxies", {"phase": "Failed"}) == 1
