@@ -289,8 +289,9 @@ _ENTRY_KEYS = ("manager", "operation", "apiVersion", "time", "fieldsType", "fiel
 
 def _empty_entry(m: Any) -> bool:
     """An entry with every field at its zero value (`[{}]`: the documented way to clear the list; a null
-    entry decodes as one). An empty string is no zero time and no empty fieldsV1: the apiserver cannot
-    read such an entry at all, so the list is not a reset but ignored (the stored list stays)."""
+    entry decodes as one). An empty string is no zero time (a write carrying one is refused before,
+    `sent_shape_error`) and no empty fieldsV1: the apiserver's field manager cannot read such an entry,
+    so the list is not a reset but ignored (the stored list stays)."""
     return m is None or (isinstance(m, dict) and all(
         m.get(k) is None or (m.get(k) == "" and k not in ("time", "fieldsV1")) for k in _ENTRY_KEYS))
 
