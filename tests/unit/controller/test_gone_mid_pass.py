@@ -77,6 +77,7 @@ async def test_a_proxy_gone_during_its_pass_is_neither_counted_nor_remembered(
     assert KEY not in kube.objects
     # Nor a retry or requeue of it (DELETED dropped its backoff and timers): it would only read it again.
     assert KEY not in c.queue.pending_delayed() and c.queue.failures(KEY) == 0 and len(c.queue) == 0
+    assert not c._gone_mid_pass  # the pass's end took px1 out of it again
     assert gauge() == dict.fromkeys(PHASES, 0.0)
     assert len(c.reconciler.memory) == 0  # no KeyState (nor phase) left for the gone Proxy
     assert c.prober.target(ProbeKey(KEY)) is None  # and no probe
