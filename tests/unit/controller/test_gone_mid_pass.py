@@ -102,6 +102,7 @@ async def test_a_proxy_recreated_during_its_pass_is_reconciled_and_counted_afres
     await eventually(lambda: gauge()["Ready"] == 1)
     real_get = kube.get_proxy
     old_uid = kube.objects[KEY]["metadata"]["uid"]
+    mid_pass: list[bool] = []  # per re-creation: whether it came while px1's pass ran
 
     async def read_then_recreated(namespace: str, name: str):  # type: ignore[no-untyped-def]
         obj = await real_get(namespace, name)
@@ -111,7 +112,7 @@ async def test_a_proxy_recreated_during_its_pass_is_reconciled_and_counted_afres
             kube.force_remove(KEY)
             kube.create_proxy("px1", spec_for(proxy_server))
             await added.wait()  # the controller handled the DELETED, then the ADDED (registered first)
-            assert c._running_since.get(KEY) is not None and KEY in c._gone_mid_pass
+            mid_pass.append(KEY in c._running_since and KEY in c._gone_mid_pass)
         return obj
 
     kube.get_proxy = read_then_recreated  # type: ignore[method-assign]
@@ -120,4 +121,5 @@ async def test_a_proxy_recreated_during_its_pass_is_reconciled_and_counted_afres
     await eventually(lambda: phase(kube) == "Ready", what="the new px1 Ready")
     await eventually(lambda: gauge()["Ready"] == 1 and KEY not in c.queue.processing() and len(c.queue) == 0)
     assert gauge() == {**dict.fromkeys(PHASES, 0.0), "Ready": 1.0}
+    assert mid_pass == [True]
     assert KEY in c.reconciler.memory and not c._gone_mid_pass
