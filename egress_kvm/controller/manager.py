@@ -108,6 +108,7 @@ class Controller:
         self.reconcile_timeout = reconcile_timeout
         self.wedge_grace = wedge_grace
         self._running_since: dict[Key, float] = {}  # key -> monotonic start of its reconcile in flight
+        self._gone_mid_pass: set[Key] = set()  # DELETED while their reconcile ran: see _process
         self._gc_failing: set[tuple[str, str]] = set()  # (provider, zone) whose GC listing failed last
         self._volume_clocks: VolumeClocks = {}  # orphan volumes' grace clocks (volume_gc.py)
         self._listened: set[int] = set()  # id() of providers whose host-back events we hear
@@ -132,6 +133,9 @@ class Controller:
             self.reconciler.forget(key)
             self.queue.drop(key)
             self._seen.pop(key, None)
+            if key in self._running_since:
+                self._gone_mid_pass.add(key)
+            self._update_phase_gauge()  # now: no other reconcile may come to move it (the last Proxy)
             return
         # The per-Proxy gauge mirrors status as stored (our writes come back as MODIFIED), so it is right
         # from the first list after a restart too, also for a Failed Proxy that is not reconciled again.
@@ -219,6 +223,7 @@ class Controller:
         routine = key in self._routine
         self._routine.discard(key)
         deadline = asyncio.timeout(self.reconcile_timeout)
+        gone = False
         try:
             async with deadline:
                 result: Result = await self.reconciler.reconcile(key, routine=routine)
@@ -235,8 +240,19 @@ class Controller:
             return
         finally:
             self._running_since.pop(key, None)
+            # A DELETED came while this pass ran: it went on from what it read and may have remembered the
+            # key again (a phase for the gauge, a KeyState, a probe) or asked for a retry or a requeue
+            # (the error path above), so all that goes once more. A Proxy re-created meanwhile is queued
+            # by its ADDED and starts afresh.
+            if key in self._gone_mid_pass:
+                gone = True
+                self._gone_mid_pass.discard(key)
+                self.reconciler.forget(key)
+                self.queue.drop(key)
             metrics.RECONCILE_TIME.labels(NAME).observe(time.monotonic() - start)
             self._update_phase_gauge()
+        if gone:
+            return
         if result.retry:
             metrics.RECONCILE_ERRORS.labels(NAME).inc()
             metrics.RECONCILE_TOTAL.labels(NAME, "error").inc()

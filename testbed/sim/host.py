@@ -161,16 +161,23 @@ class SimHost:
             conn.agent_lifecycle(dom, state, reason)
 
     def _release(self, name: str, guest: Guest) -> None:
+        """The guest is gone: its address goes back to the pool, but only once its neighbour entry is gone
+        (`_forget`), so no new guest takes the address while the kernel still maps it to the old MAC."""
         guest.stop()
         self.guests.pop(name, None)
         if guest.ip is not None:
             self.hyp.forget_vm_ip(name)
-            if guest.ip not in self.free_ips:
-                self.free_ips.insert(0, guest.ip)
-            if self.bridge is not None:
+            if self.bridge is None:
+                self._reuse(guest.ip)
+            else:
                 task = asyncio.get_running_loop().create_task(self._forget(guest.ip))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
+
+    def _reuse(self, ip: str) -> None:
+        """`ip` free again, unless a guest holds it meanwhile (a static address is taken, pool or not)."""
+        if ip not in self.free_ips and all(g.ip != ip for g in self.guests.values()):
+            self.free_ips.insert(0, ip)
 
     async def _boot(self, dom: Domain, guest: Guest) -> None:
         await asyncio.sleep(self.knobs.boot_delay_s)
@@ -212,8 +219,13 @@ class SimHost:
             await self._neighbour(Op.REPLACE, ip, dom.mac)
 
     async def _forget(self, ip: str) -> None:
-        if self.bridge is not None:
-            await self._neighbour(Op.DELETE, ip)
+        """Delete `ip`'s neighbour entry, then let the address be taken again (also when the kernel
+        refused the delete: that is logged, and a pool that never got its address back would shrink)."""
+        try:
+            if self.bridge is not None:
+                await self._neighbour(Op.DELETE, ip)
+        finally:
+            self._reuse(ip)
 
     async def _neighbour(self, op: Op, ip: str, mac: str | None = None) -> None:
         """One neighbour entry written or deleted on the bridge. A refusal (the kernel's, or a MAC it could

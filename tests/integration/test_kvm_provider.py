@@ -54,9 +54,10 @@ from testbed.lab import faults
 from testbed.lab.manifests import IMAGE_KEY
 from tests.envknobs import boot_timeout
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
-
 BOOT_TIMEOUT = boot_timeout(420)  # KVM_TEST_BOOT_TIMEOUT: more on a loaded machine
+# A test waits for one VM's boot at most, plus up to 780 s for the rest (a base image's download through
+# libvirt, the agent and proxy waits): 1200 s by default, more when the boot wait is raised.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(BOOT_TIMEOUT + 780)]
 # Image keys made per run (a copy of the lab image's entry), so the download path runs every time.
 RUN_IMAGE_KEY = "debian-12-it"
 RUN_IMAGE_PREFIX = naming.legacy_base_volume(RUN_IMAGE_KEY).removesuffix(".qcow2")  # any base of such a key
