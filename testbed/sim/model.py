@@ -172,6 +172,7 @@ class Domain:
     id: int = -1
     persistent: bool = True
     agent_channel: bool = False  # has the guest agent's virtio channel: libvirt reports its state
+    agent_open: bool = False  # the guest's agent has that channel open (closed again by each start)
 
     def handle(self) -> t.Domain:
         return t.Domain(name=self.name, uuid=self.uuid, id=self.id)
@@ -239,7 +240,7 @@ class Hypervisor:
         """Make the VM's address visible: to the guest agent (agent=True) and/or the neighbour table."""
         dom = self.domains[name]
         if agent:
-            connects = name not in self.agent_ips
+            connects, dom.agent_open = not dom.agent_open, True
             self.agent_ips[name] = ip
             if connects:
                 self._emit_agent(dom, AgentLifecycleState.CONNECTED, AgentLifecycleReason.CHANNEL)
@@ -250,9 +251,11 @@ class Hypervisor:
 
     def agent_stopped(self, name: str) -> None:
         """The guest's agent stopped (it closed its channel): no more address reports from it."""
-        if self.agent_ips.pop(name, None) is not None:
-            self._emit_agent(self.domains[name], AgentLifecycleState.DISCONNECTED,
-                             AgentLifecycleReason.CHANNEL)
+        dom = self.domains[name]
+        self.agent_ips.pop(name, None)
+        if dom.agent_open:
+            dom.agent_open = False
+            self._emit_agent(dom, AgentLifecycleState.DISCONNECTED, AgentLifecycleReason.CHANNEL)
 
     def forget_vm_ip(self, name: str) -> None:
         dom = self.domains.get(name)
@@ -419,6 +422,9 @@ class Hypervisor:
             raise lv_error(ErrorCode.INTERNAL_ERROR, "process exited while connecting to monitor: "
                                                      "cannot allocate memory")
         dom.state, dom.reason, dom.id = DomainState.RUNNING, DOMAIN_RUNNING_BOOTED, self.next_id()
+        # A new QEMU: the last run's agent (a destroy or crash closes no channel) is not this guest's, which
+        # connects when it opens the channel again.
+        dom.agent_open = False
         if dom.agent_channel:
             # libvirt reads the channel's state as it starts the domain: closed, the guest has not booted.
             self._emit_agent(dom, AgentLifecycleState.DISCONNECTED, AgentLifecycleReason.DOMAIN_STARTED)

@@ -232,6 +232,24 @@ async def test_the_guest_agent_connecting_and_disconnecting_reach_the_sink_ours_
     assert h.agent_listeners == []
 
 
+async def test_a_restarted_guest_s_agent_connects_again(running) -> None:  # type: ignore[no-untyped-def]
+    """A destroy closes no channel (no agent event), but the next start's guest opens a new one: CONNECTED
+    again, as from libvirtd (the model once took the last run's agent for still connected)."""
+    provider, hv = running
+    h = hv["host0"]
+    sink = Sink()
+    handle = provider.watch_instances(sink)
+    await until(lambda: len(h.agent_listeners) == 1, "subscribed")
+    h.set_vm_ip(NAME, "10.0.0.5")
+    dom = h.domains[NAME].handle()
+    h.domain_destroy_flags(dom, 0)
+    h.domain_create_with_flags(dom, 0)
+    h.set_vm_ip(NAME, "10.0.0.5")
+    got = [e for e in await sink.wait(4) if isinstance(e, AgentEvent)]  # and the destroy's STOPPED
+    assert [e.state for e in got] == [AgentState.CONNECTED, AgentState.DISCONNECTED, AgentState.CONNECTED]
+    await handle.close()
+
+
 async def test_a_host_that_refuses_agent_events_still_delivers_lifecycle_events(  # type: ignore[no-untyped-def]
         running, logs: LogCapture) -> None:
     provider, hv = running
