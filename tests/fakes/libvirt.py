@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from egress_kvm.providers.kvm.session import DialOptions, ExecNotAllowed, ExecResult
 from rpc import types as t
 from rpc.agentevent import AgentLifecycleEvent
-from rpc.errors import ConnectionLost, LibvirtError
+from rpc.errors import ConnectionLost, EventsLost, LibvirtError
 from rpc.observe import CallRecord, Observer
 from rpc.procedures import BY_NAME
 from testbed.sim.model import (  # noqa: F401  (re-exported: tests stage situations with these)
@@ -87,6 +87,7 @@ class FakeLifecycleEvents:
         self._queue: list[Any] = []  # LifecycleEvent or AgentLifecycleEvent, per the subclass
         self._wake = asyncio.Event()
         self.callback_id = 0
+        self._lost = 0  # events dropped, reported by the iterator once the queue is empty (`lose`)
 
     async def __aenter__(self) -> FakeLifecycleEvents:
         hyp = self._client.hyp
@@ -127,6 +128,12 @@ class FakeLifecycleEvents:
     def wake(self) -> None:
         self._wake.set()
 
+    def lose(self, n: int) -> None:
+        """The consumer fell behind and `n` events were dropped: EventsLost once after those queued, as
+        rpc's subscription reports it."""
+        self._lost += n
+        self._wake.set()
+
     def __aiter__(self) -> FakeLifecycleEvents:
         return self
 
@@ -134,6 +141,9 @@ class FakeLifecycleEvents:
         while True:
             if self._queue:
                 return self._queue.pop(0)
+            if self._lost:
+                n, self._lost = self._lost, 0
+                raise EventsLost(f"{n} events dropped")
             if self._client._session.lost is not None:
                 raise ConnectionLost(f"connection to fake {self._client.hyp.name} lost: "
                                      f"{self._client._session.lost}")

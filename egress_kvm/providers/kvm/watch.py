@@ -157,9 +157,10 @@ class HostWatcher:
                 async for ev in stream:
                     self._deliver_agent(ev)
                 return
-            except EventsLost as exc:
-                self._log.info("guest agent events lost; reconciling the host's Proxies", error=str(exc))
-                self._sink(EventsResumed(provider=self.provider, zone=self.host.name))
+            except EventsLost as exc:  # only wakes were lost: each Proxy's IP timer looks anyway, so no
+                # EventsResumed (a reconcile of every Proxy of the host, for a hint)
+                self._log.info("guest agent events lost; their addresses are looked for on the timer",
+                               error=str(exc))
             except LINK_ERRORS:
                 return
             except Exception as exc:  # a bug here must not end the lifecycle watch beside it

@@ -250,6 +250,22 @@ async def test_a_restarted_guest_s_agent_connects_again(running) -> None:  # typ
     await handle.close()
 
 
+async def test_lost_agent_events_cost_no_reconcile_of_the_host(running, logs: LogCapture) -> None:  # type: ignore[no-untyped-def]
+    """A lost agent event is only a wake missed (its Proxy's IP timer looks anyway): no EventsResumed, which
+    would reconcile every Proxy of the host (1,000 at fleet scale); the stream goes on."""
+    provider, hv = running
+    h = hv["host0"]
+    sink = Sink()
+    handle = provider.watch_instances(sink)
+    await until(lambda: len(h.agent_listeners) == 1, "subscribed")
+    h.agent_listeners[0].__self__.lose(3)  # type: ignore[attr-defined]
+    await until(lambda: logs.lines("guest agent events lost; their addresses are looked for on the timer"),
+                "the loss logged")
+    h.set_vm_ip(NAME, "10.0.0.5")
+    assert await sink.wait(1) == [AgentEvent(P, "host0", NAME, AgentState.CONNECTED)]
+    await handle.close()
+
+
 async def test_a_host_that_refuses_agent_events_still_delivers_lifecycle_events(  # type: ignore[no-untyped-def]
         running, logs: LogCapture) -> None:
     provider, hv = running
