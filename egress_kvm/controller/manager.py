@@ -31,10 +31,11 @@ from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj, ProxyStore,
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.policy.policies import EgressPolicies
 from egress_kvm.providers.base import (
+    AgentEvent,
     Closable,
     EventsResumed,
     EvictsImages,
-    InstanceEvent,
+    HostEvent,
     Provider,
     ReportsHostBack,
     WatchesInstances,
@@ -42,7 +43,7 @@ from egress_kvm.providers.base import (
 
 from .gc import Collected, collect_orphans
 from .health import Prober
-from .hostevents import wakes_now
+from .hostevents import agent_wakes, wakes_now
 from .instanceindex import InstanceIndex
 from .outcome import Result, Retry
 from .queue import QUOTA_BACKOFF, TRANSIENT_BACKOFF, QueueShutDown, WorkQueue
@@ -380,8 +381,12 @@ class Controller:
             if pid not in self._watches and isinstance(provider, WatchesInstances):
                 self._watches[pid] = (provider, provider.watch_instances(self._instance_event))
 
-    def _instance_event(self, event: InstanceEvent | EventsResumed) -> None:
-        """A host reported drift (or a gap in its reports): reconcile the Proxies concerned now."""
+    def _instance_event(self, event: HostEvent) -> None:
+        """A host reported drift (or a gap in its reports): reconcile the Proxies concerned now. A guest
+        agent that connected: look for the address of a Proxy waiting for one now, not on its timer."""
+        if isinstance(event, AgentEvent):
+            self._agent_event(event)
+            return
         if isinstance(event, EventsResumed):
             keys = self._zone_keys(event.provider, event.zone, None)
             self.log.v(1).info("lifecycle events resumed; re-queueing the host's Proxies",
@@ -400,6 +405,24 @@ class Controller:
                     keys.append(key)
         for key in keys:
             self.enqueue(key)  # not queue.add: a pass a resync queued must look, not trust the probes
+
+    def _agent_event(self, event: AgentEvent) -> None:
+        """O(1) per event: the index's lookup by name, then per key (one, bar a replacement) its memory,
+        queue and cached status."""
+        for key in self._zone_keys(event.provider, event.zone, event.name):
+            status = (self.store.get(key) or {}).get("status")
+            ref = status.get("instance") if isinstance(status, dict) else None
+            target = isinstance(ref, dict) and ref.get("name") == event.name
+            ip_waits, failures = self.reconciler.memory.peek(key).ip_waits, self.queue.failures(key)
+            woken = agent_wakes(state=event.state, target=target, ip_waits=ip_waits, failures=failures)
+            self.log.v(1).info("guest agent connected; looking for its address now" if woken else
+                               "guest agent event; its Proxy is not waiting for it",
+                               proxy=f"{key[0]}/{key[1]}", provider=event.provider, zone=event.zone,
+                               instance=event.name, state=event.state.value, ipWaits=ip_waits,
+                               failures=failures)
+            if woken:
+                self._routine.discard(key)  # as enqueue: the reconcile looks at the VM
+                self.queue.advance(key)  # its IP timer's look, now
 
     def _enqueue_all(self) -> None:
         for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict

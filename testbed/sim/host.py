@@ -31,7 +31,7 @@ import yaml
 from lxml import etree
 
 from egress_kvm.providers.kvm.seed import read_seed_iso
-from rpc.constants import DomainState, ErrorCode
+from rpc.constants import AgentLifecycleReason, AgentLifecycleState, DomainState, ErrorCode
 
 from . import proxy
 from .knobs import Knobs
@@ -90,6 +90,7 @@ class SimHost:
         self._background: set[asyncio.Task[None]] = set()
         self._callback_id = 0
         hyp.listeners.append(self._lifecycle)
+        hyp.agent_listeners.append(self._agent_lifecycle)
         self.apply_knobs()
 
     def next_callback_id(self) -> int:
@@ -154,6 +155,10 @@ class SimHost:
         elif guest is not None and (event == Lifecycle.STOPPED or
                                     (event == Lifecycle.UNDEFINED and dom.id == -1)):
             self._release(dom.name, guest)
+
+    def _agent_lifecycle(self, dom: Domain, state: AgentLifecycleState, reason: AgentLifecycleReason) -> None:
+        for conn in list(self.connections):
+            conn.agent_lifecycle(dom, state, reason)
 
     def _release(self, name: str, guest: Guest) -> None:
         """The guest is gone: its address goes back to the pool, but only once its neighbour entry is gone
@@ -286,7 +291,7 @@ class SimHost:
         args = request.get("arguments") or {}
         argv = [str(args.get("path", "")), *map(str, args.get("arg") or [])]
         if execute == "guest-exec" and "stop" in argv and "qemu-guest-agent" in argv:
-            self.hyp.agent_ips.pop(dom.name, None)
+            self.hyp.agent_stopped(dom.name)
             return '{"return":{"pid":1}}'
         raise lv_error(ErrorCode.INTERNAL_ERROR, f"internal error: unable to execute QEMU agent command "
                                                  f"'{execute}': not simulated")
