@@ -10,8 +10,11 @@ thin asyncio shell that moves bytes and completes futures; client adds one metho
 link/transport open unix-socket and SSH-forwarded links. Nothing here knows about Kubernetes.
 """
 
+from .agentevent import AgentLifecycleEvent
 from .client import Client
 from .constants import (
+    AgentLifecycleReason,
+    AgentLifecycleState,
     AuthType,
     DomainEventID,
     DomainEventType,
@@ -35,7 +38,7 @@ from .errors import (
     ProtocolError,
     RpcError,
 )
-from .events import LifecycleSubscription
+from .events import AgentLifecycleSubscription, LifecycleSubscription
 from .observe import CallRecord, Observer
 from .streams import Download
 from .trace import Direction, PacketTrace, Tracer
@@ -60,6 +63,10 @@ from .types import (
 __all__ = [
     "DEFAULT_SOCKET",
     "DEFAULT_URI",
+    "AgentLifecycleEvent",
+    "AgentLifecycleReason",
+    "AgentLifecycleState",
+    "AgentLifecycleSubscription",
     "AuthType",
     "CallRecord",
     "Client",

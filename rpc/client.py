@@ -18,7 +18,7 @@ from collections.abc import AsyncIterable
 from .connection import Connection
 from .constants import FEATURE_PROGRAM_KEEPALIVE, AuthType
 from .errors import ConnectFailed, LibvirtError
-from .events import LifecycleSubscription
+from .events import AgentLifecycleSubscription, LifecycleSubscription
 from .handles import Domain, StorageVol
 from .methods import ProcedureMethods
 from .procedures import BY_NUMBER
@@ -120,6 +120,18 @@ class Client(Connection, ProcedureMethods):
     ) -> LifecycleSubscription:
         """Lifecycle events of `dom` (None: all domains): `async with ... as events: async for ev in ...`."""
         return LifecycleSubscription(
+            self,
+            dom,
+            timeout=timeout,
+            max_queue=max_queue if max_queue is not None else self.event_queue_max,
+        )
+
+    def agent_lifecycle_events(
+        self, dom: Domain | None = None, *, timeout: float | None = None, max_queue: int | None = None
+    ) -> AgentLifecycleSubscription:
+        """The guest agent's connects and disconnects for `dom` (None: all domains), used like
+        `lifecycle_events`."""
+        return AgentLifecycleSubscription(
             self,
             dom,
             timeout=timeout,

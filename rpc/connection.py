@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .constants import DomainEventID
 from .errors import ConnectionLost, DeadlineExceeded, RpcError
 from .link import WRITE_HIGH_WATER, BaseLink
 from .observe import CallRecord, Observer
@@ -28,6 +29,7 @@ from .procedures import BY_NUMBER, Procedure
 from .protocol import (
     DOWNLOAD_HIGH_WATER,
     MAX_TOMBSTONES,
+    AgentLifecycleReceived,
     CallDone,
     CallFailed,
     ClientProtocol,
@@ -40,7 +42,11 @@ from .protocol import (
 from .trace import Tracer
 
 if TYPE_CHECKING:
-    from .events import LifecycleSubscription
+    from .agentevent import AgentLifecycleEvent
+    from .events import Subscription
+    from .types import LifecycleEvent
+
+    AnySubscription = Subscription[LifecycleEvent] | Subscription[AgentLifecycleEvent]
 
 DEFAULT_CALL_TIMEOUT = 60.0
 DEFAULT_KEEPALIVE_INTERVAL = 5.0
@@ -88,7 +94,7 @@ class Connection:
             description=link.description,
         )
         self._core.write_backlog = link.write_buffer_size
-        self._subs: dict[int, LifecycleSubscription] = {}
+        self._subs: dict[int, AnySubscription] = {}
         self._on_reply: dict[int, Callable[[Any], None]] = {}
         self._stream_waiters: dict[int, asyncio.Future[None]] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -283,7 +289,11 @@ class Connection:
                     w.set_result(None)
             elif kind is LifecycleReceived:
                 sub = self._subs.get(ev.callback_id)
-                if sub is not None:
+                if sub is not None and sub.event_id == DomainEventID.LIFECYCLE:
+                    sub._push(ev.event)  # its event_id says which kind
+            elif kind is AgentLifecycleReceived:
+                sub = self._subs.get(ev.callback_id)
+                if sub is not None and sub.event_id == DomainEventID.AGENT_LIFECYCLE:
                     sub._push(ev.event)
             elif kind is SubscriptionFailed:
                 sub = self._subs.get(ev.callback_id)
@@ -432,8 +442,8 @@ class Connection:
 
     # -- subscriptions (used by events.py) ---------------------------------------------------------
 
-    async def subscribe(self, sub: LifecycleSubscription, dom: Any, *, timeout: float | None) -> int:
-        """Register lifecycle events for `sub`; events are routed to it from the moment the reply is read."""
+    async def subscribe(self, sub: AnySubscription, dom: Any, *, timeout: float | None) -> int:
+        """Register `sub`'s kind of events; they are routed to it from the moment the reply is read."""
 
         installed: list[int] = []
 
@@ -442,7 +452,8 @@ class Connection:
             self._subs[callback_id] = sub
 
         try:
-            callback_id: int = await self.call(PROC_REGISTER_ANY, (0, dom), timeout=timeout, on_reply=install)
+            callback_id: int = await self.call(PROC_REGISTER_ANY, (int(sub.event_id), dom), timeout=timeout,
+                                            on_reply=install)
             return callback_id
         except BaseException:
             # Abandoned after the reply was read: the protocol already queued the deregistration.

@@ -201,6 +201,21 @@ class DomainEventID(enum.IntEnum):
     AGENT_LIFECYCLE = 18
 
 
+class AgentLifecycleState(enum.IntEnum):
+    """virConnectDomainEventAgentLifecycleState: the guest agent's channel opened or closed."""
+
+    CONNECTED = 1
+    DISCONNECTED = 2
+
+
+class AgentLifecycleReason(enum.IntEnum):
+    """virConnectDomainEventAgentLifecycleReason: why libvirt reports the agent's state."""
+
+    UNKNOWN = 0
+    DOMAIN_STARTED = 1  # the state was found while the domain started (or libvirtd reconnected)
+    CHANNEL = 2  # the guest opened or closed the channel
+
+
 class DomainEventType(enum.IntEnum):
     DEFINED = 0
     UNDEFINED = 1

@@ -1,45 +1,56 @@
-"""Lifecycle event subscriptions: registration, a bounded per-subscription queue, deregistration.
+"""Domain event subscriptions: registration, a bounded per-subscription queue, deregistration.
 
-The connection pushes each DOMAIN_EVENT_CALLBACK_LIFECYCLE message into the queue of the subscription
-whose callback id it carries (the protocol decides which ids are live), and never waits: a consumer
-that falls behind loses the newest events and is told so (EventsLost), rather than stalling replies to
-calls on the same connection.
+Two kinds, one registration each (CONNECT_DOMAIN_EVENT_CALLBACK_REGISTER_ANY with their event id):
+lifecycle events (DOMAIN_EVENT_CALLBACK_LIFECYCLE messages) and the guest agent's lifecycle
+(DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE, agentevent.py). The connection pushes each message into the
+queue of the subscription whose callback id it carries (the protocol decides which ids are live), and
+never waits: a consumer that falls behind loses the newest events and is told so (EventsLost), rather
+than stalling replies to calls on the same connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Protocol
+from typing import ClassVar, Generic, Protocol, TypeVar
 
+from .agentevent import AgentLifecycleEvent
+from .constants import DomainEventID
 from .errors import EventsLost
 from .types import Domain, LifecycleEvent
+
+E = TypeVar("E", LifecycleEvent, AgentLifecycleEvent)
 
 
 class EventHost(Protocol):
     """What a subscription needs from a connection (Connection implements it)."""
 
     async def subscribe(
-        self, sub: LifecycleSubscription, dom: Domain | None, *, timeout: float | None
+        self, sub: Subscription[LifecycleEvent] | Subscription[AgentLifecycleEvent], dom: Domain | None, *,
+        timeout: float | None
     ) -> int: ...
 
     async def unsubscribe(self, callback_id: int, *, timeout: float | None) -> None: ...
 
 
-class LifecycleSubscription:
-    """Lifecycle events of one domain (or all): `async with client.lifecycle_events() as events:`.
+class Subscription(Generic[E]):
+    """Events of one kind (`event_id`) for one domain (or all): `async with client.lifecycle_events() as
+    events:` (or `agent_lifecycle_events()`).
 
     Registration (CONNECT_DOMAIN_EVENT_CALLBACK_REGISTER_ANY) happens on entry, deregistration on exit.
     Events wait in this subscription's own bounded queue; if the consumer falls behind and it fills,
     newer events are dropped and the iterator raises EventsLost once after the ones it kept.
     """
 
+    event_id: ClassVar[DomainEventID]
+    what: ClassVar[str]  # for messages
+
     def __init__(self, conn: EventHost, dom: Domain | None, *, timeout: float | None, max_queue: int) -> None:
         self._conn = conn
         self.dom = dom
         self._timeout = timeout
         self._max = max_queue
-        self._queue: collections.deque[LifecycleEvent] = collections.deque()
+        self._queue: collections.deque[E] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
         self.callback_id: int | None = None
@@ -48,7 +59,7 @@ class LifecycleSubscription:
         self._active = False
         self._closed = False
 
-    async def __aenter__(self) -> LifecycleSubscription:
+    async def __aenter__(self) -> Subscription[E]:
         if self._active:
             raise RuntimeError("this subscription is already registered")
         # The connection routes events to us from the moment the reply is read, before any later packet
@@ -71,16 +82,16 @@ class LifecycleSubscription:
         self._closed = True
         self._wake()
 
-    def __aiter__(self) -> LifecycleSubscription:
+    def __aiter__(self) -> Subscription[E]:
         return self
 
-    async def __anext__(self) -> LifecycleEvent:
+    async def __anext__(self) -> E:
         while True:
             if self._queue:
                 return self._queue.popleft()
             if self._unreported_drops:
                 n, self._unreported_drops = self._unreported_drops, 0
-                raise EventsLost(f"{n} lifecycle events dropped: the consumer fell {self._max} events behind")
+                raise EventsLost(f"{n} {self.what}s dropped: the consumer fell {self._max} events behind")
             if self._closed:
                 raise StopAsyncIteration
             if self._error is not None:
@@ -97,7 +108,7 @@ class LifecycleSubscription:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    def _push(self, event: LifecycleEvent) -> None:
+    def _push(self, event: E) -> None:
         if len(self._queue) >= self._max:
             self.dropped += 1
             self._unreported_drops += 1
@@ -109,3 +120,17 @@ class LifecycleSubscription:
         if self._error is None:
             self._error = exc
         self._wake()
+
+
+class LifecycleSubscription(Subscription[LifecycleEvent]):
+    """Domain lifecycle events (VIR_DOMAIN_EVENT_ID_LIFECYCLE): started, stopped, suspended, ..."""
+
+    event_id = DomainEventID.LIFECYCLE
+    what = "lifecycle event"
+
+
+class AgentLifecycleSubscription(Subscription[AgentLifecycleEvent]):
+    """The guest agent's channel opening and closing (VIR_DOMAIN_EVENT_ID_AGENT_LIFECYCLE)."""
+
+    event_id = DomainEventID.AGENT_LIFECYCLE
+    what = "agent lifecycle event"

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .agentevent import AgentLifecycleEvent
 from .constants import (
     KEEPALIVE_PROGRAM,
     LEN_SIZE,
@@ -59,7 +60,16 @@ from .messages import (
     encode_stream_finish,
     stream_data_header,
 )
-from .procedures import BY_NUMBER, LIFECYCLE_MSG, PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE, Procedure
+from .procedures import (
+    BY_NUMBER,
+    LIFECYCLE_MSG,
+    PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE,
+    REMOTE_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE_MSG,
+    Procedure,
+)
+from .protocol_constants import (
+    REMOTE_PROC_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE as PROC_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE,
+)
 from .trace import Direction, PacketTrace, Tracer, describe, proc_name
 from .types import LifecycleEvent
 from .xdr import Reader
@@ -113,6 +123,12 @@ class LifecycleReceived:
 
 
 @dataclass(slots=True)
+class AgentLifecycleReceived:
+    callback_id: int
+    event: AgentLifecycleEvent
+
+
+@dataclass(slots=True)
 class SubscriptionFailed:
     callback_id: int
     error: BaseException
@@ -126,7 +142,8 @@ class ConnectionClosed:
     error: ConnectionLost
 
 
-Event = CallDone | CallFailed | StreamChanged | LifecycleReceived | SubscriptionFailed | ConnectionClosed
+Event = (CallDone | CallFailed | StreamChanged | LifecycleReceived | AgentLifecycleReceived
+         | SubscriptionFailed | ConnectionClosed)
 
 
 # -- state --------------------------------------------------------------------------------------------
@@ -602,6 +619,8 @@ class ClientProtocol:
         elif kind is EventMessage:
             if ev.proc == PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE:
                 self._lifecycle_event(ev.payload, events)
+            elif ev.proc == PROC_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE:
+                self._agent_lifecycle_event(ev.payload, events)
         elif kind is Ping:
             self.pings_received += 1
             # A peer that pings but never reads would grow our send buffer without bound: answer only
@@ -699,11 +718,22 @@ class ClientProtocol:
         self._send_and_forget(BY_NUMBER[PROC_DEREGISTER_ANY], (callback_id,))
 
     def _lifecycle_event(self, payload: bytes, events: list[Event]) -> None:
-        """Route one lifecycle event. A malformed body is dropped and counted: the framing is intact, so
+        event: LifecycleEvent | None = self._decode_event(payload, LIFECYCLE_MSG, "lifecycle event", events)
+        if event is not None and event.callback_id in self._subs:
+            events.append(LifecycleReceived(event.callback_id, event))
+
+    def _agent_lifecycle_event(self, payload: bytes, events: list[Event]) -> None:
+        msg = self._decode_event(payload, REMOTE_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE_MSG,
+                                 "agent lifecycle event", events)
+        if msg is not None and msg.callback_id in self._subs:
+            events.append(AgentLifecycleReceived(msg.callback_id, AgentLifecycleEvent.from_msg(msg)))
+
+    def _decode_event(self, payload: bytes, struct: Any, what: str, events: list[Event]) -> Any:
+        """One event body, or None. A malformed body is dropped and counted: the framing is intact, so
         it is no reason to drop the connection; a subscription it can still be traced to is failed."""
         try:
-            r = Reader(payload, what="lifecycle event")
-            event: LifecycleEvent = LIFECYCLE_MSG.unpack(r)
+            r = Reader(payload, what=what)
+            event = struct.unpack(r)
             r.finish()
         except ProtocolError as e:
             self.bad_events += 1
@@ -714,12 +744,11 @@ class ClientProtocol:
                 events.append(
                     SubscriptionFailed(
                         callback_id,
-                        ProtocolError(f"malformed lifecycle event for callback {callback_id}: {e}"),
+                        ProtocolError(f"malformed {what} for callback {callback_id}: {e}"),
                     )
                 )
-            return
-        if event.callback_id in self._subs:
-            events.append(LifecycleReceived(event.callback_id, event))
+            return None
+        return event
 
     # -- the end -----------------------------------------------------------------------------------
 

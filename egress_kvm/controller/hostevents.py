@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from egress_kvm.kube.interfaces import Key, Obj
+from egress_kvm.providers.base import AgentState
 
 INSTANCE_FIELDS = ("instance", "previousInstance")
 
@@ -46,3 +47,12 @@ def wakes_now(*, failures: int, restarts: int) -> bool:
     (`restarts` since it was last Ready: a guest that dies at boot would be started again on each STOPPED
     event, defeating the growing restart delay). Those keys are already scheduled by their backoff."""
     return failures == 0 and restarts == 0
+
+
+def agent_wakes(*, state: AgentState, target: bool, ip_waits: int, failures: int) -> bool:
+    """Whether a guest agent event reconciles its Proxy at once: the agent `state` is CONNECTED (the guest
+    booted far enough to report its addresses), the instance is the Proxy's `target` (status.instance,
+    not a previousInstance being replaced), its last reconcile found it running without an address
+    (`ip_waits` > 0: it waits on the IP timer, planner.py), and its reconciles are not failing (the
+    backoff schedules those). Anything else waits for its timer, as without events."""
+    return state is AgentState.CONNECTED and target and ip_waits > 0 and failures == 0

@@ -31,10 +31,11 @@ from egress_kvm.kube.interfaces import FINALIZER, Key, KubeApi, Obj, ProxyStore,
 from egress_kvm.log import Logger, get_logger
 from egress_kvm.policy.policies import EgressPolicies
 from egress_kvm.providers.base import (
+    AgentEvent,
     Closable,
     EventsResumed,
     EvictsImages,
-    InstanceEvent,
+    HostEvent,
     Provider,
     ReportsHostBack,
     WatchesInstances,
@@ -42,7 +43,7 @@ from egress_kvm.providers.base import (
 
 from .gc import Collected, collect_orphans
 from .health import Prober
-from .hostevents import wakes_now
+from .hostevents import agent_wakes, wakes_now
 from .instanceindex import InstanceIndex
 from .outcome import Result, Retry
 from .queue import QUOTA_BACKOFF, TRANSIENT_BACKOFF, QueueShutDown, WorkQueue
@@ -107,6 +108,7 @@ class Controller:
         self.reconcile_timeout = reconcile_timeout
         self.wedge_grace = wedge_grace
         self._running_since: dict[Key, float] = {}  # key -> monotonic start of its reconcile in flight
+        self._gone_mid_pass: set[Key] = set()  # DELETED while their reconcile ran: see _process
         self._gc_failing: set[tuple[str, str]] = set()  # (provider, zone) whose GC listing failed last
         self._volume_clocks: VolumeClocks = {}  # orphan volumes' grace clocks (volume_gc.py)
         self._listened: set[int] = set()  # id() of providers whose host-back events we hear
@@ -131,6 +133,9 @@ class Controller:
             self.reconciler.forget(key)
             self.queue.drop(key)
             self._seen.pop(key, None)
+            if key in self._running_since:
+                self._gone_mid_pass.add(key)
+            self._update_phase_gauge()  # now: no other reconcile may come to move it (the last Proxy)
             return
         # The per-Proxy gauge mirrors status as stored (our writes come back as MODIFIED), so it is right
         # from the first list after a restart too, also for a Failed Proxy that is not reconciled again.
@@ -218,6 +223,7 @@ class Controller:
         routine = key in self._routine
         self._routine.discard(key)
         deadline = asyncio.timeout(self.reconcile_timeout)
+        gone = False
         try:
             async with deadline:
                 result: Result = await self.reconciler.reconcile(key, routine=routine)
@@ -234,8 +240,19 @@ class Controller:
             return
         finally:
             self._running_since.pop(key, None)
+            # A DELETED came while this pass ran: it went on from what it read and may have remembered the
+            # key again (a phase for the gauge, a KeyState, a probe) or asked for a retry or a requeue
+            # (the error path above), so all that goes once more. A Proxy re-created meanwhile is queued
+            # by its ADDED and starts afresh.
+            if key in self._gone_mid_pass:
+                gone = True
+                self._gone_mid_pass.discard(key)
+                self.reconciler.forget(key)
+                self.queue.drop(key)
             metrics.RECONCILE_TIME.labels(NAME).observe(time.monotonic() - start)
             self._update_phase_gauge()
+        if gone:
+            return
         if result.retry:
             metrics.RECONCILE_ERRORS.labels(NAME).inc()
             metrics.RECONCILE_TOTAL.labels(NAME, "error").inc()
@@ -364,8 +381,12 @@ class Controller:
             if pid not in self._watches and isinstance(provider, WatchesInstances):
                 self._watches[pid] = (provider, provider.watch_instances(self._instance_event))
 
-    def _instance_event(self, event: InstanceEvent | EventsResumed) -> None:
-        """A host reported drift (or a gap in its reports): reconcile the Proxies concerned now."""
+    def _instance_event(self, event: HostEvent) -> None:
+        """A host reported drift (or a gap in its reports): reconcile the Proxies concerned now. A guest
+        agent that connected: look for the address of a Proxy waiting for one now, not on its timer."""
+        if isinstance(event, AgentEvent):
+            self._agent_event(event)
+            return
         if isinstance(event, EventsResumed):
             keys = self._zone_keys(event.provider, event.zone, None)
             self.log.v(1).info("lifecycle events resumed; re-queueing the host's Proxies",
@@ -384,6 +405,24 @@ class Controller:
                     keys.append(key)
         for key in keys:
             self.enqueue(key)  # not queue.add: a pass a resync queued must look, not trust the probes
+
+    def _agent_event(self, event: AgentEvent) -> None:
+        """O(1) per event: the index's lookup by name, then per key (one, bar a replacement) its memory,
+        queue and cached status."""
+        for key in self._zone_keys(event.provider, event.zone, event.name):
+            status = (self.store.get(key) or {}).get("status")
+            ref = status.get("instance") if isinstance(status, dict) else None
+            target = isinstance(ref, dict) and ref.get("name") == event.name
+            ip_waits, failures = self.reconciler.memory.peek(key).ip_waits, self.queue.failures(key)
+            woken = agent_wakes(state=event.state, target=target, ip_waits=ip_waits, failures=failures)
+            self.log.v(1).info("guest agent connected; looking for its address now" if woken else
+                               "guest agent event; its Proxy is not waiting for it",
+                               proxy=f"{key[0]}/{key[1]}", provider=event.provider, zone=event.zone,
+                               instance=event.name, state=event.state.value, ipWaits=ip_waits,
+                               failures=failures)
+            if woken:
+                self._routine.discard(key)  # as enqueue: the reconcile looks at the VM
+                self.queue.advance(key)  # its IP timer's look, now
 
     def _enqueue_all(self) -> None:
         for key in self.store.keys():  # noqa: SIM118 - a ProxyStore, not a dict

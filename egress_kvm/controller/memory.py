@@ -58,7 +58,11 @@ class Memory:
         return self._states.get(key) or KeyState()
 
     def __contains__(self, key: Key) -> bool:
-        return key in self._states
+        return key in self._states or key in self._phases
+
+    def __len__(self) -> int:
+        """Keys remembered (a state, a phase or both): what a long-lived process holds per Proxy."""
+        return len(self._states.keys() | self._phases.keys())
 
     def forget(self, key: Key) -> None:
         self._states.pop(key, None)

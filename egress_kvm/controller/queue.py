@@ -8,7 +8,8 @@
   failure; quota failures use their own slower schedule, since capacity rarely frees up in seconds.
   `forget` resets a key after a success.
 - `add_after` schedules a delayed add (polling for an IP, waiting for a Secret); a pending timer is only
-  ever moved earlier, so a short requeue cannot be postponed by a long one.
+  ever moved earlier, so a short requeue cannot be postponed by a long one. `advance` makes it due now
+  (an event said that what it waited for happened): one reconcile instead of the event's and the timer's.
 - Two lanes: an `urgent` add (work already in flight: a delayed add coming due, a probe verdict that
   changed) is handed out before the plain ones, and promotes a key already waiting in the plain lane.
   With 1,000 Proxies applied at once a first-come order let every Proxy's boot follow-up wait behind all
@@ -105,6 +106,14 @@ class WorkQueue(Generic[K]):
                 return  # an earlier add is already scheduled
             pending[1].cancel()
         self._timers[key] = (due, loop.call_at(due, self._fire, key))
+
+    def advance(self, key: K) -> None:
+        """Add `key` now as its pending delayed add would (urgent), cancelling that add: the reconcile
+        that follows schedules its own next look (or a retry), so the timer has nothing left to do."""
+        pending = self._timers.pop(key, None)
+        if pending is not None:
+            pending[1].cancel()
+        self.add(key, urgent=True)
 
     def add_rate_limited(self, key: K, *, quota: bool = False) -> float:
         """Re-add after this key's backoff; returns the delay chosen."""

@@ -162,6 +162,11 @@ class Reconciler:
                     and ctx.status.get("failedProviders") == providers_tag(ctx.providers_hash))):
             # Failed stays until the spec or the providers file changes. The verdict is in status too,
             # so a restart or a new leader does not retry it (a bad image would be downloaded again).
+            # Nothing is written, but the Proxy is Failed all the same: counted (the phase gauge), as
+            # every pass that sees a Proxy counts its phase.
+            if self.memory.phase(ctx.key) != FAILED:
+                ctx.must_read("remember the phase")
+                self.memory.set_phase(ctx.key, FAILED)
             return Result()
         if self.memory.peek(ctx.key).failed is not None:  # a verdict about other inputs: re-decided
             ctx.must_read("forget a Failed verdict")  # the cache's status may not show it yet

@@ -191,7 +191,27 @@ class EventsResumed:
     zone: str
 
 
-EventSink = Callable[[InstanceEvent | EventsResumed], None]
+class AgentState(enum.StrEnum):
+    """The guest agent's channel, as the host reports it."""
+
+    CONNECTED = "Connected"  # the guest's agent is up: the guest booted far enough to report addresses
+    DISCONNECTED = "Disconnected"  # it closed its channel (agent stopped, guest shutting down)
+
+
+@dataclass(frozen=True)
+class AgentEvent:
+    """The guest agent of instance `name` on `zone` connected or disconnected. Only a hint, like
+    InstanceEvent: the controller may look for the instance's address at once instead of on its timer,
+    and a guest without an agent, or an event lost, costs only that timer's latency."""
+
+    provider: str
+    zone: str
+    name: str
+    state: AgentState
+
+
+HostEvent = InstanceEvent | EventsResumed | AgentEvent
+EventSink = Callable[[HostEvent], None]
 
 
 class Closable(Protocol):

@@ -18,6 +18,7 @@ The rules are the real server's where a controller or kubectl can observe them:
 from __future__ import annotations
 
 import base64
+import json
 import random
 import re
 import uuid
@@ -139,6 +140,7 @@ class Api:
         refers to it), so it is used as the new object instead of a copy of it."""
         obj = self._check_body(rt, body, owned=owned)
         meta = obj.setdefault("metadata", {})
+        _check_sent_ownership(meta)
         sent = fieldmanager.sent_ownership(meta.get("managedFields"), subresource="")
         for k in _SERVER_META:
             meta.pop(k, None)
@@ -314,6 +316,7 @@ class Api:
         ns, current = self._existing(rt, ns, name, subresource)
         obj = self._check_body(rt, body, owned=owned)
         meta = obj.setdefault("metadata", {})
+        _check_sent_ownership(meta)
         if meta.get("name") and meta["name"] != name:
             raise errors.bad_request(
                 f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
@@ -391,6 +394,11 @@ class Api:
         if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
             raise errors.conflict(rt.group_resource, name, errors.STALE)
         obj = self._check_body(rt, patched)
+        if (why := fieldmanager.sent_shape_error(obj["metadata"].get("managedFields"))) is not None:
+            # The real server cannot decode the patched object: 422 on the field `patch`, which holds
+            # the patched object (apiserver's jsonPatcher.applyPatchToCurrentObject).
+            raise errors.invalid(("", ""), "", [FieldError(
+                "Invalid", "patch", json.dumps(patched, separators=(",", ":")), why)])
         self._place(rt, ns, obj["metadata"])
         # The patched object's managedFields: the stored list unless the patch changed it (kubectl's
         # client-side to server-side apply migration patches it itself).
@@ -847,3 +855,11 @@ class Api:
                 v["name"] for v in (crd.get("spec") or {}).get("versions") or [] if v.get("storage")
             ],
         }
+
+
+def _check_sent_ownership(meta: Obj) -> None:
+    """A create or update whose body carries a `metadata.managedFields` ObjectMeta cannot hold: 400
+    BadRequest naming the field, as the real server's decode of the body answers."""
+    why = fieldmanager.sent_shape_error(meta.get("managedFields"))
+    if why is not None:
+        raise errors.bad_request(f"the body cannot be decoded: {why}")

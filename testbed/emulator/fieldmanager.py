@@ -20,8 +20,10 @@ objects that all carry a `name` are maps keyed by name, `metadata.finalizers` is
 - Status writes are recorded with `subresource: status`.
 - A non-apply write may set `metadata.managedFields` itself (`sent_ownership`): a list that decodes
   replaces the stored one, an empty list (or one empty entry) clears it, and the write's own change is
-  then recorded on top; absent or null, or on a subresource, the stored list stays. An apply that
-  carries the field is refused (`applied_ownership_error`).
+  then recorded on top; absent or null, or on a subresource, the stored list stays. One that ObjectMeta
+  cannot hold at all is refused before that (`sent_shape_error`). An apply that carries the field is
+  refused (`applied_ownership_error`). Unlike the real server, an entry with an empty manager is dropped
+  and entries lose fields the object lacks (docs/emulator.md says why that is left).
 """
 
 from __future__ import annotations
@@ -286,11 +288,48 @@ _ENTRY_KEYS = ("manager", "operation", "apiVersion", "time", "fieldsType", "fiel
 
 
 def _empty_entry(m: Any) -> bool:
-    """An entry with every field at its zero value (`[{}]`: the documented way to clear the list). An
-    empty string is no zero time and no empty fieldsV1: the apiserver cannot read such an entry at all,
+    """An entry with every field at its zero value (`[{}]`: the documented way to clear the list; a null
+    entry decodes as one). An empty string is no zero time (a write carrying one is refused before,
+    `sent_shape_error`) and no empty fieldsV1: the apiserver's field manager cannot read such an entry,
     so the list is not a reset but ignored (the stored list stays)."""
-    return isinstance(m, dict) and all(
-        m.get(k) is None or (m.get(k) == "" and k not in ("time", "fieldsV1")) for k in _ENTRY_KEYS)
+    return m is None or (isinstance(m, dict) and all(
+        m.get(k) is None or (m.get(k) == "" and k not in ("time", "fieldsV1")) for k in _ENTRY_KEYS))
+
+
+_STRING_KEYS = ("manager", "operation", "apiVersion", "fieldsType", "subresource")
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object" if isinstance(value, dict) else "null"
+
+
+def sent_shape_error(sent: Any) -> str | None:
+    """Why `metadata.managedFields` as a write sends it cannot be read into ObjectMeta at all (None: it
+    can), naming the field. The real server decodes the whole body (for a patch: the patched object) into
+    ObjectMeta before any field manager sees it, and json refuses a list that is no list of objects, a
+    string field that is not a string, and a `time` metav1.Time cannot parse; what `fieldsV1` holds is
+    read later (a raw value here), so a fieldsV1 that is no field set is `sent_ownership`'s to ignore."""
+    if sent is None:
+        return None
+    if not isinstance(sent, list):
+        return f"metadata.managedFields: expected an array of entries, got {_json_type(sent)}"
+    for i, m in enumerate(sent):
+        if m is None:
+            continue  # null: an entry of zero values
+        if not isinstance(m, dict):
+            return f"metadata.managedFields[{i}]: expected an object, got {_json_type(m)}"
+        for k in _STRING_KEYS:
+            if m.get(k) is not None and not isinstance(m[k], str):
+                return f"metadata.managedFields[{i}].{k}: expected a string, got {_json_type(m[k])}"
+        if m.get("time") is not None and not _rfc3339(m["time"]):
+            return f"metadata.managedFields[{i}].time: {json.dumps(m['time'])} is no RFC 3339 time"
+    return None
 
 
 def _rfc3339(value: Any) -> bool:

@@ -80,11 +80,13 @@ class ProxyView:
 
 @dataclass
 class Recorder:
-    """Proxies as the watch sees them, with the monotonic time of each one's first Ready and of its end."""
+    """Proxies as the watch sees them, with the monotonic time of each one's first Ready, of the first
+    sight of each phase it went through (where its time went) and of its end."""
 
     views: dict[str, ProxyView] = field(default_factory=dict)
     created: dict[str, float] = field(default_factory=dict)
     first_ready: dict[str, float] = field(default_factory=dict)
+    first_phase: dict[str, dict[str, float]] = field(default_factory=dict)
     gone: dict[str, float] = field(default_factory=dict)
     events: int = 0
 
@@ -96,8 +98,18 @@ class Recorder:
             self.gone.setdefault(name, now)
             return
         view = self.views[name] = ProxyView.of(obj)
+        if view.phase:
+            self.first_phase.setdefault(name, {}).setdefault(view.phase, now)
         if view.ready:
             self.first_ready.setdefault(name, now)
+
+    def stage(self, name: str, start: str, end: str) -> float | None:
+        """Seconds from the first sight of phase `start` ("" for the POST's return) to the first of `end`
+        ("Ready" is the first Ready with Healthy=True); None if either was not seen."""
+        phases = self.first_phase.get(name, {})
+        t0 = self.created.get(name) if start == "" else phases.get(start)
+        t1 = self.first_ready.get(name) if end == "Ready" else phases.get(end)
+        return None if t0 is None or t1 is None else t1 - t0
 
     def ready_count(self, names: set[str] | None = None) -> int:
         return sum(1 for n, v in self.views.items() if v.ready and (names is None or n in names))

@@ -31,7 +31,7 @@ import yaml
 from lxml import etree
 
 from egress_kvm.providers.kvm.seed import read_seed_iso
-from rpc.constants import DomainState, ErrorCode
+from rpc.constants import AgentLifecycleReason, AgentLifecycleState, DomainState, ErrorCode
 
 from . import proxy
 from .knobs import Knobs
@@ -90,6 +90,7 @@ class SimHost:
         self._background: set[asyncio.Task[None]] = set()
         self._callback_id = 0
         hyp.listeners.append(self._lifecycle)
+        hyp.agent_listeners.append(self._agent_lifecycle)
         self.apply_knobs()
 
     def next_callback_id(self) -> int:
@@ -155,17 +156,28 @@ class SimHost:
                                     (event == Lifecycle.UNDEFINED and dom.id == -1)):
             self._release(dom.name, guest)
 
+    def _agent_lifecycle(self, dom: Domain, state: AgentLifecycleState, reason: AgentLifecycleReason) -> None:
+        for conn in list(self.connections):
+            conn.agent_lifecycle(dom, state, reason)
+
     def _release(self, name: str, guest: Guest) -> None:
+        """The guest is gone: its address goes back to the pool, but only once its neighbour entry is gone
+        (`_forget`), so no new guest takes the address while the kernel still maps it to the old MAC."""
         guest.stop()
         self.guests.pop(name, None)
         if guest.ip is not None:
             self.hyp.forget_vm_ip(name)
-            if guest.ip not in self.free_ips:
-                self.free_ips.insert(0, guest.ip)
-            if self.bridge is not None:
+            if self.bridge is None:
+                self._reuse(guest.ip)
+            else:
                 task = asyncio.get_running_loop().create_task(self._forget(guest.ip))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
+
+    def _reuse(self, ip: str) -> None:
+        """`ip` free again, unless a guest holds it meanwhile (a static address is taken, pool or not)."""
+        if ip not in self.free_ips and all(g.ip != ip for g in self.guests.values()):
+            self.free_ips.insert(0, ip)
 
     async def _boot(self, dom: Domain, guest: Guest) -> None:
         await asyncio.sleep(self.knobs.boot_delay_s)
@@ -207,8 +219,13 @@ class SimHost:
             await self._neighbour(Op.REPLACE, ip, dom.mac)
 
     async def _forget(self, ip: str) -> None:
-        if self.bridge is not None:
-            await self._neighbour(Op.DELETE, ip)
+        """Delete `ip`'s neighbour entry, then let the address be taken again (also when the kernel
+        refused the delete: that is logged, and a pool that never got its address back would shrink)."""
+        try:
+            if self.bridge is not None:
+                await self._neighbour(Op.DELETE, ip)
+        finally:
+            self._reuse(ip)
 
     async def _neighbour(self, op: Op, ip: str, mac: str | None = None) -> None:
         """One neighbour entry written or deleted on the bridge. A refusal (the kernel's, or a MAC it could
@@ -274,7 +291,7 @@ class SimHost:
         args = request.get("arguments") or {}
         argv = [str(args.get("path", "")), *map(str, args.get("arg") or [])]
         if execute == "guest-exec" and "stop" in argv and "qemu-guest-agent" in argv:
-            self.hyp.agent_ips.pop(dom.name, None)
+            self.hyp.agent_stopped(dom.name)
             return '{"return":{"pid":1}}'
         raise lv_error(ErrorCode.INTERNAL_ERROR, f"internal error: unable to execute QEMU agent command "
                                                  f"'{execute}': not simulated")

@@ -12,7 +12,13 @@ from VIR_FROM_QEMU (10) in the QEMU driver's).
 
 Volume bytes live in a `VolumeData`: memory for the fake, a file in the pool directory for the
 simulator (a test image is hundreds of MiB). Lifecycle transitions go to `listeners` (the simulator
-turns them into events and boots its guests from them).
+turns them into events and boots its guests from them); the guest agent's channel opening and closing
+goes to `agent_listeners`, as libvirt's qemu driver reports it (VIR_DOMAIN_EVENT_ID_AGENT_LIFECYCLE):
+DISCONNECTED (reason DOMAIN_STARTED) at a start of a domain with an agent channel, whose guest has not
+opened it yet (qemuProcessRefreshChannelVirtioState); CONNECTED (CHANNEL) when the guest's agent opens it
+(`set_vm_ip` with the agent); DISCONNECTED (CHANNEL) when the guest closes it: its agent stopped
+(`agent_stopped`) or the guest shut down (`shut_off` with SHUTDOWN). A destroy or a QEMU crash sends no
+agent event: the guest closes nothing, and libvirt's qemuProcessStop emits none.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from lxml import etree
 from rpc import types as t
 from rpc.constants import (
     DOMAIN_PAUSED_IOERROR,
+    AgentLifecycleReason,
+    AgentLifecycleState,
     DomainState,
     ErrorCode,
     InterfaceAddressesSource,
@@ -163,12 +171,16 @@ class Domain:
     reason: int = 0
     id: int = -1
     persistent: bool = True
+    agent_channel: bool = False  # has the guest agent's virtio channel: libvirt reports its state
+    agent_open: bool = False  # the guest's agent has that channel open (closed again by each start)
 
     def handle(self) -> t.Domain:
         return t.Domain(name=self.name, uuid=self.uuid, id=self.id)
 
 
 Listener = Callable[[Domain, Lifecycle, int], None]
+AgentListener = Callable[[Domain, AgentLifecycleState, AgentLifecycleReason], None]
+AGENT_CHANNEL = "org.qemu.guest_agent.0"
 
 
 def strip_namespaces(xml: str) -> str:
@@ -209,6 +221,7 @@ class Hypervisor:
         self.upload_fail_after: int | None = None  # bytes accepted before "No space left on device"
         self.upload_pieces: dict[str, int] = {}  # volume -> pieces of its last streamed upload
         self.listeners: list[Listener] = []
+        self.agent_listeners: list[AgentListener] = []
         self._next_id = 1
 
     # -- staging helpers -----------------------------------------------------------------------
@@ -227,11 +240,22 @@ class Hypervisor:
         """Make the VM's address visible: to the guest agent (agent=True) and/or the neighbour table."""
         dom = self.domains[name]
         if agent:
+            connects, dom.agent_open = not dom.agent_open, True
             self.agent_ips[name] = ip
+            if connects:
+                self._emit_agent(dom, AgentLifecycleState.CONNECTED, AgentLifecycleReason.CHANNEL)
         entries = self.neighbours.setdefault(bridge or self.bridges[0], [])
         entries[:] = [e for e in entries if e.get("lladdr") != dom.mac]
         entries.append({"dst": ip, "dev": bridge or self.bridges[0], "lladdr": dom.mac,
                         "state": ["REACHABLE"]})
+
+    def agent_stopped(self, name: str) -> None:
+        """The guest's agent stopped (it closed its channel): no more address reports from it."""
+        dom = self.domains[name]
+        self.agent_ips.pop(name, None)
+        if dom.agent_open:
+            dom.agent_open = False
+            self._emit_agent(dom, AgentLifecycleState.DISCONNECTED, AgentLifecycleReason.CHANNEL)
 
     def forget_vm_ip(self, name: str) -> None:
         dom = self.domains.get(name)
@@ -241,8 +265,10 @@ class Hypervisor:
                 entries[:] = [e for e in entries if e.get("lladdr") != dom.mac]
 
     def shut_off(self, name: str, reason: int = DOMAIN_SHUTOFF_SHUTDOWN) -> None:
-        """The guest powered off (SHUTDOWN) or QEMU died (CRASHED)."""
+        """The guest powered off (SHUTDOWN: its agent closed its channel first) or QEMU died (CRASHED)."""
         dom = self.domains[name]
+        if reason == DOMAIN_SHUTOFF_SHUTDOWN:
+            self.agent_stopped(name)
         dom.state, dom.reason, dom.id = DomainState.SHUTOFF, reason, -1
         self._emit(dom, Lifecycle.STOPPED, 0 if reason == DOMAIN_SHUTOFF_SHUTDOWN else 2)
         if not dom.persistent:
@@ -284,6 +310,12 @@ class Hypervisor:
     def _emit(self, dom: Domain, event: Lifecycle, detail: int) -> None:
         for listener in list(self.listeners):
             listener(dom, event, detail)
+
+    def _emit_agent(self, dom: Domain, state: AgentLifecycleState, reason: AgentLifecycleReason) -> None:
+        if not dom.agent_channel:
+            return  # no channel, nothing for libvirt to report (the simulator still answers its agent)
+        for listener in list(self.agent_listeners):
+            listener(dom, state, reason)
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -370,7 +402,8 @@ class Hypervisor:
         uuid_text = root.findtext("uuid")
         dom = Domain(name=name, uuid=uuidlib.UUID(uuid_text).bytes if uuid_text else uuidlib.uuid4().bytes,
                      xml=xml, memory_mib=int(root.findtext("memory") or 0),
-                     mac=mac_el.get("address", "") if mac_el is not None else "", metadata=meta)
+                     mac=mac_el.get("address", "") if mac_el is not None else "", metadata=meta,
+                     agent_channel=root.find(f"devices/channel/target[@name='{AGENT_CHANNEL}']") is not None)
         self.domains[name] = dom  # disks are checked at start, not define, as libvirt does
         self._emit(dom, Lifecycle.DEFINED, 0)
         return dom.handle()
@@ -389,6 +422,12 @@ class Hypervisor:
             raise lv_error(ErrorCode.INTERNAL_ERROR, "process exited while connecting to monitor: "
                                                      "cannot allocate memory")
         dom.state, dom.reason, dom.id = DomainState.RUNNING, DOMAIN_RUNNING_BOOTED, self.next_id()
+        # A new QEMU: the last run's agent (a destroy or crash closes no channel) is not this guest's, which
+        # connects when it opens the channel again.
+        dom.agent_open = False
+        if dom.agent_channel:
+            # libvirt reads the channel's state as it starts the domain: closed, the guest has not booted.
+            self._emit_agent(dom, AgentLifecycleState.DISCONNECTED, AgentLifecycleReason.DOMAIN_STARTED)
         self._emit(dom, Lifecycle.STARTED, 0)
         return dom.handle()
 

@@ -25,7 +25,10 @@ from rpc.constants import (
     REMOTE_PROGRAM,
     REMOTE_PROTOCOL_VERSION,
     STREAM_CHUNK,
+    AgentLifecycleReason,
+    AgentLifecycleState,
     AuthType,
+    DomainEventID,
     ErrorCode,
     MessageStatus,
     MessageType,
@@ -58,6 +61,12 @@ from rpc.procedures import (
     STRING,
     Procedure,
 )
+from rpc.procedures import (
+    REMOTE_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE_MSG as AGENT_LIFECYCLE_MSG,
+)
+from rpc.protocol_constants import (
+    REMOTE_PROC_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE as PROC_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE,
+)
 from rpc.xdr import INT, UINT, Reader, Struct
 
 from .model import Domain, Lifecycle, Upload
@@ -67,7 +76,9 @@ if TYPE_CHECKING:
 
 ERROR_DOMAIN_RPC = 7  # VIR_FROM_RPC
 ERROR_LEVEL = 2  # VIR_ERR_ERROR
-EVENT_LIFECYCLE = 0
+#: event id -> the procedure of its messages: the events this simulator sends
+EVENT_PROCS = {DomainEventID.LIFECYCLE: PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE,
+               DomainEventID.AGENT_LIFECYCLE: PROC_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE}
 #: CONNECT_(UN)REGISTER_CLOSE_CALLBACK: void in, void out; not in the client's procedure table.
 CLOSE_CALLBACK_PROCS = frozenset({360, 361})
 
@@ -127,7 +138,8 @@ class WireConnection(asyncio.Protocol):
         self.tasks: set[asyncio.Task[None]] = set()
         self.uploads: dict[int, Upload | None] = {}  # serial -> upload (None once it failed)
         self.downloads: set[int] = set()
-        self.callbacks: dict[int, t.Domain | None] = {}  # callback id -> domain filter
+        # callback id -> (event id, domain filter)
+        self.callbacks: dict[int, tuple[DomainEventID, t.Domain | None]] = {}
         self.opened = False
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
@@ -186,12 +198,22 @@ class WireConnection(asyncio.Protocol):
         task.add_done_callback(self.tasks.discard)
 
     def lifecycle(self, dom: Domain, event: Lifecycle, detail: int) -> None:
-        for callback_id, only in self.callbacks.items():
-            if only is None or only.uuid == dom.uuid:
-                p = xdrlib3.Packer()
-                LIFECYCLE_MSG.pack(p, t.LifecycleEvent(callback_id=callback_id, dom=dom.handle(),
-                                                       event=int(event), detail=detail))
-                self.send(encode_event(proc=PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE, payload=p.get_buffer()))
+        for callback_id in self._callbacks_for(DomainEventID.LIFECYCLE, dom):
+            p = xdrlib3.Packer()
+            LIFECYCLE_MSG.pack(p, t.LifecycleEvent(callback_id=callback_id, dom=dom.handle(),
+                                                   event=int(event), detail=detail))
+            self.send(encode_event(proc=PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE, payload=p.get_buffer()))
+
+    def agent_lifecycle(self, dom: Domain, state: AgentLifecycleState, reason: AgentLifecycleReason) -> None:
+        for callback_id in self._callbacks_for(DomainEventID.AGENT_LIFECYCLE, dom):
+            p = xdrlib3.Packer()
+            AGENT_LIFECYCLE_MSG.pack(p, t.DomainEventCallbackAgentLifecycleMsg(
+                callback_id=callback_id, dom=dom.handle(), state=int(state), reason=int(reason)))
+            self.send(encode_event(proc=PROC_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE, payload=p.get_buffer()))
+
+    def _callbacks_for(self, event_id: DomainEventID, dom: Domain) -> list[int]:
+        return [cid for cid, (eid, only) in self.callbacks.items()
+                if eid == event_id and (only is None or only.uuid == dom.uuid)]
 
     # -- calls ----------------------------------------------------------------------------------
 
@@ -270,11 +292,11 @@ class WireConnection(asyncio.Protocol):
         if name == "CONNECT_GET_URI":
             return "qemu:///system"
         if name == "CONNECT_DOMAIN_EVENT_CALLBACK_REGISTER_ANY":
-            if args[0] != EVENT_LIFECYCLE:
-                raise rpc_error(ErrorCode.NO_SUPPORT, f"this simulator sends lifecycle events only "
-                                                      f"(event id {args[0]})")
+            if args[0] not in EVENT_PROCS:
+                raise rpc_error(ErrorCode.NO_SUPPORT, f"this simulator sends lifecycle and agent lifecycle "
+                                                      f"events only (event id {args[0]})")
             callback_id = self.host.next_callback_id()
-            self.callbacks[callback_id] = args[1]
+            self.callbacks[callback_id] = (DomainEventID(args[0]), args[1])
             return callback_id
         if name == "CONNECT_DOMAIN_EVENT_CALLBACK_DEREGISTER_ANY":
             if self.callbacks.pop(args[0], False) is False:

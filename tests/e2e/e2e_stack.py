@@ -28,13 +28,24 @@ from egress_kvm.providers.kvm import naming
 from testbed import image as imagemod
 from testbed import lab as labmod
 from testbed.process import Process
+from tests.envknobs import boot_timeout
 
 T = TypeVar("T")
 BIN = Path(sys.executable).parent
 EGRESS_KVM = str(BIN / "egress-kvm")
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "deploy" / "crd" / "egressproxies.io_proxies.yaml"
-BOOT_TIMEOUT = 600  # one software-emulated boot is about a minute here; leave room for a slow CI machine
+# One software-emulated boot is about a minute here: room for a slow CI machine, and KVM_TEST_BOOT_TIMEOUT
+# (tests/envknobs.py) for a loaded one, as the integration tests' boot waits.
+DEFAULT_BOOT_TIMEOUT = 600.0
+BOOT_TIMEOUT = boot_timeout(DEFAULT_BOOT_TIMEOUT)
+
+
+def timeout_with_boots(default: float, *, boot_waits: int) -> float:
+    """A test's pytest timeout: `default`, set for the default boot wait, plus what a raised
+    KVM_TEST_BOOT_TIMEOUT adds to each of the `boot_waits` waits on a boot the test may make in a row
+    (so raising the knob for a loaded machine cannot let pytest cut a wait the knob allows)."""
+    return default + boot_waits * max(0.0, BOOT_TIMEOUT - DEFAULT_BOOT_TIMEOUT)
 OPERATOR_FLAGS = ["--metrics-bind-address", "0", "--health-probe-bind-address", "0",
                   "--gc-interval", "5s", "--gc-grace-period", "30s", "--providers-poll-interval", "2s"]
 CANARY = f"e2e-user-data-canary-{uuid.uuid4().hex}"  # in every Proxy's user-data; must never be logged

@@ -32,6 +32,7 @@ from e2e_stack import (
     join_all,
     lab_base,
     log_records,
+    timeout_with_boots,
     volumes,
     wait_until,
 )
@@ -39,7 +40,9 @@ from e2e_stack import (
 from testbed import lab as labmod
 from testbed.lab import web
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
+# Three boot waits in a row at most in one test: step 1 (the base image cached, the first Proxy Ready,
+# then step 3's reuse check), and the 2b/3b lane of the repairs test (2b's Ready twice, then 3b's).
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(timeout_with_boots(3600, boot_waits=3))]
 
 FIRST, SECOND, FIXME = "lab-proxy-host0", "lab-proxy-host0-b", "lab-proxy-fixme"
 # Two at a time: the steps are laid out so at most two software-emulated guests boot at once, one per

@@ -14,11 +14,20 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from e2e_stack import CANARY, OPERATOR_FLAGS, ContainerOperator, Stack, domains, log_records, wait_until
+from e2e_stack import (
+    CANARY,
+    OPERATOR_FLAGS,
+    ContainerOperator,
+    Stack,
+    domains,
+    log_records,
+    timeout_with_boots,
+    wait_until,
+)
 
 from testbed import image as imagemod
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(timeout_with_boots(1800, boot_waits=1))]  # 1 Proxy
 
 DEPS = imagemod.REPO / "deploy" / "image-dependencies.txt"
 PROXY = "lab-proxy-in-image"

@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 
 from egress_kvm.providers.kvm.session import DialOptions, ExecNotAllowed, ExecResult
 from rpc import types as t
-from rpc.errors import ConnectionLost, LibvirtError
+from rpc.agentevent import AgentLifecycleEvent
+from rpc.errors import ConnectionLost, EventsLost, LibvirtError
 from rpc.observe import CallRecord, Observer
 from rpc.procedures import BY_NAME
 from testbed.sim.model import (  # noqa: F401  (re-exported: tests stage situations with these)
@@ -61,7 +62,8 @@ class FakeHypervisor(Hypervisor):
         self.execs_open = 0
         self.fail: dict[str, LibvirtError] = {}  # method -> error raised once on its next call
         self.sessions: list[FakeSession] = []
-        self.events_refused = False  # registering for lifecycle events fails as on a daemon without it
+        self.events_refused = False  # registering for events fails as on a daemon without it
+        self.agent_events_refused = False  # registering for agent lifecycle events (only) fails
         self.next_callback = 0
 
     def drop_connections(self, reason: str = "connection reset by peer") -> None:
@@ -82,9 +84,10 @@ class FakeLifecycleEvents:
 
     def __init__(self, client: FakeLibvirtClient) -> None:
         self._client = client
-        self._queue: list[t.LifecycleEvent] = []
+        self._queue: list[Any] = []  # LifecycleEvent or AgentLifecycleEvent, per the subclass
         self._wake = asyncio.Event()
         self.callback_id = 0
+        self._lost = 0  # events dropped, reported by the iterator once the queue is empty (`lose`)
 
     async def __aenter__(self) -> FakeLifecycleEvents:
         hyp = self._client.hyp
@@ -92,21 +95,28 @@ class FakeLifecycleEvents:
         def register() -> int:
             if hyp.events_refused:
                 raise lv_error(39, "unknown procedure: 316", domain=7)
+            if self.event_id == 18 and hyp.agent_events_refused:
+                raise lv_error(3, "this function is not supported by the connection driver: event 18",
+                               domain=7)
             hyp.next_callback += 1
             self.callback_id = hyp.next_callback
-            hyp.listeners.append(self._on_event)
+            self._listeners().append(self._on_event)
             self._client._session.subscriptions.append(self)
             return self.callback_id
         await self._call_register(register)
         return self
 
     async def _call_register(self, fn: Callable[[], int]) -> None:
-        await self._client._call("connect_domain_event_callback_register_any", (0, None), fn)
+        await self._client._call("connect_domain_event_callback_register_any", (self.event_id, None), fn)
+
+    event_id = 0
+
+    def _listeners(self) -> list[Any]:
+        return self._client.hyp.listeners
 
     async def __aexit__(self, *exc: object) -> None:
-        hyp = self._client.hyp
-        if self._on_event in hyp.listeners:
-            hyp.listeners.remove(self._on_event)
+        if self._on_event in self._listeners():
+            self._listeners().remove(self._on_event)
         with contextlib.suppress(ValueError):
             self._client._session.subscriptions.remove(self)
 
@@ -118,18 +128,40 @@ class FakeLifecycleEvents:
     def wake(self) -> None:
         self._wake.set()
 
+    def lose(self, n: int) -> None:
+        """The consumer fell behind and `n` events were dropped: EventsLost once after those queued, as
+        rpc's subscription reports it."""
+        self._lost += n
+        self._wake.set()
+
     def __aiter__(self) -> FakeLifecycleEvents:
         return self
 
-    async def __anext__(self) -> t.LifecycleEvent:
+    async def __anext__(self) -> Any:
         while True:
             if self._queue:
                 return self._queue.pop(0)
+            if self._lost:
+                n, self._lost = self._lost, 0
+                raise EventsLost(f"{n} events dropped")
             if self._client._session.lost is not None:
                 raise ConnectionLost(f"connection to fake {self._client.hyp.name} lost: "
                                      f"{self._client._session.lost}")
             self._wake.clear()
             await self._wake.wait()
+
+
+class FakeAgentLifecycleEvents(FakeLifecycleEvents):
+    """`agent_lifecycle_events()`: the model's agent_listeners, shaped like AgentLifecycleSubscription."""
+
+    event_id = 18
+
+    def _listeners(self) -> list[Any]:
+        return self._client.hyp.agent_listeners
+
+    def _on_event(self, dom: Domain, state: Any, reason: Any = 0) -> None:
+        self._queue.append(AgentLifecycleEvent(self.callback_id, dom.handle(), state, reason))
+        self._wake.set()
 
 
 class _Download:
@@ -191,6 +223,9 @@ class FakeLibvirtClient:
 
     def lifecycle_events(self) -> FakeLifecycleEvents:
         return FakeLifecycleEvents(self)
+
+    def agent_lifecycle_events(self) -> FakeAgentLifecycleEvents:
+        return FakeAgentLifecycleEvents(self)
 
     async def _call(self, method: str, args: tuple[Any, ...], fn: Any) -> Any:
         await asyncio.sleep(0)  # a real call always yields to the loop

@@ -3,10 +3,12 @@
 One VM boots with the spec's SATA seed and is checked row by row against "What lands on the host" with
 virsh (its NIC under the default `clean-traffic` nwfilter, which drops a connect from a spoofed source
 address); its IP comes from `get`, first through the guest agent and then, with the agent stopped, through
-the host's neighbour table (libvirt's ARP source fails on this kernel, docs/lab.md quirk 2). A second VM boots
-on the bridge with the host's DHCP server stopped, at the static address the provider wrote into its seed,
-which it can only read from its virtio-scsi cdrom (`seedBus: scsi`): that one boot proves both. Boots are
-sequential and few: each takes about a minute under software emulation.
+the host's neighbour table (libvirt's ARP source fails on this kernel, docs/lab.md quirk 2). The provider's
+event watch follows that VM's guest agent meanwhile: what libvirtd reports at the start, when the agent
+comes up, when it stops and at the delete (the same sequence from the simulator: its fidelity). A second
+VM boots on the bridge with the host's DHCP server stopped, at the static address the provider wrote into
+its seed, which it can only read from its virtio-scsi cdrom (`seedBus: scsi`): that one boot proves both.
+Boots are sequential and few: each takes about a minute under software emulation.
 """
 
 from __future__ import annotations
@@ -34,7 +36,17 @@ from lxml import etree
 
 from egress_kvm import log
 from egress_kvm.config import parse_providers
-from egress_kvm.providers.base import CreateRequest, InProgress, Placement, PowerState, ResolvedPlacement
+from egress_kvm.providers.base import (
+    AgentEvent,
+    AgentState,
+    CreateRequest,
+    InProgress,
+    InstanceChange,
+    InstanceEvent,
+    Placement,
+    PowerState,
+    ResolvedPlacement,
+)
 from egress_kvm.providers.kvm import KvmProvider, metadata, naming, seed
 from egress_kvm.providers.registry import build_providers
 from testbed import lab as labmod
@@ -42,9 +54,10 @@ from testbed.lab import faults
 from testbed.lab.manifests import IMAGE_KEY
 from tests.envknobs import boot_timeout
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
-
 BOOT_TIMEOUT = boot_timeout(420)  # KVM_TEST_BOOT_TIMEOUT: more on a loaded machine
+# A test waits for one VM's boot at most, plus up to 780 s for the rest (a base image's download through
+# libvirt, the agent and proxy waits): 1200 s by default, more when the boot wait is raised.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(BOOT_TIMEOUT + 780)]
 # Image keys made per run (a copy of the lab image's entry), so the download path runs every time.
 RUN_IMAGE_KEY = "debian-12-it"
 RUN_IMAGE_PREFIX = naming.legacy_base_volume(RUN_IMAGE_KEY).removesuffix(".qcow2")  # any base of such a key
@@ -243,7 +256,18 @@ async def test_create_boot_ip_fallback_and_delete_on_sata(lab: Any, logs: Logs) 
     name = "proxy-it-sata"
     overlay_vol = naming.overlay_volume(name, cluster_id=cluster, namespace="it")
     seed_vol = naming.seed_volume(name, cluster_id=cluster, namespace="it")
+    heard: list[Any] = []  # what the provider's event watch delivers
+
+    def agent_log() -> list[tuple[str, str]]:
+        """The guest agent events of this VM as the watch logged them: (state, libvirt's reason)."""
+        return [(r["state"], r["reason"]) for r in logs.lines("guest agent event") if r["name"] == name]
+
+    def agent_states() -> list[AgentState]:
+        return [e.state for e in heard if isinstance(e, AgentEvent) and e.name == name]
     try:
+        watch = provider.watch_instances(heard.append)
+        await wait_until(lambda: [r for r in logs.lines("lifecycle events subscribed")
+                                  if r["host"] == "host0" and r["agentEvents"]], 60, "the event watch")
         # -- create: the image is fetched through libvirt into the pool, then overlay, seed, domain.
         mark = logs.mark()
         t0 = time.monotonic()
@@ -310,6 +334,14 @@ async def test_create_boot_ip_fallback_and_delete_on_sata(lab: Any, logs: Logs) 
         # -- a Get is four RPCs once the agent answers (lookup, metadata, state, agent addresses).
         await wait_until(lambda: virsh_ok(info, "domifaddr", name, "--source", "agent"), 180, "agent up")
 
+        # -- the watch heard the agent come up: libvirtd read the channel closed as the domain started,
+        # then the guest's agent opened it (what the controller wakes the look for an address on).
+        await wait_until(lambda: AgentState.CONNECTED in agent_states(), 60, "the agent-connected event")
+        first = agent_log()
+        print(f"\nguest agent events until it answered: {first}")
+        assert first[0] == ("Disconnected", "domain_started")
+        assert ("Connected", "channel") in first
+
         # -- clean-traffic holds: a TCP connect to the host from a spoofed source address (routed with
         # `src`) is dropped at the bridge, while the same connect from the leased address goes through.
         # The simulated host's guests are processes, not NICs on a bridge: it lists the stock nwfilters but
@@ -339,6 +371,8 @@ async def test_create_boot_ip_fallback_and_delete_on_sata(lab: Any, logs: Logs) 
         virsh(info, "qemu-agent-command", name, stop)
         await wait_until(lambda: not virsh_ok(info, "domifaddr", name, "--source", "agent"), 60,
                          "the guest agent stopped")
+        await wait_until(lambda: agent_states()[-1] is AgentState.DISCONNECTED, 60, "the agent-gone event")
+        assert agent_log()[-1] == ("Disconnected", "channel")
         mark = logs.mark()
         assert (await provider.get(name, "host0")).ip == ip  # type: ignore[union-attr]
         sources = {r["source"]: r for r in logs.lines("address source gave nothing", mark)}
@@ -357,8 +391,16 @@ async def test_create_boot_ip_fallback_and_delete_on_sata(lab: Any, logs: Logs) 
         assert len(cached_rpcs) <= 14  # 13, plus the pool refresh before its space counts
         assert cached_rpcs.index("storage_pool_refresh") < cached_rpcs.index("storage_pool_get_info")
 
-        # -- delete: domain, overlay and seed gone; base and marker stay; deleting again succeeds.
+        # -- delete: domain, overlay and seed gone; base and marker stay; deleting again succeeds. The
+        # destroy of a guest whose agent is gone sends no agent event before its STOPPED (one connection:
+        # libvirtd's events reach the watch in order).
+        agent_before = len(agent_states())
         await provider.delete(name, "host0")
+        await wait_until(lambda: any(isinstance(e, InstanceEvent) and e.name == name
+                                     and e.change is InstanceChange.STOPPED for e in heard), 30, "STOPPED")
+        assert len(agent_states()) == agent_before
+        print(f"guest agent events of {name}, all: {agent_log()}")
+        await watch.close()
         assert name not in virsh(info, "list", "--all", "--name").split()
         assert {v for v in volumes(info) if v.startswith("proxy-it")} == set()
         assert {base, marker} <= volumes(info)

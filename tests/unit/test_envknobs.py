@@ -4,6 +4,10 @@ the session's lab and is never that lab; KVM_TEST_BOOT_TIMEOUT overrides each te
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +93,32 @@ def test_boot_timeout(env, seconds):
 def test_boot_timeout_refuses_what_is_no_time_naming_the_variable(raw):
     with pytest.raises(ValueError, match=rf"KVM_TEST_BOOT_TIMEOUT='{raw}': not a positive number of seconds"):
         boot_timeout(600, {"KVM_TEST_BOOT_TIMEOUT": raw})
+
+
+PROBE = """
+import json, sys
+sys.path[:0] = ["tests/e2e", "."]
+import e2e_stack, test_e2e, test_image
+from tests.integration import test_kvm_provider, test_lab_image
+def limit(module):
+    return next(m.args[0] for m in module.pytestmark if m.name == "timeout")
+print(json.dumps({"e2e_boot": e2e_stack.BOOT_TIMEOUT, "e2e": limit(test_e2e), "image": limit(test_image),
+                  "kvm_boot": test_kvm_provider.BOOT_TIMEOUT, "kvm": limit(test_kvm_provider),
+                  "lab_image_boot": test_lab_image.BOOT_TIMEOUT, "lab_image": limit(test_lab_image)}))
+"""
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("", {"e2e_boot": 600, "e2e": 3600, "image": 1800, "kvm_boot": 420, "kvm": 1200,
+          "lab_image_boot": 600, "lab_image": 900}),
+    ("2000", {"e2e_boot": 2000, "e2e": 3600 + 3 * 1400, "image": 1800 + 1400, "kvm_boot": 2000, "kvm": 2780,
+              "lab_image_boot": 2000, "lab_image": 2300}),
+])
+def test_every_boot_wait_and_the_pytest_timeout_around_it_follow_the_knob(raw, expected):
+    """The lab and e2e tests' boot waits follow KVM_TEST_BOOT_TIMEOUT (e2e_stack's was a fixed 600 s), and
+    so do the pytest timeouts around them, so a raised wait is never cut by a fixed pytest timeout."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "KVM_TEST_BOOT_TIMEOUT": raw}
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=root, env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert json.loads(out) == expected

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from typing import Protocol
 
 from rpc import types as t
+from rpc.agentevent import AgentLifecycleEvent
 
 
 class VolumeDownload(Protocol):
@@ -38,8 +39,22 @@ class LifecycleStream(Protocol):
     def __aiter__(self) -> AsyncIterator[t.LifecycleEvent]: ...
 
 
+class AgentLifecycleEvents(Protocol):
+    """`agent_lifecycle_events()`: the guest agents' connects and disconnects, used like LifecycleEvents."""
+
+    async def __aenter__(self) -> AgentLifecycleStream: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+class AgentLifecycleStream(Protocol):
+    def __aiter__(self) -> AsyncIterator[AgentLifecycleEvent]: ...
+
+
 class LibvirtApi(Protocol):
     def lifecycle_events(self, /) -> LifecycleEvents: ...
+
+    def agent_lifecycle_events(self, /) -> AgentLifecycleEvents: ...
 
     async def node_get_free_memory(self, /) -> int: ...
 

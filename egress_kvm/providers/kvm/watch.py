@@ -3,10 +3,16 @@
 A `HostWatcher` is one task per host. It takes the host's shared session (dialling it if needed, on the
 host's own backoff), registers for lifecycle events of all domains on that connection
 (CONNECT_DOMAIN_EVENT_CALLBACK_REGISTER_ANY, one registration), and hands each event that matters
-(events.py's table) to the sink as an `InstanceEvent`. Registrations belong to a connection, so when the
-link drops (or the host's session is re-dialled for any reason) the stream ends with ConnectionLost and
-the watcher registers again on the next session; events of the gap are unknown, so the sink then hears
-`EventsResumed` and the controller reconciles that host's Proxies once.
+(events.py's table) to the sink as an `InstanceEvent`. On the same connection it registers for the
+guest agent's lifecycle too (event id 18) and hands each connect or disconnect to the sink as an
+`AgentEvent`: the controller looks for a booting guest's address when its agent comes up rather than on
+its next timer. A host that refuses that second registration still delivers lifecycle events (logged
+once per connection); the controller's timer finds the addresses, as it always can.
+
+Registrations belong to a connection, so when the link drops (or the host's session is re-dialled for
+any reason) the stream ends with ConnectionLost and the watcher registers again on the next session;
+events of the gap are unknown, so the sink then hears `EventsResumed` and the controller reconciles that
+host's Proxies once.
 
 A host that refuses the registration (an old or restricted daemon: a LibvirtError) is watched by
 polling only (the prober, its refresh and the resync, as before) until its next re-dial, when the
@@ -24,12 +30,22 @@ import contextlib
 from egress_kvm.backoff import Backoff
 from egress_kvm.log import Logger
 from egress_kvm.metrics import LIBVIRT_EVENTS, LIBVIRT_EVENTS_SUBSCRIBED
-from egress_kvm.providers.base import EventSink, EventsResumed, InstanceEvent, TransientError
+from egress_kvm.providers.base import (
+    AgentEvent,
+    AgentState,
+    EventSink,
+    EventsResumed,
+    InstanceEvent,
+    TransientError,
+)
+from rpc.agentevent import AgentLifecycleEvent
+from rpc.constants import AgentLifecycleReason, AgentLifecycleState
 from rpc.errors import EventsLost, LibvirtError
 from rpc.types import LifecycleEvent
 
 from . import events, naming
 from .hosts import LINK_ERRORS, Host
+from .libvirt_api import AgentLifecycleStream
 from .session import Session
 
 #: Floor and cap of the wait between subscription attempts that fail on a session that was just dialled.
@@ -49,6 +65,7 @@ class HostWatcher:
         self._task: asyncio.Task[None] | None = None
         self.subscriptions = 0  # registrations made (one per connection): the tests read it
         self.refused: str | None = None  # why the current session delivers no events (None: it does)
+        self.agent_refused: str | None = None  # why it delivers no agent events (None: it does)
 
     def start(self) -> None:
         if self._task is None:
@@ -94,14 +111,21 @@ class HostWatcher:
             await asyncio.sleep(self._backoff.next())
 
     async def _follow(self, session: Session) -> None:
-        async with session.libvirt.lifecycle_events() as stream:
+        async with contextlib.AsyncExitStack() as stack:
+            stream = await stack.enter_async_context(session.libvirt.lifecycle_events())
+            agents = await self._agent_events(stack, session)
             self.subscriptions += 1
             self.refused = None
             self._backoff.reset()
             LIBVIRT_EVENTS_SUBSCRIBED.labels(self.host.name).set(1)
-            self._log.v(1).info("lifecycle events subscribed", subscription=self.subscriptions)
+            self._log.v(1).info("lifecycle events subscribed", subscription=self.subscriptions,
+                                agentEvents=agents is not None)
             if self.subscriptions > 1:  # what happened between the two connections went unreported
                 self._sink(EventsResumed(provider=self.provider, zone=self.host.name))
+            if agents is not None:
+                task = asyncio.get_running_loop().create_task(
+                    self._follow_agents(agents), name=f"agent events {self.provider}/{self.host.name}")
+                stack.push_async_callback(_cancel, task)
             while True:
                 try:
                     async for ev in stream:
@@ -110,6 +134,49 @@ class HostWatcher:
                 except EventsLost as exc:
                     self._log.info("lifecycle events lost; reconciling the host's Proxies", error=str(exc))
                     self._sink(EventsResumed(provider=self.provider, zone=self.host.name))
+
+    async def _agent_events(self, stack: contextlib.AsyncExitStack, session: Session
+                            ) -> AgentLifecycleStream | None:
+        """The agent lifecycle registration on this connection, or None where the host refuses it."""
+        try:
+            sub: AgentLifecycleStream = await stack.enter_async_context(
+                session.libvirt.agent_lifecycle_events())
+        except LibvirtError as exc:
+            self.agent_refused = f"{exc.message} (libvirt {exc.code_name})"
+            self._log.info("guest agent events refused by the host; addresses are looked for on the timer",
+                           error=self.agent_refused)
+            return None
+        self.agent_refused = None
+        return sub
+
+    async def _follow_agents(self, stream: AgentLifecycleStream) -> None:
+        """Agent events until the stream ends; the lifecycle stream beside it sees the same link errors,
+        and re-registers both."""
+        while True:
+            try:
+                async for ev in stream:
+                    self._deliver_agent(ev)
+                return
+            except EventsLost as exc:  # only wakes were lost: each Proxy's IP timer looks anyway, so no
+                # EventsResumed (a reconcile of every Proxy of the host, for a hint)
+                self._log.info("guest agent events lost; their addresses are looked for on the timer",
+                               error=str(exc))
+            except LINK_ERRORS:
+                return
+            except Exception as exc:  # a bug here must not end the lifecycle watch beside it
+                self._log.error(exc, "guest agent events failed; the timer finds addresses")
+                return
+
+    def _deliver_agent(self, ev: AgentLifecycleEvent) -> None:
+        state = AGENT_STATES.get(ev.state)
+        name = ev.dom.name
+        LIBVIRT_EVENTS.labels(self.host.name, "agent-" + (state.value.lower() if state else "other")).inc()
+        if state is None or not _instance_like(name):
+            self._log.v(2).info("guest agent event ignored", name=name, state=int(ev.state),
+                                reason=int(ev.reason))
+            return
+        self._log.v(1).info("guest agent event", name=name, state=state.value, reason=_reason(ev))
+        self._sink(AgentEvent(provider=self.provider, zone=self.host.name, name=name, state=state))
 
     def _deliver(self, ev: LifecycleEvent) -> None:
         LIBVIRT_EVENTS.labels(self.host.name, events.event_name(ev.event)).inc()
@@ -124,6 +191,22 @@ class HostWatcher:
                             change=change.value)
         self._sink(InstanceEvent(provider=self.provider, zone=self.host.name, name=name, change=change,
                                  detail=detail))
+
+
+#: libvirt's agent states, as the provider reports them (a later libvirt's value: ignored)
+AGENT_STATES: dict[int, AgentState] = {AgentLifecycleState.CONNECTED: AgentState.CONNECTED,
+                                       AgentLifecycleState.DISCONNECTED: AgentState.DISCONNECTED}
+
+
+def _reason(ev: AgentLifecycleEvent) -> str:
+    r = ev.reason
+    return r.name.lower() if isinstance(r, AgentLifecycleReason) else f"reason {r}"
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
 
 
 def _instance_like(name: str) -> bool:

@@ -1,7 +1,8 @@
 """Host lifecycle events drive reconciles (issue 9 item 1): which Proxy an event concerns (a table over
 the cached Proxies' status), and the controller over the real KvmProvider and the fake libvirt: a VM
 destroyed or paused behind the operator's back is repaired on the event, with no probe, refresh or
-resync to wake it."""
+resync to wake it. A guest agent that connects wakes the look for its address (agent_wakes, a table), the
+IP timer staying the fallback."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pytest
 from fakes import FakeHypervisors
 
 from egress_kvm.backoff import Backoff
-from egress_kvm.controller.hostevents import keys_for, wakes_now
+from egress_kvm.controller.hostevents import agent_wakes, keys_for, wakes_now
+from egress_kvm.controller.planner import Timings
+from egress_kvm.providers.base import AgentState
 from egress_kvm.providers.kvm import KvmProvider
 
 from .conftest import eventually
@@ -63,6 +66,54 @@ def test_keys_for(provider: str, zone: str, name: str | None, keys: list[str]) -
 ])
 def test_wakes_now(failures: int, restarts: int, now: bool) -> None:
     assert wakes_now(failures=failures, restarts=restarts) is now
+
+
+C, D = AgentState.CONNECTED, AgentState.DISCONNECTED
+
+
+@pytest.mark.parametrize(("state", "target", "ip_waits", "failures", "wakes"), [
+    (C, True, 1, 0, True),  # booting, on the IP timer: look now
+    (C, True, 7, 0, True),  # many looks in (a slow guest, or the timer's doubling delay): look now
+    (C, True, 0, 0, False),  # not waiting for an address (Ready, or its first look still to come)
+    (C, False, 1, 0, False),  # the instance a replacement retires, not the one waited for
+    (C, True, 1, 1, False),  # its reconciles are failing: the backoff decides
+    (D, True, 1, 0, False),  # the agent went away: nothing to look for
+    (D, True, 0, 0, False),
+])
+def test_agent_wakes(state: AgentState, target: bool, ip_waits: int, failures: int, wakes: bool) -> None:
+    assert agent_wakes(state=state, target=target, ip_waits=ip_waits, failures=failures) is wakes
+
+
+async def test_an_agent_connecting_wakes_the_look_for_its_address_and_replaces_the_timer(
+        kube: FakeKube, kvm: tuple[KvmProvider, FakeHypervisors], proxy_server: MiniProxy, make_controller,
+        logs: io.StringIO) -> None:
+    """The IP timer is an hour here: the Proxy gets its address only if the event wakes its reconcile,
+    and the woken reconcile takes the timer's place (no delayed add left once it is Running)."""
+    provider, hv = kvm
+    h = hv["host0"]
+    c = make_controller({PROVIDER: provider}, probe_time_scale=1.0,
+                        timings=Timings(poll=3600.0, pending_retry=3600.0, progress_interval=0.0))
+    await eventually(lambda: len(h.agent_listeners) == 1, what="the controller follows host0's agents")
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    await eventually(lambda: "waiting for the IP address" in kube.status(KEY).get("message", ""))
+    assert c.reconciler.memory.peek(KEY).ip_waits == 1 and KEY in c.queue.pending_delayed()
+    name = await boot(kube, h)  # the guest's agent connects, reporting the address
+    await eventually(lambda: phase(kube) in ("Running", "Ready"), what="the address found on the event")
+    assert KEY not in c.queue.pending_delayed()  # the hour's timer went with the look it stood for
+    [line] = lines(logs, "guest agent connected; looking for its address now")
+    assert (line["proxy"], line["instance"], line["ipWaits"], line["state"]) == (
+        "default/px1", name, 1, "Connected")
+    assert kube.status(KEY)["ip"] == "127.0.0.1"
+
+    # Ready, it waits for nothing: the agent reconnecting (a restarted qemu-ga) wakes no reconcile.
+    await eventually(lambda: phase(kube) == "Ready")
+    idle = "guest agent event; its Proxy is not waiting for it"
+    before = len(lines(logs, idle))  # the start's DISCONNECTED (DOMAIN_STARTED) among them
+    h.agent_stopped(name)
+    h.set_vm_ip(name, "127.0.0.1")
+    await eventually(lambda: len(lines(logs, idle)) == before + 2, what="both agent events heard")
+    assert [r["state"] for r in lines(logs, idle)[before:]] == ["Disconnected", "Connected"]
+    assert len(lines(logs, "guest agent connected; looking for its address now")) == 1
 
 
 def lines(buf: io.StringIO, msg: str) -> list[dict]:

@@ -93,6 +93,7 @@ async def test_reconcile_errors_are_retried_with_backoff_and_counted(
         return await real_get(namespace, name)
 
     kube.get_proxy = flaky_get  # type: ignore[method-assign]
+    metrics.PROXIES.labels("Ready").set(0)  # process-wide: not what an earlier test left (asserted below)
     c = make_controller({"kvm-home": provider})
     kube.create_proxy("px1", spec_for(proxy_server))
     await eventually(lambda: phase(kube) == "Ready")
@@ -100,7 +101,11 @@ async def test_reconcile_errors_are_retried_with_backoff_and_counted(
                                               {"controller": "proxy"})
     assert after - before >= 3
     assert c.healthy()
-    assert metrics.REGISTRY.get_sample_value("egress_kvm_proxies", {"phase": "Ready"}) >= 1
+    # The phase gauge is refreshed when the pass ends, after the status write the wait above saw (and the
+    # Events recorded after it): wait for that pass, not assert at once (it failed whenever the check ran
+    # in between and the gauge held 0: fresh, or zeroed by an earlier test's deletion).
+    await eventually(lambda: metrics.REGISTRY.get_sample_value("egress_kvm_proxies", {"phase": "Ready"}) == 1,
+                     what="the phase gauge counting the Ready Proxy")
     assert metrics.REGISTRY.get_sample_value("controller_runtime_reconcile_time_seconds_count",
                                              {"controller": "proxy"}) > 0
 

@@ -119,6 +119,18 @@ async def test_drop_cancels_a_delayed_add() -> None:
     assert len(q) == 0
 
 
+async def test_advance_adds_now_in_the_urgent_lane_and_cancels_the_delayed_add() -> None:
+    q = WorkQueue()
+    q.add("plain")
+    q.add_after("a", 3600.0)
+    q.advance("a")
+    assert "a" not in q.pending_delayed()
+    assert await q.get() == "a"  # urgent: before the plain key queued first
+    q.done("a")
+    q.advance("b")  # nothing pending: just added
+    assert await q.get() == "b"
+
+
 async def test_shutdown_wakes_waiting_workers_and_refuses_new_keys() -> None:
     q = WorkQueue()
     waiting = [asyncio.create_task(q.get()) for _ in range(3)]

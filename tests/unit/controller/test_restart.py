@@ -118,3 +118,44 @@ async def test_a_restarted_operator_does_not_retry_a_failed_proxy_until_its_inpu
 
     make_controller({"kvm-home": provider}, providers_hash="v2")  # the file changed: tried again
     await eventually(lambda: sum(1 for op, _ in provider.calls if op == "create") == creates + 1)
+
+
+async def test_a_restarted_operator_counts_a_proxy_that_stays_failed(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """A pass that leaves a Failed Proxy alone (its inputs unchanged) still counts it in
+    `egress_kvm_proxies`: the new process never writes its status, yet it is a Failed Proxy."""
+    from egress_kvm.providers.base import PermanentError
+
+    async def bad_image(request, *, progress=None):  # type: ignore[no-untyped-def]
+        raise PermanentError("image 'debian-13': sha256 mismatch")
+
+    provider.create = bad_image  # type: ignore[method-assign]
+    first = make_controller({"kvm-home": provider}, providers_hash="v1")
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: phase(kube) == "Failed")
+    await first.stop(timeout=1.0)
+    writes = kube.status_writes
+
+    second = make_controller({"kvm-home": provider}, providers_hash="v1")
+    await eventually(lambda: second.reconciler.phase_counts() == {"Failed": 1}, what="px1 counted Failed")
+    assert REGISTRY.get_sample_value("egress_kvm_proxies", {"phase": "Failed"}) == 1
+    assert kube.status_writes == writes and phase(kube) == "Failed"  # counted, not rewritten
+
+    # At steady state a resync's pass over it (from the cache) reads and writes nothing: counting it cost
+    # at most the one fresh read of the process's first pass.
+    reads: list[object] = []
+    real_get = kube.get_proxy
+
+    async def counted_get(namespace: str, name: str):  # type: ignore[no-untyped-def]
+        reads.append((namespace, name))
+        return await real_get(namespace, name)
+
+    kube.get_proxy = counted_get  # type: ignore[method-assign]
+    done = {"controller": "proxy", "result": "success"}
+    passes = REGISTRY.get_sample_value("controller_runtime_reconcile_total", done) or 0.0
+    for _ in range(3):
+        await second._resync()
+        await eventually(lambda: len(second.queue) == 0 and not second.queue.processing())
+    assert REGISTRY.get_sample_value("controller_runtime_reconcile_total", done) == passes + 3  # 3 passes ran
+    assert reads == [] and kube.status_writes == writes
+    assert REGISTRY.get_sample_value("egress_kvm_proxies", {"phase": "Failed"}) == 1

@@ -1,6 +1,7 @@
 """Lifecycle events through the provider (issue 9 item 1), over the fake libvirt: the table of what
 matters, one subscription per connection, re-registration after a drop, the polling fallback when the
-host refuses, and no task left behind."""
+host refuses, and no task left behind. The guest agent's connects and disconnects ride the same
+connection (a second registration) and reach the sink as AgentEvents."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from fakes import fake_kvm_provider
 from provider_helpers import LogCapture, request
 
 from egress_kvm.metrics import LIBVIRT_EVENTS, LIBVIRT_EVENTS_SUBSCRIBED
-from egress_kvm.providers.base import EventsResumed, InstanceChange, InstanceEvent
+from egress_kvm.providers.base import (
+    AgentEvent,
+    AgentState,
+    EventsResumed,
+    HostEvent,
+    InstanceChange,
+    InstanceEvent,
+)
 from egress_kvm.providers.kvm import events, watch
 from rpc.constants import DomainEventType as E
 
@@ -61,14 +69,14 @@ def test_names_are_bounded_and_readable() -> None:
 
 class Sink:
     def __init__(self) -> None:
-        self.got: list[InstanceEvent | EventsResumed] = []
+        self.got: list[HostEvent] = []
         self.changed = asyncio.Event()
 
-    def __call__(self, ev: InstanceEvent | EventsResumed) -> None:
+    def __call__(self, ev: HostEvent) -> None:
         self.got.append(ev)
         self.changed.set()
 
-    async def wait(self, n: int) -> list[InstanceEvent | EventsResumed]:
+    async def wait(self, n: int) -> list[HostEvent]:
         async with asyncio.timeout(5):
             while len(self.got) < n:
                 self.changed.clear()
@@ -86,7 +94,7 @@ async def until(check, what: str) -> None:  # type: ignore[no-untyped-def]
 
 
 def watcher_tasks() -> list[asyncio.Task[object]]:
-    return [t for t in asyncio.all_tasks() if t.get_name().startswith("lifecycle events ")]
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith(("lifecycle events ", "agent events "))]
 
 
 @pytest.fixture
@@ -103,7 +111,8 @@ async def test_destroy_suspend_undefine_reach_the_sink_ours_only(running, logs: 
     sink = Sink()
     handle = provider.watch_instances(sink)
     await until(lambda: len(h.listeners) == 1 and len(hv["host1"].listeners) == 1, "both subscribed")
-    assert h.calls.count("connect_domain_event_callback_register_any") == 1  # one per connection
+    # One per connection and kind: lifecycle, guest agent lifecycle.
+    assert h.calls.count("connect_domain_event_callback_register_any") == 2
     assert LIBVIRT_EVENTS_SUBSCRIBED.labels("host0")._value.get() == 1
     before = LIBVIRT_EVENTS.labels("host0", "stopped")._value.get()
 
@@ -141,8 +150,8 @@ async def test_a_drop_re_registers_on_the_new_connection_and_reports_the_gap(run
     h.drop_connections()
     got = await sink.wait(1)
     assert got == [EventsResumed(P, "host0")]  # re-dialled, registered again: the gap is reported
-    assert h.calls.count("connect_domain_event_callback_register_any") == 2
-    assert len(h.listeners) == 1  # the old registration went with its connection
+    assert h.calls.count("connect_domain_event_callback_register_any") == 4
+    assert len(h.listeners) == 1 and len(h.agent_listeners) == 1  # the old ones went with their connection
     h.domain_destroy_flags(h.domains[NAME].handle(), 0)
     got = await sink.wait(2)
     assert got[1].change is InstanceChange.STOPPED  # type: ignore[union-attr]
@@ -191,8 +200,83 @@ async def test_close_leaves_no_task_and_no_registration() -> None:
     provider, hv = fake_kvm_provider(hosts=["host0", "host1"], cluster_id="c1")
     provider.watch_instances(Sink())
     provider.watch_instances(Sink())  # a second watch (e.g. a new leader term): closed too
-    await until(lambda: all(len(hv[n].listeners) == 2 for n in ("host0", "host1")), "subscribed")
-    assert len(watcher_tasks()) == 4
+    await until(lambda: all(len(hv[n].agent_listeners) == 2 for n in ("host0", "host1")), "subscribed")
+    assert len(watcher_tasks()) == 8  # per watch and host: the lifecycle watcher and its agent stream
     await provider.close()
     assert watcher_tasks() == []
-    assert all(hv[n].listeners == [] for n in ("host0", "host1"))
+    assert all(hv[n].listeners == [] and hv[n].agent_listeners == [] for n in ("host0", "host1"))
+
+
+async def test_the_guest_agent_connecting_and_disconnecting_reach_the_sink_ours_only(  # type: ignore[no-untyped-def]
+        running, logs: LogCapture) -> None:
+    provider, hv = running
+    h = hv["host0"]
+    sink = Sink()
+    handle = provider.watch_instances(sink)
+    await until(lambda: len(h.agent_listeners) == 1, "subscribed")
+    h.set_vm_ip(NAME, "10.0.0.5")  # the boot's end: the agent answers with the address
+    h.agent_stopped(NAME)
+    got = await sink.wait(2)
+    assert got == [AgentEvent(P, "host0", NAME, AgentState.CONNECTED),
+                   AgentEvent(P, "host0", NAME, AgentState.DISCONNECTED)]
+    [line] = [r for r in logs.lines("guest agent event") if r["state"] == "Connected"]
+    assert (line["host"], line["name"], line["reason"]) == ("host0", NAME, "channel")
+    # Someone else's domain (a name no instance has) is not passed on.
+    h.domain_define_xml(h.domain_get_xml_desc(h.domains[NAME].handle(), 0).replace(NAME, "Not_Ours", 1))
+    h.domain_create_with_flags(h.domains["Not_Ours"].handle(), 0)
+    h.set_vm_ip("Not_Ours", "10.0.0.6")
+    h.set_vm_ip(NAME, "10.0.0.5")
+    got = await sink.wait(3)
+    assert got[2:] == [AgentEvent(P, "host0", NAME, AgentState.CONNECTED)]
+    await handle.close()
+    assert h.agent_listeners == []
+
+
+async def test_a_restarted_guest_s_agent_connects_again(running) -> None:  # type: ignore[no-untyped-def]
+    """A destroy closes no channel (no agent event), but the next start's guest opens a new one: CONNECTED
+    again, as from libvirtd (the model once took the last run's agent for still connected)."""
+    provider, hv = running
+    h = hv["host0"]
+    sink = Sink()
+    handle = provider.watch_instances(sink)
+    await until(lambda: len(h.agent_listeners) == 1, "subscribed")
+    h.set_vm_ip(NAME, "10.0.0.5")
+    dom = h.domains[NAME].handle()
+    h.domain_destroy_flags(dom, 0)
+    h.domain_create_with_flags(dom, 0)
+    h.set_vm_ip(NAME, "10.0.0.5")
+    got = [e for e in await sink.wait(4) if isinstance(e, AgentEvent)]  # and the destroy's STOPPED
+    assert [e.state for e in got] == [AgentState.CONNECTED, AgentState.DISCONNECTED, AgentState.CONNECTED]
+    await handle.close()
+
+
+async def test_lost_agent_events_cost_no_reconcile_of_the_host(running, logs: LogCapture) -> None:  # type: ignore[no-untyped-def]
+    """A lost agent event is only a wake missed (its Proxy's IP timer looks anyway): no EventsResumed, which
+    would reconcile every Proxy of the host (1,000 at fleet scale); the stream goes on."""
+    provider, hv = running
+    h = hv["host0"]
+    sink = Sink()
+    handle = provider.watch_instances(sink)
+    await until(lambda: len(h.agent_listeners) == 1, "subscribed")
+    h.agent_listeners[0].__self__.lose(3)  # type: ignore[attr-defined]
+    await until(lambda: logs.lines("guest agent events lost; their addresses are looked for on the timer"),
+                "the loss logged")
+    h.set_vm_ip(NAME, "10.0.0.5")
+    assert await sink.wait(1) == [AgentEvent(P, "host0", NAME, AgentState.CONNECTED)]
+    await handle.close()
+
+
+async def test_a_host_that_refuses_agent_events_still_delivers_lifecycle_events(  # type: ignore[no-untyped-def]
+        running, logs: LogCapture) -> None:
+    provider, hv = running
+    h = hv["host0"]
+    h.agent_events_refused = True
+    sink = Sink()
+    provider.watch_instances(sink)
+    await until(lambda: logs.lines("lifecycle events subscribed"), "lifecycle events subscribed")
+    [line] = logs.lines("guest agent events refused by the host; addresses are looked for on the timer")
+    assert line["host"] == "host0" and "not supported" in line["error"]
+    assert LIBVIRT_EVENTS_SUBSCRIBED.labels("host0")._value.get() == 1
+    h.set_vm_ip(NAME, "10.0.0.5")
+    h.domain_destroy_flags(h.domains[NAME].handle(), 0)
+    assert await sink.wait(1) == [InstanceEvent(P, "host0", NAME, InstanceChange.STOPPED, "destroyed")]

@@ -26,6 +26,7 @@ from rpc.messages import (
 from rpc.procedures import BY_NUMBER, LIFECYCLE_MSG
 from rpc.protocol import (
     MAX_TOMBSTONES,
+    AgentLifecycleReceived,
     CallDone,
     CallFailed,
     ClientProtocol,
@@ -249,6 +250,40 @@ def test_a_malformed_event_fails_its_subscription_and_keeps_the_connection() -> 
     p.receive_data(reply_to(data, 9), now=0)
     (ev,) = p.receive_data(encode_event(proc=318, payload=(9).to_bytes(4, "big") + b"\0\0"), now=0)
     assert isinstance(ev, SubscriptionFailed) and ev.callback_id == 9
+    assert p.bad_events == 1 and p.closed is None
+
+
+def agent_lifecycle(callback_id: int, state: int, reason: int) -> bytes:
+    """Proc 348's body laid out by hand from remote_protocol.x: int callbackID; remote_nonnull_domain dom
+    (string name, 4-byte padded; 16-byte uuid; int id); int state; int reason."""
+    body = (callback_id.to_bytes(4, "big") + (3).to_bytes(4, "big") + b"vm1\0" + DOM.uuid
+            + (3).to_bytes(4, "big") + state.to_bytes(4, "big") + reason.to_bytes(4, "big"))
+    return encode_event(proc=348, payload=body)
+
+
+def test_agent_lifecycle_events_decode_typed_for_their_registration() -> None:
+    p = client()
+    _, data = p.send_call(REGISTER, (18, None), now=0, timeout=5)
+    assert p.receive_data(agent_lifecycle(4, 1, 2), now=0) == []  # not registered yet
+    events = p.receive_data(reply_to(data, 4) + agent_lifecycle(4, 1, 2) + agent_lifecycle(4, 2, 0)
+                            + agent_lifecycle(5, 1, 1) + agent_lifecycle(4, 7, 9), now=0)
+    assert [type(e) for e in events] == [CallDone] + [AgentLifecycleReceived] * 3
+    got = [e.event for e in events[1:]]  # type: ignore[union-attr]
+    assert got == [rpc.AgentLifecycleEvent(4, DOM, 1, 2), rpc.AgentLifecycleEvent(4, DOM, 2, 0),
+                   rpc.AgentLifecycleEvent(4, DOM, 7, 9)]
+    assert (got[0].state, got[0].reason) == (rpc.AgentLifecycleState.CONNECTED,
+                                             rpc.AgentLifecycleReason.CHANNEL)
+    assert type(got[0].state) is rpc.AgentLifecycleState and type(got[1].reason) is rpc.AgentLifecycleReason
+    assert got[1].state is rpc.AgentLifecycleState.DISCONNECTED
+    assert type(got[2].state) is int and type(got[2].reason) is int  # a later libvirt's value: kept as is
+
+
+def test_a_malformed_agent_event_fails_its_subscription_and_keeps_the_connection() -> None:
+    p = client()
+    _, data = p.send_call(REGISTER, (18, None), now=0, timeout=5)
+    p.receive_data(reply_to(data, 4), now=0)
+    (ev,) = p.receive_data(encode_event(proc=348, payload=(4).to_bytes(4, "big") + b"\0\0"), now=0)
+    assert isinstance(ev, SubscriptionFailed) and "malformed agent lifecycle event" in str(ev.error)
     assert p.bad_events == 1 and p.closed is None
 
 

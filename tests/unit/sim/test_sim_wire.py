@@ -117,6 +117,54 @@ async def test_error_codes_and_lifecycle_events_cross_the_wire(sim: SimHost) -> 
         assert err.value.code == ErrorCode.NO_STORAGE_VOL
 
 
+AGENT_DOMAIN_XML = DOMAIN_XML.replace("</devices>", "<channel type='unix'><target type='virtio' "
+                                      "name='org.qemu.guest_agent.0'/></channel></devices>")
+
+
+async def test_agent_lifecycle_follows_the_guest_as_libvirts_qemu_driver_reports_it(sim: SimHost) -> None:
+    """Start: DISCONNECTED (DOMAIN_STARTED); the boot's end, when the agent reports the address: CONNECTED
+    (CHANNEL); a destroy: nothing (the next event is the next start's); a guest shutdown: DISCONNECTED
+    (CHANNEL) before its STOPPED. Events on one connection keep their order, so "nothing" is shown by what
+    comes next, not by waiting."""
+    state, reason = rpc.AgentLifecycleState, rpc.AgentLifecycleReason
+    async with await client(sim) as lv:
+        pool = await lv.storage_pool_lookup_by_name("default")
+        await lv.storage_vol_create_xml(pool, VOLUME_XML.format(name="g5.qcow2"), 0)
+        dom = await lv.domain_define_xml(AGENT_DOMAIN_XML.format(name="g5", mac="05"))
+        async with lv.agent_lifecycle_events() as agent, lv.lifecycle_events() as life:
+            async def next_agent() -> tuple[str, object, object]:
+                ev = await asyncio.wait_for(anext(aiter(agent)), 5)
+                return ev.dom.name, ev.state, ev.reason
+
+            async def until_stopped() -> None:
+                while (await asyncio.wait_for(anext(aiter(life)), 5)).event != rpc.DomainEventType.STOPPED:
+                    pass
+
+            await lv.domain_create_with_flags(dom, 0)
+            assert await next_agent() == ("g5", state.DISCONNECTED, reason.DOMAIN_STARTED)
+            assert await next_agent() == ("g5", state.CONNECTED, reason.CHANNEL)
+            ifaces = await lv.domain_interface_addresses(dom, InterfaceAddressesSource.AGENT, 0)
+            assert "127.77.0.2" in [a.addr for i in ifaces for a in i.addrs]  # visible when it connects
+
+            await lv.domain_destroy_flags(dom, 0)
+            await until_stopped()
+            await lv.domain_create_with_flags(dom, 0)
+            assert await next_agent() == ("g5", state.DISCONNECTED, reason.DOMAIN_STARTED)
+            assert await next_agent() == ("g5", state.CONNECTED, reason.CHANNEL)
+            sim.hyp.shut_off("g5")
+            assert await next_agent() == ("g5", state.DISCONNECTED, reason.CHANNEL)
+            await until_stopped()
+        # A domain without the agent's channel has no agent to report on.
+        await lv.storage_vol_create_xml(pool, VOLUME_XML.format(name="g6.qcow2"), 0)
+        plain = await lv.domain_define_xml(DOMAIN_XML.format(name="g6", mac="06"))
+        async with lv.agent_lifecycle_events() as agent:
+            await lv.domain_create_with_flags(plain, 0)
+            await lv.domain_create_with_flags(dom, 0)  # g5 again: its events are the only ones
+            assert await next_agent() == ("g5", state.DISCONNECTED, reason.DOMAIN_STARTED)
+            assert await next_agent() == ("g5", state.CONNECTED, reason.CHANNEL)  # g6 booted first
+        await lv.domain_destroy_flags(plain, 0)
+
+
 async def test_knobs_freeze_fail_and_kill_and_the_control_socket_refuses_unknown_knobs(sim: SimHost) -> None:
     ctl = AsyncSimControl(sim_control(sim))
     with pytest.raises(SimControlError, match="knob 'boot_dealy'"):
