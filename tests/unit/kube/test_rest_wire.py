@@ -15,7 +15,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration, CustomObjectsApi
 
 from egress_kvm.kube.api import FIELD_MANAGER, KubeApiClient
 from egress_kvm.kube.interfaces import FINALIZER, GROUP, PLURAL, VERSION
-from egress_kvm.kube.rest import KubeApiError, request_json, send_json
+from egress_kvm.kube.rest import MERGE_PATCH, KubeApiError, request_json, send_json
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -133,3 +133,37 @@ async def test_errors_and_odd_answers_read_as_through_call_api(server: Served) -
     recorder.answer = (200, "plain")
     assert await send_json(client, "GET", "/x") == "plain"
     assert await request_json(client, "GET", "/x") == {}
+
+
+async def test_the_status_sent_is_the_one_passed_even_if_it_changes_during_the_auth_await(
+        server: Served) -> None:
+    """update_proxy_status no longer deep-copies the status: what goes on the wire must be the status as
+    it was when the call was made, even if the caller's dict changes while the request waits for its
+    token (an exec or in-cluster refresh is an await; another task may edit the status meanwhile)."""
+    recorder, client, _ = server
+    status = {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]}
+    proxy = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
+             "metadata": {"name": "p", "namespace": "ns-1", "resourceVersion": "7"}}
+
+    async def refresh_and_meanwhile_edit(conf: Configuration) -> None:
+        status["phase"] = "Ready"
+        status["conditions"][0]["status"] = "True"
+
+    client.configuration.refresh_api_key_hook = refresh_and_meanwhile_edit
+    await KubeApiClient(client).update_proxy_status(proxy, status)
+    assert recorder.requests[0][3]["status"] == {"phase": "Pending",
+                                                 "conditions": [{"type": "Ready", "status": "False"}]}
+
+
+async def test_the_event_patch_sends_what_call_api_sends(server: Served) -> None:
+    """The Event count bump is a merge patch: its Content-Type must survive the client's defaults."""
+    recorder, client, _ = server
+    path, patch = "/api/v1/namespaces/ns-1/events/p.1", {"count": 2, "lastTimestamp": "2026-12-02T00:00:00Z"}
+    await client.call_api(path, "PATCH", query_params=[("fieldManager", FIELD_MANAGER)],
+                          header_params={"Accept": "application/json", "Content-Type": MERGE_PATCH},
+                          body=patch, response_types_map={200: "object"}, auth_settings=["BearerToken"],
+                          _return_http_data_only=True, _request_timeout=30)
+    await request_json(client, "PATCH", path, query={"fieldManager": FIELD_MANAGER}, body=patch,
+                       content_type=MERGE_PATCH)
+    the_same(recorder.requests)
+    assert dict(recorder.requests[1][2])["Content-Type"] == MERGE_PATCH
