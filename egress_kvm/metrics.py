@@ -192,21 +192,37 @@ PROXY_CONDITION = Gauge(
     ["namespace", "name", "type"], registry=REGISTRY)
 
 
+# What PROXY_CONDITION holds per Proxy (only these functions change it): an event whose conditions are
+# the ones already mirrored (most of them: the status is written for other fields) costs no gauge call,
+# and an absent condition is removed only if it had a series.
+_mirrored: dict[tuple[str, str], dict[str, int]] = {}
+
+
 def set_proxy_conditions(namespace: str, name: str, conditions: object) -> None:
     """Mirror a Proxy's status conditions (as just written) into the per-Proxy gauge. Only the fixed
     condition types become series, so the label set stays bounded by the number of Proxies."""
     values = {c.get("type"): c.get("status") for c in conditions if isinstance(c, dict)} \
         if isinstance(conditions, list) else {}
-    for type_ in PROXY_CONDITION_TYPES:
-        status = values.get(type_)
-        if status in ("True", "False"):
-            PROXY_CONDITION.labels(namespace, name, type_).set(1 if status == "True" else 0)
-        else:
-            _remove(namespace, name, type_)
+    want = {t: 1 if values.get(t) == "True" else 0 for t in PROXY_CONDITION_TYPES
+            if values.get(t) in ("True", "False")}
+    key = (namespace, name)
+    have = _mirrored.get(key, {})
+    if want == have:
+        return
+    for type_, value in want.items():
+        if have.get(type_) != value:
+            PROXY_CONDITION.labels(namespace, name, type_).set(value)
+    for type_ in have.keys() - want.keys():
+        _remove(namespace, name, type_)
+    if want:
+        _mirrored[key] = want
+    else:
+        _mirrored.pop(key, None)
 
 
 def forget_proxy(namespace: str, name: str) -> None:
     """The Proxy is gone: drop its series (a deleted Proxy must not alert as not Ready forever)."""
+    _mirrored.pop((namespace, name), None)
     for type_ in PROXY_CONDITION_TYPES:
         _remove(namespace, name, type_)
 

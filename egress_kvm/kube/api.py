@@ -11,7 +11,6 @@ Event instead of creating a new one.
 from __future__ import annotations
 
 import base64
-import copy
 import socket
 import time
 from collections import OrderedDict
@@ -22,7 +21,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..log import Logger, get_logger
 from .interfaces import FINALIZER, GROUP, PLURAL, VERSION, Obj, ProxyGone, SpecChanged
-from .rest import MERGE_PATCH, KubeApiError, from_api_exception, request_json
+from .rest import MERGE_PATCH, KubeApiError, from_api_exception, path_of, request_json, send_json
 
 COMPONENT = "egress-kvm"
 # Every write names the operator as its field manager, so `kubectl get px --show-managed-fields` (and a
@@ -32,6 +31,9 @@ CONFLICT_RETRIES = 8
 EVENT_CACHE_SIZE = 4096
 EVENT_MESSAGE_MAX = 1024
 REQUEST_TIMEOUT = 30.0
+# The typed CustomObjectsApi's paths and Accept header, sent through rest.send_json (its docstring says why).
+PROXY_PATH = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{PLURAL}/{{name}}"
+ACCEPT_JSON = {"Accept": "application/json"}
 
 
 def rfc3339(ts: float | None = None) -> str:
@@ -64,13 +66,14 @@ class KubeApiClient:
 
     async def get_proxy(self, namespace: str, name: str) -> Obj | None:
         try:
-            return await self._custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=REQUEST_TIMEOUT)
-        except ApiException as exc:
-            err = from_api_exception(exc)
+            result: Obj = await send_json(self._api_client, "GET", path_of(PROXY_PATH, namespace=namespace,
+                                                                            name=name),
+                                          headers=dict(ACCEPT_JSON), timeout=REQUEST_TIMEOUT)
+        except KubeApiError as err:
             if err.not_found:
                 return None
-            raise err from None
+            raise
+        return result
 
     async def list_proxies(self, namespace: str | None) -> list[Obj]:
         try:
@@ -87,14 +90,16 @@ class KubeApiClient:
     async def update_proxy_status(self, obj: Obj, status: Obj) -> Obj:
         current = obj
         for _attempt in range(CONFLICT_RETRIES):
-            body = {**_unmanaged(current), "status": copy.deepcopy(status)}
+            # No copy: send_json serialises the body before it yields.
+            body = {**_unmanaged(current), "status": status}
             namespace, name = _ns_name(current)
             try:
-                return await self._custom.replace_namespaced_custom_object_status(
-                    GROUP, VERSION, namespace, PLURAL, name, body, field_manager=FIELD_MANAGER,
-                    _request_timeout=REQUEST_TIMEOUT)
-            except ApiException as exc:
-                err = from_api_exception(exc)
+                result: Obj = await send_json(
+                    self._api_client, "PUT", path_of(PROXY_PATH, namespace=namespace, name=name) + "/status",
+                    query=[("fieldManager", FIELD_MANAGER)], body=body, headers=dict(ACCEPT_JSON),
+                    timeout=REQUEST_TIMEOUT)
+                return result
+            except KubeApiError as err:
                 if err.not_found:
                     raise ProxyGone(f"Proxy {namespace}/{name} no longer exists") from None
                 if not err.conflict:
@@ -114,15 +119,17 @@ class KubeApiClient:
                 finalizers.append(FINALIZER)
             else:
                 finalizers = [f for f in finalizers if f != FINALIZER]
-            body = copy.deepcopy(_unmanaged(current))
-            body["metadata"]["finalizers"] = finalizers
+            base = _unmanaged(current)
+            # A new metadata with the edited list (the key where it was): `current` stays as it is.
+            body = {**base, "metadata": {**base["metadata"], "finalizers": finalizers}}
             namespace, name = _ns_name(current)
             try:
-                return await self._custom.replace_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, name, body, field_manager=FIELD_MANAGER,
-                    _request_timeout=REQUEST_TIMEOUT)
-            except ApiException as exc:
-                err = from_api_exception(exc)
+                result: Obj = await send_json(
+                    self._api_client, "PUT", path_of(PROXY_PATH, namespace=namespace, name=name),
+                    query=[("fieldManager", FIELD_MANAGER)], body=body, headers=dict(ACCEPT_JSON),
+                    timeout=REQUEST_TIMEOUT)
+                return result
+            except KubeApiError as err:
                 if err.not_found:
                     if present:
                         raise ProxyGone(f"Proxy {namespace}/{name} no longer exists") from None

@@ -26,6 +26,7 @@ server's lease again at boot) never takes the address from the guest.
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 import json
 from collections.abc import Iterable, Sequence
@@ -40,6 +41,8 @@ from rpc.types import Domain, DomainInterface
 from .hosts import Host
 from .session import ExecNotAllowed
 from .together import together
+
+NEIGH_CACHE_SIZE = 16  # recent `ip -j neigh` outputs kept read (_table): one or two per host
 
 
 def usable_ipv4(addr: str) -> bool:
@@ -147,34 +150,56 @@ def _states(entry: dict[str, Any]) -> list[Any]:
 def pick_failed(neigh_json: str) -> frozenset[str]:
     """Every usable IPv4 `ip -j neigh` has in state FAILED or INCOMPLETE: the host asked who has it and
     nobody answered (such an entry carries no lladdr)."""
-    return frozenset(str(e.get("dst", "")) for e in _entries(neigh_json)
+    return _failed(_entries(neigh_json))
+
+
+def _failed(entries: list[Any]) -> frozenset[str]:
+    return frozenset(str(e.get("dst", "")) for e in entries
                      if isinstance(e, dict) and any(s in ("FAILED", "INCOMPLETE") for s in _states(e))
                      and usable_ipv4(str(e.get("dst", ""))))
 
 
-def host_table(neigh_json: str, mac: str) -> HostTable:
-    """`ip -j neigh` output as one VM's table; not `read` when it is not a JSON list."""
+@dataclass(frozen=True)
+class _Table:
+    """One `ip -j neigh` output read once: the usable addresses by MAC (lower case), and the failed."""
+
+    by_mac: dict[str, tuple[str, ...]]
+    failed: frozenset[str]
+
+
+@functools.lru_cache(maxsize=NEIGH_CACHE_SIZE)
+def _table(neigh_json: str) -> _Table | None:
+    """The host's table, by MAC; None when it is not a JSON list. Every Proxy's IP look on a host reads
+    the same shared output (Host.shared_exec): read once, it is not parsed again per VM (at 100 VMs a
+    host, parsing it whole for each was most of an IP look's cost)."""
     try:
         parsed = json.loads(neigh_json or "[]")
     except json.JSONDecodeError:
-        return HostTable(read=False)
+        return None
     if not isinstance(parsed, list):
+        return None
+    by_mac: dict[str, list[str]] = {}
+    for e in parsed:
+        if not isinstance(e, dict) or any(s in ("FAILED", "INCOMPLETE") for s in _states(e)):
+            continue
+        addr = str(e.get("dst", ""))
+        if usable_ipv4(addr):
+            by_mac.setdefault(str(e.get("lladdr", "")).lower(), []).append(addr)
+    return _Table({mac: tuple(ips) for mac, ips in by_mac.items()}, _failed(parsed))
+
+
+def host_table(neigh_json: str, mac: str) -> HostTable:
+    """`ip -j neigh` output as one VM's table; not `read` when it is not a JSON list."""
+    table = _table(neigh_json)
+    if table is None:
         return HostTable(read=False)
-    return HostTable(tuple(pick_neighbours(neigh_json, mac)), pick_failed(neigh_json))
+    return HostTable(table.by_mac.get(mac.lower(), ()), table.failed)
 
 
 def pick_neighbours(neigh_json: str, mac: str) -> list[str]:
     """Every usable IPv4 `ip -j neigh` maps to `mac` in a state other than FAILED/INCOMPLETE."""
-    out: list[str] = []
-    for e in _entries(neigh_json):
-        if not isinstance(e, dict) or str(e.get("lladdr", "")).lower() != mac.lower():
-            continue
-        if any(s in ("FAILED", "INCOMPLETE") for s in _states(e)):
-            continue
-        addr = str(e.get("dst", ""))
-        if usable_ipv4(addr):
-            out.append(addr)
-    return out
+    table = _table(neigh_json)
+    return list(table.by_mac.get(mac.lower(), ())) if table is not None else []
 
 
 async def _host_table(host: Host, dom: Domain, *, mac: str, bridge: str, log: Logger) -> HostTable:

@@ -20,6 +20,7 @@ the VM, which is how the addresses in use are known after a restart. Older eleme
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,6 +31,9 @@ NAMESPACE = "https://egressproxies.io/kvm/v1"
 PREFIX = "egress"
 ROOT = "instance"
 _NS = f"{{{NAMESPACE}}}"
+# parse() answers from memory for an element it has read (one per domain: a domain's element changes
+# only when it is redefined); bounded above the fleet's domains per operator.
+PARSED_CACHE_SIZE = 2048
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,15 @@ def to_xml(meta: InstanceMetadata) -> str:
 
 
 def parse(xml: str) -> InstanceMetadata:
+    """Parse what DOMAIN_GET_METADATA returns for our namespace (see _parse).
+
+    Every Get and every GC pass reads each domain's element again, and the result is a frozen value of
+    the text alone: the same text is parsed once (an error is not kept, it is raised again)."""
+    return _parse(xml)
+
+
+@functools.lru_cache(maxsize=PARSED_CACHE_SIZE)
+def _parse(xml: str) -> InstanceMetadata:
     """Parse what DOMAIN_GET_METADATA returns for our namespace.
 
     libvirt hands the element back with its namespace stripped (`<instance><managed>...`), since the

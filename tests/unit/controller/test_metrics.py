@@ -117,8 +117,16 @@ def test_condition_gauge_drops_absent_conditions() -> None:
     assert _value("egress_kvm_proxy_condition", namespace="team-a", name="p", type="Ready") == 0
     metrics.set_proxy_conditions("team-a", "p", [{"type": "Ready", "status": "False"}])
     assert _value("egress_kvm_proxy_condition", namespace="team-a", name="p", type="Healthy") is None
-    metrics.forget_proxy("team-a", "p")
+    metrics.set_proxy_conditions("team-a", "p", [{"type": "Ready", "status": "True"}])  # one value moves
+    assert _value("egress_kvm_proxy_condition", namespace="team-a", name="p", type="Ready") == 1
+    metrics.set_proxy_conditions("team-a", "p", [{"type": "Ready", "status": "Unknown"}])
     assert _value("egress_kvm_proxy_condition", namespace="team-a", name="p", type="Ready") is None
+    metrics.set_proxy_conditions("team-a", "p", [{"type": "Healthy", "status": "False"}])
+    metrics.forget_proxy("team-a", "p")
+    assert _value("egress_kvm_proxy_condition", namespace="team-a", name="p", type="Healthy") is None
+    metrics.set_proxy_conditions("team-a", "p", [{"type": "Healthy", "status": "False"}])  # recreated
+    assert _value("egress_kvm_proxy_condition", namespace="team-a", name="p", type="Healthy") == 0
+    metrics.forget_proxy("team-a", "p")
 
 
 async def test_condition_gauge_follows_the_watch_even_without_a_reconcile(

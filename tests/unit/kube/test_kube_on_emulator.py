@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 import sys
@@ -126,13 +127,15 @@ async def test_writes_leave_managed_fields_out_and_the_server_keeps_them() -> No
         kube = KubeApiClient(client)
         await create_proxy(client, "p")
         bodies: list[Any] = []
-        real_call = client.call_api
+        session = client.rest_client.pool_manager
+        real_request = session.request
 
-        async def recording(*args: Any, **kwargs: Any) -> Any:
-            bodies.append(kwargs.get("body"))
-            return await real_call(*args, **kwargs)
+        def recording(*args: Any, **kwargs: Any) -> Any:  # the JSON as it goes on the wire
+            data = kwargs.get("data")
+            bodies.append(json.loads(data) if isinstance(data, str | bytes) else data)
+            return real_request(*args, **kwargs)
 
-        client.call_api = recording  # type: ignore[method-assign]
+        session.request = recording  # type: ignore[method-assign]
         obj = await kube.get_proxy("default", "p")
         assert obj is not None and obj["metadata"]["managedFields"]  # what a read hands the operator
         obj = await kube.set_finalizer(obj, present=True)

@@ -136,8 +136,10 @@ def test_metadata_round_trip_and_rejections() -> None:
         metadata.parse("<other xmlns='urn:x'/>")
     with pytest.raises(metadata.MetadataError):
         metadata.parse("not xml")
-    with pytest.raises(metadata.MetadataError, match="created"):
-        metadata.parse(xml.replace("2026-01-02T03:04:05Z", "yesterday"))
+    for _twice in range(2):  # parse() keeps what it read (a bounded cache), never a failure
+        with pytest.raises(metadata.MetadataError, match="created"):
+            metadata.parse(xml.replace("2026-01-02T03:04:05Z", "yesterday"))
+    assert metadata.parse(xml) == metadata.parse(plain) == META  # read again: answered the same
 
 
 def test_seed_iso_contents() -> None:
@@ -288,6 +290,19 @@ def test_the_host_table_for_one_vm() -> None:
     not_a_list = '{"dst": "192.0.2.5"}'
     assert addresses.host_table(not_a_list, "52:54:00:aa:bb:cc") == addresses.HostTable(read=False)
     assert addresses.host_table("", "52:54:00:aa:bb:cc") == addresses.HostTable()  # read: no entries
+
+
+def test_one_host_output_answers_every_vm_on_it() -> None:
+    """The output is read once per host (addresses._table) and then answers each VM by its MAC; what a
+    caller gets is its own (changing it changes nothing for the next VM)."""
+    first = addresses.pick_neighbours(NEIGH, "52:54:00:aa:bb:cc")
+    first.append("192.0.2.99")
+    assert addresses.pick_neighbours(NEIGH, "52:54:00:AA:BB:CC") == ["192.0.2.5"]
+    assert addresses.host_table(NEIGH, "52:54:00:00:00:07").mapped == ("192.0.2.7",)
+    assert addresses.host_table(NEIGH, "52:54:00:00:00:99") == \
+        addresses.HostTable((), frozenset({"192.0.2.9", "192.0.2.8"}))
+    mac = "52:54:00:aa:bb:cc"
+    assert addresses.host_table(NEIGH, mac) == addresses.host_table(NEIGH, mac)
 
 
 FAILED_9 = frozenset({"192.0.2.9"})
