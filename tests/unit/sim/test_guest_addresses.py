@@ -47,13 +47,19 @@ def running_guest(host: SimHost, name: str, mac: str, *, static: str | None = No
     return guest.ip
 
 
-@pytest.mark.parametrize("refuse", [None, errno.ENOENT, errno.ENODEV], ids=["deleted", "absent", "refused"])
-async def test_a_released_address_is_free_again_only_after_its_neighbour_delete(
-        tmp_path: Path, refuse: int | None) -> None:
+def held_host(tmp_path: Path) -> tuple[SimHost, HeldNeighbours]:
+    """A simulated host on a small network whose neighbour requests wait for the test's word."""
     host = SimHost(Hypervisor("h1"), Knobs(), socket_path=str(tmp_path / "sock"),
                    guest_network="10.99.0.0/29")
     host.bridge = "br-sim"
     kernel = host.neighbours = HeldNeighbours()  # type: ignore[assignment]
+    return host, kernel
+
+
+@pytest.mark.parametrize("refuse", [None, errno.ENOENT, errno.ENODEV], ids=["deleted", "absent", "refused"])
+async def test_a_released_address_is_free_again_only_after_its_neighbour_delete(
+        tmp_path: Path, refuse: int | None) -> None:
+    host, kernel = held_host(tmp_path)
     ip = running_guest(host, "vm1", "52:54:00:00:00:01")
     host.hyp.shut_off("vm1")
     await asyncio.sleep(0.01)
@@ -68,10 +74,7 @@ async def test_a_released_address_is_free_again_only_after_its_neighbour_delete(
 async def test_an_address_a_guest_took_meanwhile_is_not_freed_twice(tmp_path: Path) -> None:
     """A static address is taken whether the pool holds it or not: the delete finishing later must not put
     it back in the pool under the guest holding it (the deferred return above must check)."""
-    host = SimHost(Hypervisor("h1"), Knobs(), socket_path=str(tmp_path / "sock"),
-                   guest_network="10.99.0.0/29")
-    host.bridge = "br-sim"
-    kernel = host.neighbours = HeldNeighbours()  # type: ignore[assignment]
+    host, kernel = held_host(tmp_path)
     ip = running_guest(host, "vm1", "52:54:00:00:00:01")
     host.hyp.shut_off("vm1")
     await asyncio.sleep(0.01)
