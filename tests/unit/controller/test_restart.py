@@ -82,10 +82,10 @@ async def test_a_restart_does_not_seed_a_different_endpoint(
     assert "Healthy" not in {c["type"] for c in kube.status(KEY)["conditions"]}
 
 
-async def test_a_restarted_operator_does_not_retry_a_failed_proxy_until_its_inputs_change(
-        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
-    """The Failed verdict survives a restart (it is in status): a permanent create failure (a bad image
-    is downloaded whole before its checksum fails) is not run again by each new process or leader."""
+async def fail_once(kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy,
+                    make_controller) -> None:  # type: ignore[no-untyped-def]
+    """px1's create fails for good (a bad image) under a first process, which then stops; each create is
+    recorded in provider.calls."""
     from egress_kvm.providers.base import PermanentError
 
     async def bad_image(request, *, progress=None):  # type: ignore[no-untyped-def]
@@ -97,6 +97,13 @@ async def test_a_restarted_operator_does_not_retry_a_failed_proxy_until_its_inpu
     kube.create_proxy("px1", spec_for(proxy_server))
     await eventually(lambda: phase(kube) == "Failed")
     await first.stop(timeout=1.0)
+
+
+async def test_a_restarted_operator_does_not_retry_a_failed_proxy_until_its_inputs_change(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """The Failed verdict survives a restart (it is in status): a permanent create failure (a bad image
+    is downloaded whole before its checksum fails) is not run again by each new process or leader."""
+    await fail_once(kube, provider, proxy_server, make_controller)
     creates = sum(1 for op, _ in provider.calls if op == "create")
     assert creates == 1
     assert "v1" not in kube.status(KEY)["failedProviders"]  # a tag, not the file's digest
@@ -124,16 +131,7 @@ async def test_a_restarted_operator_counts_a_proxy_that_stays_failed(
         kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
     """A pass that leaves a Failed Proxy alone (its inputs unchanged) still counts it in
     `egress_kvm_proxies`: the new process never writes its status, yet it is a Failed Proxy."""
-    from egress_kvm.providers.base import PermanentError
-
-    async def bad_image(request, *, progress=None):  # type: ignore[no-untyped-def]
-        raise PermanentError("image 'debian-13': sha256 mismatch")
-
-    provider.create = bad_image  # type: ignore[method-assign]
-    first = make_controller({"kvm-home": provider}, providers_hash="v1")
-    kube.create_proxy("px1", spec_for(proxy_server))
-    await eventually(lambda: phase(kube) == "Failed")
-    await first.stop(timeout=1.0)
+    await fail_once(kube, provider, proxy_server, make_controller)
     writes = kube.status_writes
 
     second = make_controller({"kvm-home": provider}, providers_hash="v1")
