@@ -176,6 +176,7 @@ class Api:
         self._on_create(rt, obj)
         self._track(rt, None, obj, change or Change(manager or "unknown", base=sent))
         if dry_run:
+            _own_ownership(obj)
             return obj, warnings
         stored = self.store.put(rt.key, obj, event="ADDED", adopt=True)  # obj: this call's own copy
         if rt.key == CRD_KEY:
@@ -530,7 +531,9 @@ class Api:
         name = current["metadata"]["name"]
         if subresource == "status":
             # current's own status is replaced: copy the rest only (None keeps status's place in the keys)
-            new: Obj = {k: None if k == "status" else clone(v) for k, v in current.items()}
+            # (metadata.managedFields is not copied: the loop below replaces it)
+            new: Obj = {k: None if k == "status" else _clone_meta(v) if k == "metadata" else clone(v)
+                        for k, v in current.items()}
             if "status" in obj:
                 new["status"] = obj["status"]
             else:
@@ -543,11 +546,14 @@ class Api:
                 else:
                     new.pop("status", None)
         meta, old_meta = new["metadata"], current["metadata"]
+        shared_ownership = not _defaults_reach_metadata(rt)
         for k in _SERVER_META:
             if k in old_meta:
-                # A copy even of managedFields, which _track replaces: defaulting `new` can reach into it
-                # (a root additionalProperties schema applies to metadata), and `old_meta` is the stored one.
-                meta[k] = clone(old_meta[k])
+                # managedFields only holds its place until _track replaces it (record reads the stored
+                # list, not this one), so it is the stored list itself unless defaulting `new` can reach
+                # into it (a root additionalProperties schema applies to metadata): then a copy.
+                shared = k == "managedFields" and shared_ownership
+                meta[k] = old_meta[k] if shared else clone(old_meta[k])
             else:
                 meta.pop(k, None)
         if old_meta.get("deletionTimestamp"):
@@ -578,6 +584,7 @@ class Api:
         if self._same(current, new):
             return self.served(rt, clone(current)), warnings
         if dry_run:
+            _own_ownership(new)
             return self.served(rt, new), warnings
         if meta.get("deletionTimestamp") and not meta.get("finalizers") and self._may_vanish(rt, new):
             final = self.store.remove(rt.key, new, adopt=True)  # new: this write's own copy
@@ -855,6 +862,26 @@ class Api:
                 v["name"] for v in (crd.get("spec") or {}).get("versions") or [] if v.get("storage")
             ],
         }
+
+
+def _defaults_reach_metadata(rt: ResourceType) -> bool:
+    """Whether defaulting an object of this type can write into its metadata: a root schema whose
+    `additionalProperties` applies to `metadata` (no `metadata` property)."""
+    root = rt.schema if rt.custom and isinstance(rt.schema, dict) else {}
+    return isinstance(root.get("additionalProperties"), dict) and "metadata" not in (root.get("properties") or {})
+
+
+def _clone_meta(meta: Obj) -> Obj:
+    """A copy of stored metadata whose managedFields is the stored list itself (only to be replaced)."""
+    return {k: v if k == "managedFields" else clone(v) for k, v in meta.items()}
+
+
+def _own_ownership(obj: Obj) -> None:
+    """A copy of the managedFields `_track` set, for an object handed out unstored (a dry run): that list
+    shares parts with stored objects (fieldmanager.record)."""
+    meta = obj["metadata"]
+    if "managedFields" in meta:
+        meta["managedFields"] = clone(meta["managedFields"])
 
 
 def _check_sent_ownership(meta: Obj) -> None:

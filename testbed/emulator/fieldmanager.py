@@ -221,15 +221,34 @@ def values_at(obj: Any, paths: list[Path]) -> dict[Path, Any]:
 
 
 def to_fields_v1(paths: set[Path]) -> Obj:
-    """The fieldsV1 tree of a field set: a fresh copy of one built once per distinct set (every Proxy's
-    status entry has the same set), since building means sorting all its paths."""
-    tree: Obj = clone(_fields_tree(frozenset(paths)))
+    """The fieldsV1 tree of a field set, as a fresh copy the caller may change."""
+    tree: Obj = clone(shared_fields_v1(frozenset(paths)))
     return tree
 
 
-@lru_cache(maxsize=1024)
+_TREES_MAX = 1024
+# Each distinct field set's fieldsV1 tree, built once (building sorts all its paths) and shared by every
+# stored entry with that set (every Proxy's status entry has the same one), and the way back from such a
+# tree (by identity; the entry holds the tree, so its id is not reused while it is here) to its set.
+_trees: dict[frozenset[Path], Obj] = {}
+_tree_paths: dict[int, tuple[Obj, frozenset[Path]]] = {}
+
+
+def shared_fields_v1(paths: frozenset[Path]) -> Obj:
+    """The fieldsV1 tree of `paths`, shared: only for stored objects, which are never changed in place
+    (store.py); whatever hands one out to a caller that may change it copies it first."""
+    tree = _trees.get(paths)
+    if tree is None:
+        tree = _fields_tree(paths)
+        if len(_trees) >= _TREES_MAX:
+            evicted = _trees.pop(next(iter(_trees)))
+            _tree_paths.pop(id(evicted), None)
+        _trees[paths] = tree
+        _tree_paths[id(tree)] = (tree, paths)
+    return tree
+
+
 def _fields_tree(paths: frozenset[Path]) -> Obj:
-    """Shared by the cache: never handed out uncopied."""
     tree: Obj = {}
     prefixes = {p[:i] for p in paths for i in range(1, len(p))}
     for p in sorted(paths):
@@ -239,6 +258,14 @@ def _fields_tree(paths: frozenset[Path]) -> Obj:
         if p in prefixes:
             node["."] = {}
     return tree
+
+
+def _paths_of(tree: Obj) -> set[Path]:
+    """`from_fields_v1` of a stored entry's tree; a tree `shared_fields_v1` built is not parsed again."""
+    hit = _tree_paths.get(id(tree))
+    if hit is not None and hit[0] is tree:
+        return set(hit[1])
+    return from_fields_v1(tree)
 
 
 def from_fields_v1(tree: Obj, prefix: Path = ()) -> set[Path]:
@@ -267,15 +294,18 @@ def entries(meta: Obj) -> list[Entry]:
         except ValueError:
             continue
         out.append(Entry(m["manager"], op, m.get("apiVersion", ""), m.get("subresource", ""),
-                         m.get("time", ""), from_fields_v1(m.get("fieldsV1") or {})))
+                         m.get("time", ""), _paths_of(m.get("fieldsV1") or {})))
     return out
 
 
-def serialize(items: list[Entry]) -> list[Obj]:
+def serialize(items: list[Entry], *, shared: bool = False) -> list[Obj]:
+    """managedFields as stored. `shared`: the fieldsV1 trees are `shared_fields_v1`'s, not copies: only
+    for a list that goes into a stored object (see `record`)."""
     out = []
     for e in items:
+        tree = shared_fields_v1(frozenset(e.paths)) if shared else to_fields_v1(e.paths)
         m: Obj = {"manager": e.manager, "operation": e.operation.value, "apiVersion": e.api_version,
-                  "time": e.time, "fieldsType": "FieldsV1", "fieldsV1": to_fields_v1(e.paths)}
+                  "time": e.time, "fieldsType": "FieldsV1", "fieldsV1": tree}
         if e.subresource:
             m["subresource"] = e.subresource
         out.append(m)
@@ -569,7 +599,11 @@ def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api
            status_subresource: bool, now: str) -> list[Obj]:
     """`new`'s managedFields after `change`: the writer's entry gains what it changed (Update) or is the
     applied set (Apply); other entries lose what it took and every entry loses fields that are gone.
-    When nothing but times would change, the old list is kept as it was."""
+    When nothing but times would change, the old list is kept as it was (itself, not a copy).
+
+    The list returned is for storing: it shares parts with stored objects (the fieldsV1 trees are
+    `shared_fields_v1`'s, or it is the old list), which are never changed in place; a caller that hands it
+    out unstored (a dry run) copies it first."""
     old_meta = (old or {}).get("metadata") or {}
     if change.base is not None:
         old_meta = {**old_meta, "managedFields": change.base}
@@ -613,9 +647,9 @@ def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api
         unchanged = mine is not None and mine.paths == paths and mine.api_version == api_version
         after.append(Entry(change.manager, change.operation, api_version, sub,
                            mine.time if unchanged and mine else now, paths))
-    result = serialize(after)
+    result = serialize(after, shared=True)
     if _same_but_times(result, old_meta.get("managedFields") or []):
-        kept: list[Obj] = clone(old_meta.get("managedFields") or [])
+        kept: list[Obj] = old_meta.get("managedFields") or []
         return kept
     return result
 
