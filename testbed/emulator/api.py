@@ -22,6 +22,7 @@ import json
 import random
 import re
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -69,12 +70,35 @@ def _rfc3339_seconds(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class _Encodings:
+    """The JSON text of recently served stored objects, per (object, resource type): a write's response,
+    its watch event (for every watcher) and the GETs after it send the same text, encoded once. Keyed by
+    the stored dict and the type themselves (identity, both held here so their ids are not reused): a
+    stored object never changes in place (store.py), and a CRD change makes new ResourceTypes."""
+
+    def __init__(self, size: int = 2048) -> None:
+        self._size = size
+        self._texts: OrderedDict[tuple[int, int], tuple[Obj, ResourceType, str]] = OrderedDict()
+
+    def get(self, rt: ResourceType, obj: Obj, encode: Callable[[], str]) -> str:
+        key = (id(obj), id(rt))
+        hit = self._texts.get(key)
+        if hit is not None and hit[0] is obj and hit[1] is rt:
+            return hit[2]
+        text = encode()
+        self._texts[key] = (obj, rt, text)
+        if len(self._texts) > self._size:
+            self._texts.popitem(last=False)
+        return text
+
+
 class Api:
     """One emulated cluster's objects and verbs. Methods raise ApiError as the real server answers."""
 
     def __init__(self, store: Store | None = None, *, clock: Callable[[], datetime] | None = None) -> None:
         self.store = store or Store()
         self.registry = Registry()
+        self._encodings = _Encodings()
         self._clock = clock or (lambda: datetime.now(UTC))
         namespaces = self.resource("", "v1", "namespaces")
         for ns in INITIAL_NAMESPACES:
@@ -122,6 +146,37 @@ class Api:
         if rt.custom and rt.schema:
             schema.apply_defaults(obj, rt.schema)
         return obj
+
+    def encoded(self, rt: ResourceType, stored: Obj) -> str:
+        """The compact JSON text of `served(rt, copy of stored)` for a stored object (one `Store.peek` or
+        an event hands out), encoded once per object and type (`_Encodings`); `stored` is not changed."""
+
+        def encode() -> str:
+            if rt.custom and rt.schema and schema.lacks_defaults(stored, rt.schema):
+                served = self.served(rt, clone(stored))
+            else:  # only apiVersion and kind change: a shallow copy, encoded at once, never changed
+                served = {**stored, "apiVersion": rt.api_version, "kind": rt.kind}
+            return json.dumps(served, separators=(",", ":"))
+
+        return self._encodings.get(rt, stored, encode)
+
+    def get_encoded(self, rt: ResourceType, ns: str, name: str) -> str:
+        """`get`, as the JSON text of what it returns (without copying the stored object)."""
+        obj = self.store.peek(rt.key, ns if rt.namespaced else "", name)
+        if obj is None:
+            raise errors.not_found(rt.group_resource, name)
+        return self.encoded(rt, obj)
+
+    def stored_encoded(self, rt: ResourceType, served: Obj) -> str | None:
+        """The JSON text of `served`, an object a write just returned, when it is the stored object as
+        served (the same resourceVersion is stored: it was stored or left unchanged by the write; a dry
+        run's object is not, and its caller must not ask); else None."""
+        meta = served.get("metadata") or {}
+        ns = meta.get("namespace", "") if rt.namespaced else ""
+        stored = self.store.peek(rt.key, ns, meta.get("name", ""))
+        if stored is None or stored["metadata"].get("resourceVersion") != meta.get("resourceVersion"):
+            return None
+        return self.encoded(rt, stored)
 
     # --- create ------------------------------------------------------------------------------
     def create(
@@ -868,7 +923,8 @@ def _defaults_reach_metadata(rt: ResourceType) -> bool:
     """Whether defaulting an object of this type can write into its metadata: a root schema whose
     `additionalProperties` applies to `metadata` (no `metadata` property)."""
     root = rt.schema if rt.custom and isinstance(rt.schema, dict) else {}
-    return isinstance(root.get("additionalProperties"), dict) and "metadata" not in (root.get("properties") or {})
+    props = root.get("properties") or {}
+    return isinstance(root.get("additionalProperties"), dict) and "metadata" not in props
 
 
 def _clone_meta(meta: Obj) -> Obj:

@@ -55,6 +55,25 @@ def _json(data: Any, status: int = 200, warnings: list[str] | None = None) -> we
     return resp
 
 
+def _json_text(text: str, status: int = 200, warnings: list[str] | None = None) -> web.Response:
+    """`_json` of data already encoded (`Api.encoded`)."""
+    resp = web.Response(status=status, text=text, content_type="application/json")
+    for w in warnings or []:
+        resp.headers.add("Warning", f"299 - {json.dumps(w)}")
+    return resp
+
+
+def _written(request: web.Request, api: Api, rt: ResourceType, obj: Obj, status: int, warnings: list[str],
+             dry_run: bool) -> web.Response:
+    """The answer to a write: the stored object's text, encoded once for the answer and its watch event
+    (`Api.stored_encoded`) when the plain object is asked for and stored; else `obj` rendered."""
+    if not dry_run and not _accepts_table(request) and not _accepts_partial(request):
+        text = api.stored_encoded(rt, obj)
+        if text is not None:
+            return _json_text(text, status, warnings)
+    return _json(_render_one(request, api, rt, obj), status, warnings)
+
+
 def _not_found() -> web.Response:
     return _json(ApiError(404, "NotFound", "the server could not find the requested resource").status(), 404)
 
@@ -242,7 +261,7 @@ async def _resource(request: web.Request) -> web.StreamResponse:
                 manager=writer,
                 owned=_fresh_json(request),
             )
-            return _json(_render_one(request, api, rt, obj), 201, warnings)
+            return _written(request, api, rt, obj, 201, warnings, dry_run)
         if method == "DELETE":
             deleted = api.delete_collection(
                 rt, ns, label_selector=q.get("labelSelector"), field_selector=q.get("fieldSelector")
@@ -259,6 +278,8 @@ async def _resource(request: web.Request) -> web.StreamResponse:
     if rt.namespaced and ns is None:
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
     if method == "GET":
+        if not _accepts_table(request) and not _accepts_partial(request):
+            return _json_text(api.get_encoded(rt, ns or "", name))
         return _json(_render_one(request, api, rt, api.get(rt, ns or "", name)))
     if method == "PUT":
         obj, warnings = api.update(
@@ -272,7 +293,7 @@ async def _resource(request: web.Request) -> web.StreamResponse:
             manager=writer,
             owned=_fresh_json(request),
         )
-        return _json(_render_one(request, api, rt, obj), 200, warnings)
+        return _written(request, api, rt, obj, 200, warnings, dry_run)
     if method == "PATCH":
         apply = request.content_type == "application/apply-patch+yaml"
         existed = apply and api.store.peek(rt.key, (ns or "") if rt.namespaced else "", name) is not None
@@ -289,7 +310,7 @@ async def _resource(request: web.Request) -> web.StreamResponse:
             force=q.get("force", "").lower() in ("1", "true"),
         )
         status = 201 if apply and not existed else 200  # an apply that creates answers as a create
-        return _json(_render_one(request, api, rt, obj), status, warnings)
+        return _written(request, api, rt, obj, status, warnings, dry_run)
     if method == "DELETE":
         if sub:
             raise method_not_allowed()
