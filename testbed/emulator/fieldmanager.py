@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import OrderedDict
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -113,39 +115,49 @@ def _key_element(item: Obj, keys: list[str]) -> str:
     return "k:" + json.dumps({k: item.get(k) for k in keys}, separators=(",", ":"), sort_keys=True)
 
 
-def _walk(value: Any, schema: Obj | None, path: Path, out: set[Path]) -> None:
+def _walk(value: Any, schema: Obj | None, path: Path, out: set[Path], holders: set[Path]) -> None:
+    """Adds the paths `value` sets under `path` to `out`, and those that hold others to `holders`."""
     if isinstance(value, dict) and value:
         if path:
             out.add(path)
+            holders.add(path)
         for k, v in value.items():
-            _walk(v, _child_schema(schema, k), (*path, f"f:{k}"), out)
+            _walk(v, _child_schema(schema, k), (*path, f"f:{k}"), out, holders)
         return
     if isinstance(value, list) and value:
         keys = _list_keys(schema, path, value)
         item_schema = schema.get("items") if isinstance(schema, dict) else None
         if keys == "set":
             out.add(path)
+            holders.add(path)
             for v in value:
                 out.add((*path, "v:" + json.dumps(v, separators=(",", ":"), sort_keys=True)))
             return
         if isinstance(keys, list) and keys and all(isinstance(v, dict) for v in value):
             out.add(path)
+            holders.add(path)
             for item in value:
                 element = (*path, _key_element(item, keys))
                 out.add(element)
+                if item:
+                    holders.add(element)
                 for k, v in item.items():
-                    _walk(v, _child_schema(item_schema, k), (*element, f"f:{k}"), out)
+                    _walk(v, _child_schema(item_schema, k), (*element, f"f:{k}"), out, holders)
             return
     out.add(path)  # a scalar, an empty object or list, an atomic list
 
 
 def field_set(obj: Obj, schema: Obj | None, *, subresource: str = "",
-              status_subresource: bool = False, out: set[Path] | None = None) -> set[Path]:
+              status_subresource: bool = False, out: set[Path] | None = None,
+              holders: set[Path] | None = None) -> set[Path]:
     """Every path the object sets, without identity and server-set metadata; with a status subresource,
     only `.status` for a status write and everything but `.status` for a write to the main resource.
-    With `out`, the paths are added to it (and it is returned)."""
+    With `out`, the paths are added to it (and it is returned); with `holders`, the paths that are a
+    prefix of another (`out` less them is `_leaves(out)`) are added to that."""
     if out is None:
         out = set()
+    if holders is None:
+        holders = set()
     for k, v in obj.items():
         if k in ("apiVersion", "kind"):
             continue
@@ -154,10 +166,41 @@ def field_set(obj: Obj, schema: Obj | None, *, subresource: str = "",
         if k == "metadata" and isinstance(v, dict):
             meta = {mk: mv for mk, mv in v.items() if mk not in _SKIP_META}
             if meta:
-                _walk(meta, None, ("f:metadata",), out)
+                _walk(meta, None, ("f:metadata",), out, holders)
             continue
-        _walk(v, _child_schema(schema, k), (f"f:{k}",), out)
+        _walk(v, _child_schema(schema, k), (f"f:{k}",), out, holders)
     return out
+
+
+@dataclass(frozen=True)
+class _Part:
+    """The field set of one part of an object (the main resource or its status, or all of it without a
+    status subresource), and its leaves (paths no other path extends)."""
+
+    paths: frozenset[Path]
+    leaves: frozenset[Path]
+
+
+_PARTS_MAX = 4096
+# Parts of recently recorded objects, by the object's and schema's identity (both held, so their ids are
+# not reused while here): the object a write stores is the next write's old object, whose fields would
+# otherwise be walked again. Only for objects never changed in place once recorded: stored ones.
+_parts: OrderedDict[tuple[int, int, str, bool], tuple[Obj, Obj | None, _Part]] = OrderedDict()
+
+
+def _part(obj: Obj, schema: Obj | None, subresource: str, status_subresource: bool) -> _Part:
+    key = (id(obj), id(schema), subresource, status_subresource)
+    hit = _parts.get(key)
+    if hit is not None and hit[0] is obj and hit[1] is schema:
+        return hit[2]
+    holders: set[Path] = set()
+    paths = field_set(obj, schema, subresource=subresource, status_subresource=status_subresource,
+                      holders=holders)
+    part = _Part(frozenset(paths), frozenset(paths - holders))
+    _parts[key] = (obj, schema, part)
+    if len(_parts) > _PARTS_MAX:
+        _parts.popitem(last=False)
+    return part
 
 
 def _leaves(paths: set[Path]) -> set[Path]:
@@ -609,20 +652,21 @@ def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api
         old_meta = {**old_meta, "managedFields": change.base}
     before = entries(old_meta)
     sub = change.subresource
-    new_paths = field_set(new, schema, subresource=sub, status_subresource=status_subresource)
+    # `new` is stored after this (or dropped): its parts are the next write's old ones (`_part`).
+    written = _part(new, schema, sub, status_subresource)
+    new_paths, leaves = written.paths, written.leaves
     # Everything set on the object, main resource and status, to drop fields that no longer exist: the
-    # write's side plus the other side (each top-level field is walked once).
-    everywhere = field_set(new, schema, subresource="" if sub == "status" else "status",
-                           status_subresource=True, out=set(new_paths)) if status_subresource else new_paths
-    everywhere_leaves = _leaves(everywhere)
+    # write's side plus the other side (disjoint top-level fields, so the leaves are each side's).
+    if status_subresource:
+        other = _part(new, schema, "" if sub == "status" else "status", True)
+        everywhere, everywhere_leaves = new_paths | other.paths, leaves | other.leaves
+    else:
+        everywhere, everywhere_leaves = new_paths, leaves
     if change.operation is Operation.APPLY:
         taken = set(change.applied) & everywhere
         taken_from_others = set(change.taken)
     else:
-        old_paths = field_set(old, schema, subresource=sub, status_subresource=status_subresource) \
-            if old else set()
-        # new_paths holds whole top-level fields of everywhere, so its leaves are everywhere's in it.
-        leaves = {p for p in new_paths if p in everywhere_leaves}
+        old_paths = _part(old, schema, sub, status_subresource).paths if old else frozenset()
         compared = [p for p in new_paths if p in old_paths and p in leaves]
         old_values, new_values = values_at(old, compared), values_at(new, compared)
         taken = {p for p in new_paths if p not in old_paths
@@ -654,7 +698,7 @@ def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api
     return result
 
 
-def _settle(paths: set[Path], everywhere: set[Path], leaves: set[Path]) -> set[Path]:
+def _settle(paths: set[Path], everywhere: AbstractSet[Path], leaves: AbstractSet[Path]) -> set[Path]:
     """Only fields the object still has; an object or list whose owned fields all went elsewhere is no
     longer owned (it would read as owning the whole value). `leaves` is `_leaves(everywhere)`."""
     paths = paths & everywhere
