@@ -23,7 +23,8 @@ import random
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -99,6 +100,7 @@ class Api:
         self.store = store or Store()
         self.registry = Registry()
         self._encodings = _Encodings()
+        self._stored_answers = False
         self._clock = clock or (lambda: datetime.now(UTC))
         namespaces = self.resource("", "v1", "namespaces")
         for ns in INITIAL_NAMESPACES:
@@ -146,6 +148,22 @@ class Api:
         if rt.custom and rt.schema:
             schema.apply_defaults(obj, rt.schema)
         return obj
+
+    @contextmanager
+    def stored_answers(self) -> Iterator[None]:
+        """Within it, a create, update or patch that stores an object returns the stored dict itself, as
+        stored (not `served`), instead of a served copy: for the HTTP server, which only encodes it
+        (`stored_encoded`), so the copy would be made for nothing. The caller must not change it."""
+        self._stored_answers = True
+        try:
+            yield
+        finally:
+            self._stored_answers = False
+
+    def _answer(self, rt: ResourceType, stored: Obj) -> Obj:
+        """What a write that stored `stored` returns: `Store.put`'s copy, served; the stored dict itself
+        within `stored_answers` (put made no copy then)."""
+        return stored if self._stored_answers else self.served(rt, stored)
 
     def encoded(self, rt: ResourceType, stored: Obj) -> str:
         """The compact JSON text of `served(rt, copy of stored)` for a stored object (one `Store.peek` or
@@ -233,10 +251,11 @@ class Api:
         if dry_run:
             _own_ownership(obj)
             return obj, warnings
-        stored = self.store.put(rt.key, obj, event="ADDED", adopt=True)  # obj: this call's own copy
+        # obj: this call's own copy
+        stored = self.store.put(rt.key, obj, event="ADDED", adopt=True, copy=not self._stored_answers)
         if rt.key == CRD_KEY:
             self._rebuild_registry()
-        return self.served(rt, stored), warnings
+        return self._answer(rt, stored), warnings
 
     def _check_body(self, rt: ResourceType, body: Any, *, owned: bool = False) -> Obj:
         if not isinstance(body, dict):
@@ -645,10 +664,10 @@ class Api:
             final = self.store.remove(rt.key, new, adopt=True)  # new: this write's own copy
             self._after_remove(rt, final)
             return self.served(rt, final), warnings
-        stored = self.store.put(rt.key, new, event="MODIFIED", adopt=True)
+        stored = self.store.put(rt.key, new, event="MODIFIED", adopt=True, copy=not self._stored_answers)
         if rt.key == CRD_KEY:
             self._rebuild_registry()
-        return self.served(rt, stored), warnings
+        return self._answer(rt, stored), warnings
 
     @staticmethod
     def _same(a: Obj, b: Obj) -> bool:

@@ -94,9 +94,10 @@ class Store:
         self._rv += 1
         return self._rv
 
-    def put(self, key: TypeKey, obj: Obj, *, event: str, adopt: bool = False) -> Obj:
+    def put(self, key: TypeKey, obj: Obj, *, event: str, adopt: bool = False, copy: bool = True) -> Obj:
         """Store `obj` under a fresh resourceVersion and publish `event`; returns a copy of it. With
-        `adopt`, `obj` itself is stored (the caller hands it over and must not use it again)."""
+        `adopt`, `obj` itself is stored (the caller hands it over and must not use it again). Without
+        `copy`, the stored object itself is returned: to be read only, as `peek`'s."""
         meta = obj["metadata"]
         ident = (meta.get("namespace", ""), meta["name"])
         old = self._objects.get(key, {}).get(ident)
@@ -105,7 +106,7 @@ class Store:
         stored["metadata"]["resourceVersion"] = str(rv)
         self._objects.setdefault(key, {})[ident] = stored
         self._publish(Event(event, key, stored, old, rv))
-        return clone(stored)
+        return clone(stored) if copy else stored
 
     def remove(self, key: TypeKey, obj: Obj, *, adopt: bool = False) -> Obj:
         """Delete for good; the DELETED event carries the final state under a new resourceVersion. With

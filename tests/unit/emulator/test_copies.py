@@ -214,3 +214,24 @@ def test_defaults_reaching_into_metadata_change_no_stored_managed_fields(
     api.update(widgets, "default", "w", w, manager="b")
     api.patch(widgets, "default", "w", MERGE, {"spec": {"size": 3}}, manager="c")
     assert recorded.changed() == []
+
+
+def test_stored_answers_hand_out_the_stored_object_only_within_and_only_for_stored_writes(
+    api: Api, proxies: ResourceType
+) -> None:
+    """The HTTP server's mode (Api.stored_answers): a write that stores returns the stored dict itself,
+    to be encoded, not copied; outside it, and after a write refused within it, callers get copies."""
+    with api.stored_answers():
+        created, _ = api.create(proxies, "default", proxy("a"), manager="op")
+        assert created is api.store.peek(proxies.key, "default", "a")
+        with pytest.raises(ApiError):
+            api.create(proxies, "default", proxy("a"), manager="op")  # exists: 409
+    copied, _ = api.create(proxies, "default", proxy("b"), manager="op")
+    assert copied is not api.store.peek(proxies.key, "default", "b")
+    with pytest.raises(ApiError), api.stored_answers():
+        api.update(proxies, "default", "a", {**created, "metadata": {"name": "a"}}, manager="op")  # no rv
+    changed = copy.deepcopy(created)
+    changed["spec"]["port"] = 8080
+    updated, _ = api.update(proxies, "default", "a", changed, manager="other")
+    assert updated is not api.store.peek(proxies.key, "default", "a") and updated["spec"]["port"] == 8080
+    assert updated == api.get(proxies, "default", "a")
