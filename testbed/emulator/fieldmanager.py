@@ -197,10 +197,14 @@ def _part(obj: Obj, schema: Obj | None, subresource: str, status_subresource: bo
     paths = field_set(obj, schema, subresource=subresource, status_subresource=status_subresource,
                       holders=holders)
     part = _Part(frozenset(paths), frozenset(paths - holders))
-    _parts[key] = (obj, schema, part)
+    _remember(obj, schema, subresource, status_subresource, part)
+    return part
+
+
+def _remember(obj: Obj, schema: Obj | None, subresource: str, status_subresource: bool, part: _Part) -> None:
+    _parts[(id(obj), id(schema), subresource, status_subresource)] = (obj, schema, part)
     if len(_parts) > _PARTS_MAX:
         _parts.popitem(last=False)
-    return part
 
 
 def _leaves(paths: set[Path]) -> set[Path]:
@@ -638,6 +642,62 @@ def _remove(obj: Obj, path: Path) -> None:
         parent[:] = [x for x in parent if x != v]
 
 
+def _changed(old: Any, new: Any, paths: list[Path]) -> set[Path]:
+    """Those of `paths` whose value differs between `old` and `new`: `values_at` of both, compared, but
+    a value under an equal prefix (an unchanged condition, the whole spec of a status write) is not
+    looked up: equal there means equal below."""
+    old_at: dict[Path, Any] = {(): old}
+    new_at: dict[Path, Any] = {(): new}
+    equal: dict[Path, bool] = {}
+
+    def value(memo: dict[Path, Any], path: Path) -> Any:
+        found = memo.get(path, memo)
+        if found is memo:
+            parent = value(memo, path[:-1])
+            found = MISSING if parent is MISSING else _step(parent, path[-1])
+            memo[path] = found
+        return found
+
+    out = set()
+    for p in paths:
+        for i in range(1, len(p) + 1):
+            prefix = p[:i]
+            same = equal.get(prefix)
+            if same is None:
+                same = equal[prefix] = value(old_at, prefix) == value(new_at, prefix)
+            if same:
+                break
+        else:
+            out.add(p)
+    return out
+
+
+def _part_content(obj: Obj, subresource: str, status_subresource: bool) -> Obj:
+    """What `field_set` reads of one part of `obj` (its result is a function of this, and the schema)."""
+    out = {}
+    for k, v in obj.items():
+        if k in ("apiVersion", "kind"):
+            continue
+        if status_subresource and (k == "status") != (subresource == "status"):
+            continue
+        if k == "metadata" and isinstance(v, dict):
+            v = {mk: mv for mk, mv in v.items() if mk not in _SKIP_META}
+        out[k] = v
+    return out
+
+
+def _part_after(old: Obj | None, new: Obj, schema: Obj | None, subresource: str,
+                status_subresource: bool) -> _Part:
+    """`_part` of `new`, taken from `old` when that part of it is equal (compared, not walked), and kept
+    for `new` (it is the next write's old object)."""
+    if old is not None and _part_content(old, subresource, status_subresource) == _part_content(
+            new, subresource, status_subresource):
+        part = _part(old, schema, subresource, status_subresource)
+        _remember(new, schema, subresource, status_subresource, part)
+        return part
+    return _part(new, schema, subresource, status_subresource)
+
+
 def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api_version: str,
            status_subresource: bool, now: str) -> list[Obj]:
     """`new`'s managedFields after `change`: the writer's entry gains what it changed (Update) or is the
@@ -653,12 +713,13 @@ def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api
     before = entries(old_meta)
     sub = change.subresource
     # `new` is stored after this (or dropped): its parts are the next write's old ones (`_part`).
-    written = _part(new, schema, sub, status_subresource)
+    written = _part_after(old, new, schema, sub, status_subresource)
     new_paths, leaves = written.paths, written.leaves
     # Everything set on the object, main resource and status, to drop fields that no longer exist: the
-    # write's side plus the other side (disjoint top-level fields, so the leaves are each side's).
+    # write's side plus the other side (disjoint top-level fields, so the leaves are each side's). The
+    # other side is usually unchanged (a status write copies the rest): then it is the old object's.
     if status_subresource:
-        other = _part(new, schema, "" if sub == "status" else "status", True)
+        other = _part_after(old, new, schema, "" if sub == "status" else "status", True)
         everywhere, everywhere_leaves = new_paths | other.paths, leaves | other.leaves
     else:
         everywhere, everywhere_leaves = new_paths, leaves
@@ -667,10 +728,8 @@ def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api
         taken_from_others = set(change.taken)
     else:
         old_paths = _part(old, schema, sub, status_subresource).paths if old else frozenset()
-        compared = [p for p in new_paths if p in old_paths and p in leaves]
-        old_values, new_values = values_at(old, compared), values_at(new, compared)
-        taken = {p for p in new_paths if p not in old_paths
-                 or (p in leaves and old_values[p] != new_values[p])}
+        changed = _changed(old, new, [p for p in new_paths if p in old_paths and p in leaves])
+        taken = {p for p in new_paths if p not in old_paths or p in changed}
         taken_from_others = taken
     ident = (change.manager, change.operation, sub)
     after: list[Entry] = []
