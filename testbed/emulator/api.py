@@ -93,6 +93,25 @@ class _Encodings:
         return text
 
 
+class _Validated:
+    """Objects that validated against a schema, by identity (both held, so their ids are not reused):
+    a custom resource's fields but metadata do not change between validation and storing, and a stored
+    object never changes, so a stored one found here holds no violation of that schema in them."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._seen: OrderedDict[tuple[int, int], tuple[Obj, Obj]] = OrderedDict()
+
+    def add(self, obj: Obj, schema: Obj) -> None:
+        self._seen[(id(obj), id(schema))] = (obj, schema)
+        if len(self._seen) > self._size:
+            self._seen.popitem(last=False)
+
+    def holds(self, obj: Obj, schema: Obj) -> bool:
+        hit = self._seen.get((id(obj), id(schema)))
+        return hit is not None and hit[0] is obj and hit[1] is schema
+
+
 class Api:
     """One emulated cluster's objects and verbs. Methods raise ApiError as the real server answers."""
 
@@ -100,6 +119,7 @@ class Api:
         self.store = store or Store()
         self.registry = Registry()
         self._encodings = _Encodings()
+        self._validated = _Validated()
         self._stored_answers = False
         self._clock = clock or (lambda: datetime.now(UTC))
         namespaces = self.resource("", "v1", "namespaces")
@@ -321,9 +341,12 @@ class Api:
             ]
         return []
 
-    def _apply_schema(self, rt: ResourceType, obj: Obj, field_validation: str) -> list[str]:
+    def _apply_schema(self, rt: ResourceType, obj: Obj, field_validation: str, old: Obj | None = None
+                      ) -> list[str]:
         """Default, prune, validate. Returns warnings for pruned fields (fieldValidation=Warn, the
-        default); Strict refuses them as the real server does."""
+        default); Strict refuses them as the real server does. `old`: the stored object a write starts
+        from; its fields that `obj` has unchanged are not validated again if it validated against this
+        schema (`_Validated`)."""
         if not rt.custom or not rt.schema:
             return []
         schema.apply_defaults(obj, rt.schema)
@@ -333,9 +356,14 @@ class Api:
                 f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: strict decoding '
                 "error: " + ", ".join(f'unknown field "{p}"' for p in dropped)
             )
-        errs = schema.validate(obj, rt.schema)
+        valid: set[str] = set()
+        if old is not None and self._validated.holds(old, rt.schema):
+            # metadata changes after this (managedFields, generation): never taken as validated
+            valid = {k for k, v in obj.items() if k != "metadata" and k in old and old[k] == v}
+        errs = schema.validate(obj, rt.schema, valid_keys=valid)
         if errs:
             raise errors.invalid(rt.group_kind, (obj.get("metadata") or {}).get("name", ""), errs)
+        self._validated.add(obj, rt.schema)
         if field_validation == "Ignore":
             return []
         return [f'unknown field "{p}"' for p in dropped]
@@ -645,7 +673,7 @@ class Api:
                         )
                     ],
                 )
-        warnings = self._apply_schema(rt, new, field_validation)
+        warnings = self._apply_schema(rt, new, field_validation, old=current)
         self._fold_string_data(rt, new)
         if rt.key == CRD_KEY:
             self._check_crd(new, old=current)

@@ -233,3 +233,33 @@ def test_a_crd_may_not_describe_or_restrict_the_roots_metadata() -> None:
     (err,) = check_root_metadata(described, "s")
     assert str(err) == ("s.properties[metadata]: Forbidden: must not specify anything other than name and "
                         "generateName, but metadata is implicitly specified")
+
+
+def test_unchanged_fields_are_validated_again_once_their_crd_changes(api: Api, proxies: ResourceType) -> None:
+    """A write does not validate again the fields it leaves as they were in an object that validated
+    against the same schema (Api._apply_schema); a CRD change makes a new schema, and the emulator, which
+    does not ratchet validation, then refuses a write whose untouched spec the new schema refuses."""
+    obj, _ = api.create(proxies, "default", proxy("a", port=8080), manager="op")
+    status = {**obj, "status": {"phase": "Pending"}}
+    obj, _ = api.update(proxies, "default", "a", status, subresource="status", manager="op")
+    crds = crd_type(api)
+    crd = api.get(crds, "", "proxies.egressproxies.io")
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["properties"]["port"]["maximum"] = 8000
+    api.update(crds, "", "proxies.egressproxies.io", crd)
+    proxies = api.resource("egressproxies.io", "v1alpha1", "proxies")
+    with pytest.raises(ApiError) as e:
+        api.update(proxies, "default", "a", {**obj, "status": {"phase": "Ready"}}, subresource="status",
+                   manager="op")
+    assert e.value.code == 422 and [c["field"] for c in e.value.details["causes"]] == ["spec.port"]
+    # the same write with a spec the new schema takes
+    obj = api.get(proxies, "default", "a")
+    obj["spec"]["port"] = 3128
+    obj, _ = api.update(proxies, "default", "a", obj, manager="op")
+    obj, _ = api.update(proxies, "default", "a", {**obj, "status": {"phase": "Ready"}}, subresource="status",
+                        manager="op")
+    assert obj["status"] == {"phase": "Ready"}
+    # an unchanged spec is not validated again, a changed one is
+    with pytest.raises(ApiError) as e:
+        api.update(proxies, "default", "a", {**obj, "spec": {**obj["spec"], "port": 9000}}, manager="op")
+    assert [c["field"] for c in e.value.details["causes"]] == ["spec.port"]
