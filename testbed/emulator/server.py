@@ -26,7 +26,7 @@ from testbed.emulator.errors import ApiError, bad_request, method_not_allowed
 from testbed.emulator.fieldmanager import manager_from_user_agent
 from testbed.emulator.resources import ResourceType
 from testbed.emulator.selectors import field_matcher, label_matcher
-from testbed.emulator.store import Store, clone
+from testbed.emulator.store import Store
 
 Obj = dict[str, Any]
 
@@ -72,13 +72,12 @@ def _plain(request: web.Request, dry_run: bool) -> bool:
 def _written(request: web.Request, api: Api, rt: ResourceType, obj: Obj, status: int, warnings: list[str],
              plain: bool) -> web.Response:
     """The answer to a write: for a `_plain` one the stored object's text, encoded once for the answer and
-    its watch event (`Api.stored_encoded`), or a served copy of `obj` if it is not the stored state (a
-    write that deleted the object); else `obj` rendered."""
+    its watch event (`Api.stored_encoded`); else, or if `obj` is not the stored state (a write that deleted
+    the object: then the Api returned a served copy, as it does outside `stored_answers`), `obj` rendered."""
     if plain:
         text = api.stored_encoded(rt, obj)
         if text is not None:
             return _json_text(text, status, warnings)
-        return _json(api.served(rt, clone(obj)), status, warnings)
     return _json(_render_one(request, api, rt, obj), status, warnings)
 
 
