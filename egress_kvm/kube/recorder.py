@@ -105,10 +105,6 @@ class EventQueue:
         self._next_drop_log = 0.0
         self._unlogged_drops = 0
 
-    @property
-    def running(self) -> bool:
-        return any(not t.done() for t in self._tasks)
-
     def submit(self, event: PendingEvent) -> bool:
         """Queue `event` for its object's sender; False (and counted) if it was dropped. Never blocks."""
         if self._closed:
@@ -133,13 +129,15 @@ class EventQueue:
         self._closed = True
         if not self._tasks:
             return
-        if timeout > 0 and (self._in_flight or any(q.qsize() for q in self._queues)):
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.flush(), timeout)
-        left = self._in_flight  # cut off mid-write: not known to have arrived
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            if timeout > 0 and (self._in_flight or any(q.qsize() for q in self._queues)):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.flush(), timeout)
+        finally:  # also when the caller is cancelled while draining: no sender outlives close()
+            left = self._in_flight  # cut off mid-write: not known to have arrived
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         for q in self._queues:
             while not q.empty():
                 q.get_nowait()

@@ -253,3 +253,17 @@ async def test_a_kube_client_that_recorded_nothing_starts_no_task() -> None:
         assert senders_left() == []
         await kube.close()
         assert senders_left() == []
+
+
+async def test_a_close_cancelled_while_draining_still_stops_the_senders() -> None:
+    async with events_server() as (server, client):
+        kube = KubeApiClient(client, event_senders=1)
+        server.held.add("p")
+        await kube.record_event(proxy("p"), type_="Normal", reason="A", message="m")
+        await server.until(lambda: server.arrived == ["p"])
+        closing = asyncio.create_task(kube.close(timeout=60))
+        await asyncio.sleep(0)  # closing is now waiting for the held write
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert senders_left() == []
