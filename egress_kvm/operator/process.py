@@ -13,8 +13,8 @@ status written back through KubeApiClient. This module owns only lifetimes:
 - SIGTERM (or SIGINT): the controller stops taking keys and gets --graceful-shutdown-timeout to finish
   what is in flight, then queued Events get a couple of seconds to be written, the watch stops, the lease
   is released (a successor takes over at once), the providers' SSH connections close, and the process
-  exits 0. Losing the lease exits 1, as
-  controller-runtime does: the kubelet restarts us as a fresh candidate.
+  exits 0. Losing the lease exits 1, as controller-runtime does: the kubelet restarts us as a fresh
+  candidate.
 """
 
 from __future__ import annotations
@@ -49,6 +49,15 @@ from .providers_file import LoadedProviders, build, close_all, file_digest, read
 OLD_PROVIDERS_CLOSE_DELAY = 60.0  # reconciles still using replaced providers get this long
 CLUSTER_ID_PATIENCE = 30.0  # how long start-up waits for an API server that is not answering yet
 EVENT_DRAIN_TIMEOUT = 2.0  # queued Events at shutdown: best effort, never worth holding the exit long
+CONTROLLER_EXIT_GRACE = 5.0  # after controller.stop's own timeout, for its task to end
+INFORMER_EXIT_GRACE = 5.0  # for the watch to stop
+
+
+def shutdown_budget(graceful_shutdown_timeout: float) -> float:
+    """The longest a SIGTERM keeps the process up through its bounded steps (lease release and SSH closes
+    come on top): the Deployment's terminationGracePeriodSeconds must exceed it, or the kubelet's SIGKILL
+    cuts the shutdown short (test_operator_deploy checks the manifest against it)."""
+    return graceful_shutdown_timeout + CONTROLLER_EXIT_GRACE + EVENT_DRAIN_TIMEOUT + INFORMER_EXIT_GRACE
 
 
 class Operator:
@@ -255,7 +264,7 @@ class Operator:
                 await self.controller.stop(timeout=0 if lost else self.options.graceful_shutdown_timeout)
             except Exception as exc:
                 self.log.error(exc, "controller stop failed")
-            await _finish(controller_task, grace=5.0)
+            await _finish(controller_task, grace=CONTROLLER_EXIT_GRACE)
         if self.kube is not None:
             # Nothing records Events any more: the queued ones get a short bound, then the senders stop.
             await self.kube.close(timeout=EVENT_DRAIN_TIMEOUT)
@@ -269,7 +278,7 @@ class Operator:
             self.informer.stop()
         informer_task = self._tasks.get("informer")
         if informer_task is not None:
-            await _finish(informer_task, grace=5.0)
+            await _finish(informer_task, grace=INFORMER_EXIT_GRACE)
         if self.elector is not None and not lost:
             await self.elector.release()
         self.log.info("operator stopped")
