@@ -13,8 +13,8 @@ status written back through KubeApiClient. This module owns only lifetimes:
 - SIGTERM (or SIGINT): the controller stops taking keys and gets --graceful-shutdown-timeout to finish
   what is in flight, then queued Events get a couple of seconds to be written, the watch stops, the lease
   is released (a successor takes over at once), the providers' SSH connections close, and the process
-  exits 0. Losing the lease exits 1, as controller-runtime does: the kubelet restarts us as a fresh
-  candidate.
+  exits 0. Losing the lease exits 1, as controller-runtime does (no grace: queued Events are dropped):
+  the kubelet restarts us as a fresh candidate.
 """
 
 from __future__ import annotations
@@ -267,7 +267,9 @@ class Operator:
             await _finish(controller_task, grace=CONTROLLER_EXIT_GRACE)
         if self.kube is not None:
             # Nothing records Events any more: the queued ones get a short bound, then the senders stop.
-            await self.kube.close(timeout=EVENT_DRAIN_TIMEOUT)
+            # After a lost lease none: a successor may already be writing Events about the same Proxies,
+            # and ours, landing after theirs, would tell their story out of order.
+            await self.kube.close(timeout=0 if lost else EVENT_DRAIN_TIMEOUT)
         leader = self._tasks.get("leader")
         if leader is not None:
             await _finish(leader, grace=0)

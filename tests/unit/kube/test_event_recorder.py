@@ -27,6 +27,8 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from egress_kvm.kube.api import KubeApiClient
 from egress_kvm.kube.recorder import EVENT_MESSAGE_MAX, SENDERS, EventQueue, PendingEvent, shard_of
 from egress_kvm.metrics import REGISTRY
+from egress_kvm.operator.flags import Options
+from egress_kvm.operator.process import Operator
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -267,3 +269,24 @@ async def test_a_close_cancelled_while_draining_still_stops_the_senders() -> Non
         with pytest.raises(asyncio.CancelledError):
             await closing
         assert senders_left() == []
+
+
+# --- the operator's shutdown --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("lost", "written"), [
+    (False, [("p", "A"), ("p", "B")]),  # SIGTERM: the queue is written (within its bound), then no sender
+    (True, []),  # lost lease: a successor may be writing about the same Proxies; stop at once, drop the rest
+])
+async def test_the_operators_shutdown_stops_the_senders_draining_only_when_it_still_leads(
+        lost: bool, written: list[tuple[str, str]], tmp_path: Any) -> None:
+    async with events_server() as (server, client):
+        op = Operator(Options(providers_config=str(tmp_path / "unused.yaml")))
+        op.kube = KubeApiClient(client, event_senders=1)
+        # No await that yields between these and the shutdown: both Events are still queued when it starts.
+        for reason in ("A", "B"):
+            await op.kube.record_event(proxy("p"), type_="Normal", reason=reason, message="m")
+        before = dropped("stopped")
+        await op._shutdown(lost=lost)
+        assert senders_left() == []
+        assert server.received == written
+        assert dropped("stopped") == before + 2 - len(written)
