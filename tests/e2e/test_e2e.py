@@ -385,9 +385,10 @@ def test_step5_orphan_gc_removes_a_vm_whose_proxy_vanished(step):
     inst = step.status(FIXME)["instance"]
     name, zone = inst["name"], inst["zone"]
     # Earlier steps may have turned the live Proxies unhealthy on purpose (2b, 2c, 3b): only
-    # Unhealthy Events the restart adds count, so take stock of them first.
-    unhealthy_before = {other: unhealthy_events(step, other) for other in (FIRST, SECOND)}
+    # Unhealthy Events the restart adds count, so take stock of them first, once the old operator has
+    # stopped (its Events are written in the background: the stop drains them).
     assert step.operator.stop() == 0
+    unhealthy_before = {other: unhealthy_events(step, other) for other in (FIRST, SECOND)}
     step.kubectl("patch", "px", FIXME, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
     step.kubectl("delete", "px", FIXME, "--wait=false")
     wait_until(lambda: step.kubectl.get("px", FIXME) is None, timeout=30, what=f"Proxy {FIXME} gone")
