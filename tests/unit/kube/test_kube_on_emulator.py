@@ -374,3 +374,30 @@ async def test_kubectl_describe_shows_our_events_deduplicated(tmp_path: Path) ->
         failed = next(line for line in events.splitlines() if "Failed" in line)
         assert "(x3 over" in failed and "egress-kvm" in failed and "'nope'" in failed
         assert any("Provisioning" in line and "creating instance" in line for line in events.splitlines())
+
+
+async def test_an_events_timestamps_are_when_it_was_recorded_not_when_it_was_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sender writes later (under load, much later): the Event must still say when it happened.
+    from types import SimpleNamespace
+
+    import egress_kvm.kube.recorder as recorder
+    from egress_kvm.kube.api import rfc3339
+
+    clock = [1_700_000_000.0]
+    monkeypatch.setattr(recorder, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: 0.0))
+    async with emulator_with_crd() as (_emu, client):
+        kube = KubeApiClient(client)
+        obj = await create_proxy(client, "p")
+        await kube.record_event(obj, type_="Normal", reason="Ready", message="ok")  # queued, not yet written
+        clock[0] += 100
+        await kube.flush_events()
+        (ev,) = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
+        assert (ev["firstTimestamp"], ev["lastTimestamp"]) == (rfc3339(1_700_000_000), rfc3339(1_700_000_000))
+        await kube.record_event(obj, type_="Normal", reason="Ready", message="ok")  # a repeat: PATCHed
+        clock[0] += 100
+        await kube.flush_events()
+        (ev,) = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
+        assert (ev["count"], ev["firstTimestamp"], ev["lastTimestamp"]) == (
+            2, rfc3339(1_700_000_000), rfc3339(1_700_000_100))
+        await kube.close()
