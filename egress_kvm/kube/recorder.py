@@ -27,7 +27,7 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .. import metrics
 from ..log import Logger, get_logger
@@ -165,7 +165,7 @@ class EventQueue:
                 self._in_flight -= 1
                 queue.task_done()
 
-    def _dropped(self, event: PendingEvent, why: str) -> None:
+    def _dropped(self, event: PendingEvent, why: Literal["queue_full", "stopped"]) -> None:
         metrics.KUBE_EVENTS_DROPPED.labels(why).inc()
         self._unlogged_drops += 1
         now = self._clock()

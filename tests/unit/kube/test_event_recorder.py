@@ -290,3 +290,12 @@ async def test_the_operators_shutdown_stops_the_senders_draining_only_when_it_st
         assert senders_left() == []
         assert server.received == written
         assert dropped("stopped") == before + 2 - len(written)
+
+
+def test_the_drop_counter_shows_both_reasons_at_zero_in_a_fresh_process() -> None:
+    # A series that appears only with the first drop makes `rate(...) > 0` alerts blind until then.
+    code = ("from egress_kvm.metrics import REGISTRY; print([REGISTRY.get_sample_value("
+            "'egress_kvm_kube_events_dropped_total', {'reason': r}) for r in ('queue_full', 'stopped')])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          timeout=30)
+    assert done.stdout.strip() == "[0.0, 0.0]"
