@@ -34,7 +34,7 @@ from testbed.emulator.errors import ApiError, FieldError
 from testbed.emulator.fieldmanager import Change, Operation
 from testbed.emulator.resources import CRD_KEY, NAMESPACE_KEY, SECRET_KEY, Registry, ResourceType
 from testbed.emulator.selectors import field_matcher, label_matcher
-from testbed.emulator.store import Store, clone
+from testbed.emulator.store import Store, clone, same_json
 
 Obj = dict[str, Any]
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -359,7 +359,7 @@ class Api:
         valid: set[str] = set()
         if old is not None and self._validated.holds(old, rt.schema):
             # metadata changes after this (managedFields, generation): never taken as validated
-            valid = {k for k, v in obj.items() if k != "metadata" and k in old and old[k] == v}
+            valid = {k for k, v in obj.items() if k != "metadata" and k in old and same_json(old[k], v)}
         errs = schema.validate(obj, rt.schema, valid_keys=valid)
         if errs:
             raise errors.invalid(rt.group_kind, (obj.get("metadata") or {}).get("name", ""), errs)

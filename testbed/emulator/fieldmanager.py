@@ -39,7 +39,7 @@ from functools import lru_cache
 from typing import Any
 
 from testbed.emulator.errors import ApiError
-from testbed.emulator.store import clone
+from testbed.emulator.store import clone, same_json
 
 Obj = dict[str, Any]
 Path = tuple[str, ...]
@@ -690,8 +690,8 @@ def _part_after(old: Obj | None, new: Obj, schema: Obj | None, subresource: str,
                 status_subresource: bool) -> _Part:
     """`_part` of `new`, taken from `old` when that part of it is equal (compared, not walked), and kept
     for `new` (it is the next write's old object)."""
-    if old is not None and _part_content(old, subresource, status_subresource) == _part_content(
-            new, subresource, status_subresource):
+    if old is not None and same_json(_part_content(old, subresource, status_subresource), _part_content(
+            new, subresource, status_subresource)):
         part = _part(old, schema, subresource, status_subresource)
         _remember(new, schema, subresource, status_subresource, part)
         return part

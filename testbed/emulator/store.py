@@ -39,6 +39,24 @@ def clone(value: Any) -> Any:
     return value
 
 
+def same_json(a: Any, b: Any) -> bool:
+    """Whether two JSON values are the same JSON: Python's == alone takes true for 1 and 1 for 1.0, which
+    JSON, schema validation and field sets (a set list's `v:1` is not `v:true`) tell apart. `==` first:
+    unequal values (most) are told at C speed."""
+    return a == b and _exact(a, b)
+
+
+def _exact(a: Any, b: Any) -> bool:
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is dict:
+        return all(_exact(v, b[k]) for k, v in a.items())  # == held: the same keys
+    if kind is list:
+        return all(_exact(u, v) for u, v in zip(a, b, strict=True))
+    return True  # scalars of one type that == held for
+
+
 @dataclass(frozen=True)
 class Event:
     type: str  # ADDED | MODIFIED | DELETED

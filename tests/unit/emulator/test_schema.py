@@ -263,3 +263,17 @@ def test_unchanged_fields_are_validated_again_once_their_crd_changes(api: Api, p
     with pytest.raises(ApiError) as e:
         api.update(proxies, "default", "a", {**obj, "spec": {**obj["spec"], "port": 9000}}, manager="op")
     assert [c["field"] for c in e.value.details["causes"]] == ["spec.port"]
+
+
+@pytest.mark.parametrize("sent", [True, 1.0], ids=["boolean", "float"])
+def test_a_field_equal_only_to_python_is_validated_again(api: Api, sent: object) -> None:
+    """Python's == takes true and 1.0 for 1: a field so "equal" to the stored one that validated is still
+    another JSON value, and must be validated (refused: 422 naming it), not skipped as unchanged."""
+    api.create(crd_type(api), "", widget_crd(status=True))
+    widgets = api.resource("example.com", "v1", "widgets")
+    obj, _ = api.create(widgets, "default", {"metadata": {"name": "w"}, "spec": {"size": 1}})
+    obj, _ = api.update(widgets, "default", "w", {**obj, "status": {"seen": 1}}, subresource="status")
+    with pytest.raises(ApiError) as e:
+        api.update(widgets, "default", "w", {**obj, "spec": {"size": sent}})
+    assert e.value.code == 422 and [c["field"] for c in e.value.details["causes"]] == ["spec.size"]
+    assert api.get(widgets, "default", "w")["spec"] == {"size": 1}
