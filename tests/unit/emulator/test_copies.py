@@ -18,7 +18,7 @@ import pytest
 
 from testbed.emulator import Api, ApiError
 from testbed.emulator.resources import ResourceType
-from testbed.emulator.store import Event, Store
+from testbed.emulator.store import Event, Store, same_json
 
 from .conftest import crd_type, proxy, widget_crd
 
@@ -235,3 +235,19 @@ def test_stored_answers_hand_out_the_stored_object_only_within_and_only_for_stor
     updated, _ = api.update(proxies, "default", "a", changed, manager="other")
     assert updated is not api.store.peek(proxies.key, "default", "a") and updated["spec"]["port"] == 8080
     assert updated == api.get(proxies, "default", "a")
+
+
+@pytest.mark.parametrize(("a", "b", "same"), [
+    ({"x": 1, "y": [1, "a"]}, {"y": [1, "a"], "x": 1}, True),  # key order is no part of JSON equality
+    (1, True, False),
+    (1, 1.0, False),
+    (0, False, False),
+    ({"x": [1]}, {"x": [1.0]}, False),
+    ({"x": {"y": True}}, {"x": {"y": 1}}, False),
+    ([{"k": 1}], [{"k": 1}, {"k": 1}], False),
+    ({"x": None}, {}, False),
+    ({"x": None}, {"x": None}, True),
+])
+def test_same_json_tells_apart_what_python_equality_confuses(a: Any, b: Any, same: bool) -> None:
+    """store.same_json, what the caches that skip work for unchanged fields compare with."""
+    assert same_json(a, b) is same and same_json(b, a) is same
