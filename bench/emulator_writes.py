@@ -9,9 +9,10 @@ process so its CPU can be read from /proc:
     -> finalizer removed (PUT, the object goes)
 
 with `--watchers` cluster-wide watches on the Proxies (2 by default, as in the fleet bench: the operator's
-informer and the bench's own) that read every event. The emulator's CPU (utime + stime of its process)
-is read before and after the run, once the watchers have seen the last event, and reported per 1,000
-requests and per Proxy.
+informer and the bench's own) that read every event. Each step runs for every Proxy before the next
+(`--concurrency` requests in flight), and the emulator's CPU (utime + stime of its process) is read before
+the step and after it, once the watchers have seen the events it made: reported per request of each step
+(a status PUT's includes encoding its watch event for both watchers), per 1,000 requests and per Proxy.
 
 To compare two source trees in one run (e.g. main's, from a detached worktree), name them with
 `--tree`; the runs alternate between trees and each row shows the best run and the spread
@@ -140,24 +141,42 @@ class Client:
             return data
 
 
-async def one_proxy(c: Client, name: str) -> None:
-    path = f"{BASE}/namespaces/default/proxies/{name}"
-    obj = await c.call("POST", f"{BASE}/namespaces/default/proxies", proxy(name))
-    obj["metadata"]["finalizers"] = ["egressproxies.io/finalizer"]
-    obj = await c.call("PUT", path, obj)
-    obj = await c.call("GET", path)
-    for i, st in enumerate(statuses(name)):
-        obj = await c.call("PUT", path + "/status", {**obj, "status": st})
-        if i < 3:
-            await c.call("POST", "/api/v1/namespaces/default/events", event(obj, i))
+STEPS = ("create POST", "finalizer PUT", "GET", "status PUT", "Event POST", "DELETE", "GET (deleting)",
+         "finalizer removal PUT")
 
 
-async def delete_proxy(c: Client, name: str) -> None:
+async def steps(c: Client, name: str, objs: dict[str, Any], step: str, i: int = 0) -> None:
+    """One request of `step` for Proxy `name` (`i`: which status, which Event); `objs` holds each Proxy's
+    last answer, which the next step starts from, as the operator's next write starts from what it read."""
     path = f"{BASE}/namespaces/default/proxies/{name}"
-    await c.call("DELETE", path, ok=(200, 202))
-    obj = await c.call("GET", path)
-    obj["metadata"]["finalizers"] = []
-    await c.call("PUT", path, obj)
+    if step == "create POST":
+        objs[name] = await c.call("POST", f"{BASE}/namespaces/default/proxies", proxy(name))
+    elif step == "finalizer PUT":
+        obj = objs[name]
+        obj["metadata"]["finalizers"] = ["egressproxies.io/finalizer"]
+        objs[name] = await c.call("PUT", path, obj)
+    elif step in ("GET", "GET (deleting)"):
+        objs[name] = await c.call("GET", path)
+    elif step == "status PUT":
+        objs[name] = await c.call("PUT", path + "/status", {**objs[name], "status": statuses(name)[i]})
+    elif step == "Event POST":
+        await c.call("POST", "/api/v1/namespaces/default/events", event(objs[name], i))
+    elif step == "DELETE":
+        await c.call("DELETE", path, ok=(200, 202))
+    elif step == "finalizer removal PUT":
+        obj = objs[name]
+        obj["metadata"]["finalizers"] = []
+        await c.call("PUT", path, obj)
+
+
+# Per Proxy, in the operator's order: (step, index, watch events it makes on Proxies).
+SEQUENCE = [("create POST", 0, 1), ("finalizer PUT", 0, 1), ("GET", 0, 0)]
+for _i in range(4):
+    SEQUENCE.append(("status PUT", _i, 1))
+    if _i < 3:
+        SEQUENCE.append(("Event POST", _i, 0))
+SEQUENCE += [("DELETE", 0, 1), ("GET (deleting)", 0, 0), ("finalizer removal PUT", 0, 1)]
+DELETE_PHASE = ("DELETE", "GET (deleting)", "finalizer removal PUT")
 
 
 class Seen:
@@ -193,16 +212,29 @@ class Result:
     imported: str
     requests: int
     proxies: int
-    cpu_create: float
-    cpu_delete: float
+    cpu: dict[str, float]  # CPU seconds per step (all its requests)
+    counts: dict[str, int]  # requests per step
 
     @property
-    def cpu(self) -> float:
-        return self.cpu_create + self.cpu_delete
+    def total(self) -> float:
+        return sum(self.cpu.values())
+
+    @property
+    def cpu_create(self) -> float:
+        return sum(v for k, v in self.cpu.items() if k not in DELETE_PHASE)
+
+    @property
+    def cpu_delete(self) -> float:
+        return sum(v for k, v in self.cpu.items() if k in DELETE_PHASE)
+
+    def per_request(self, step: str) -> float:
+        return self.cpu[step] / self.counts[step] if self.counts[step] else 0.0
 
 
 async def drive(url: str, pid: int, proxies: int, watchers: int, concurrency: int
-                ) -> tuple[int, float, float]:
+                ) -> tuple[int, dict[str, float], dict[str, int]]:
+    """Each step of SEQUENCE for every Proxy (`concurrency` in flight), measured on its own: the emulator's
+    CPU from before the step's first request until the watchers have read the events it made."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency + watchers + 2)) as s:
         c = Client(s, url)
         await c.call("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
@@ -211,30 +243,31 @@ async def drive(url: str, pid: int, proxies: int, watchers: int, concurrency: in
         tasks = [asyncio.create_task(watcher(s, url, seen)) for _ in range(watchers)]
         await asyncio.sleep(0.3)
         names = [f"bench-{i:05d}" for i in range(proxies)]
-
-        async def run(fn: Any, want_events: int) -> float:
-            sem = asyncio.Semaphore(concurrency)
-
-            async def one(n: str) -> None:
+        objs: dict[str, Any] = {}
+        cpu = dict.fromkeys(STEPS, 0.0)
+        counts = dict.fromkeys(STEPS, 0)
+        requests0 = c.requests
+        expected = 0
+        for step, i, events in SEQUENCE:
+            async def one(n: str, step: str = step, i: int = i,
+                          sem: asyncio.Semaphore = asyncio.Semaphore(concurrency)) -> None:
                 async with sem:
-                    await fn(c, n)
+                    await steps(c, n, objs, step, i)
 
+            expected += events * proxies * watchers
             before = cpu_seconds(pid)
-            seen.expect(want_events * watchers)
+            seen.expect(expected)
             await asyncio.gather(*(one(n) for n in names))
             try:
                 await asyncio.wait_for(seen.reached.wait(), 60)
             except TimeoutError:
                 raise RuntimeError(f"watchers saw {seen.count} events, want {seen.want}") from None
-            return cpu_seconds(pid) - before
-
-        requests0 = c.requests
-        cpu_create = await run(one_proxy, proxies * 6)  # ADDED, finalizer, 4 status
-        cpu_delete = await run(delete_proxy, proxies * 8)  # + deletionTimestamp, DELETED
+            cpu[step] += cpu_seconds(pid) - before
+            counts[step] += proxies
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        return c.requests - requests0, cpu_create, cpu_delete
+        return c.requests - requests0, cpu, counts
 
 
 def run_tree(tree: Path, args: argparse.Namespace) -> Result:
@@ -244,9 +277,9 @@ def run_tree(tree: Path, args: argparse.Namespace) -> Result:
     try:
         assert child.stdout is not None
         url, imported = child.stdout.readline().split()
-        requests, cpu_create, cpu_delete = asyncio.run(
-            drive(url, child.pid, args.proxies, args.watchers, args.concurrency))
-        return Result(str(tree), imported, requests, args.proxies, cpu_create, cpu_delete)
+        requests, cpu, counts = asyncio.run(drive(url, child.pid, args.proxies, args.watchers,
+                                                  args.concurrency))
+        return Result(str(tree), imported, requests, args.proxies, cpu, counts)
     finally:
         child.terminate()
         child.wait(timeout=10)
@@ -266,8 +299,8 @@ def main() -> None:
         for t in trees:
             res = run_tree(t, args)
             results[str(t)].append(res)
-            print(f"round {r + 1} {t}: {res.cpu:.2f} s CPU, {res.requests} requests "
-                  f"(create {res.cpu_create:.2f} s, delete {res.cpu_delete:.2f} s)", flush=True)
+            print(f"round {r + 1} {t}: {res.total:.2f} s CPU, {res.requests} requests "
+                  f"(create phase {res.cpu_create:.2f} s, delete phase {res.cpu_delete:.2f} s)", flush=True)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, load average "
           f"{load}; {args.proxies} Proxies, {args.watchers} watcher(s), concurrency {args.concurrency}, "
@@ -275,19 +308,35 @@ def main() -> None:
     print("| tree (imported from) | CPU ms per 1,000 requests | CPU ms per Proxy | create phase per Proxy "
           "| delete phase per Proxy |")
     print("|---|---|---|---|---|")
-    best: dict[str, float] = {}
+    best: dict[str, Result] = {}
     for t, rs in results.items():
-        b = min(rs, key=lambda x: x.cpu)
-        spread = (max(x.cpu for x in rs) - b.cpu) / b.cpu if b.cpu else 0.0
-        best[t] = b.cpu
-        median = statistics.median(x.cpu for x in rs)
-        print(f"| {t} ({Path(b.imported).parent}) | {b.cpu / b.requests * 1e6:.0f} | "
-              f"{b.cpu / b.proxies * 1e3:.1f} (median {median / b.proxies * 1e3:.1f}, spread {spread:.0%}) | "
+        b = min(rs, key=lambda x: x.total)
+        spread = (max(x.total for x in rs) - b.total) / b.total if b.total else 0.0
+        best[t] = b
+        median = statistics.median(x.total for x in rs)
+        per_proxy = (f"{b.total / b.proxies * 1e3:.1f} (median {median / b.proxies * 1e3:.1f}, "
+                     f"spread {spread:.0%})")
+        print(f"| {t} ({Path(b.imported).parent}) | {b.total / b.requests * 1e6:.0f} | {per_proxy} | "
               f"{b.cpu_create / b.proxies * 1e3:.1f} | {b.cpu_delete / b.proxies * 1e3:.1f} |")
+    print("\nCPU us per request, by step (best of the rounds for each step; spread over the rounds):\n")
+    print("| step | " + " | ".join(Path(t).name for t in results) + " |")
+    print("|---" * (len(results) + 1) + "|")
+    for step in STEPS:
+        cells = []
+        for rs in results.values():
+            per = [x.per_request(step) for x in rs]
+            lo = min(per)
+            cells.append(f"{lo * 1e6:.0f} (spread {(max(per) - lo) / lo:.0%})" if lo else "-")
+        print(f"| {step} | " + " | ".join(cells) + " |")
     if len(trees) > 1:
         first = str(trees[0])
         for t in list(best)[1:]:
-            print(f"\n{t} vs {first}: {best[first] / best[t]:.2f}x less CPU (best vs best)")
+            print(f"\n{t} vs {first}: {best[first].total / best[t].total:.2f}x less CPU (best vs best)")
+            for step in STEPS:
+                a = min(x.per_request(step) for x in results[first])
+                b2 = min(x.per_request(step) for x in results[t])
+                if a and b2:
+                    print(f"  {step}: {a / b2:.2f}x")
 
 
 if __name__ == "__main__":

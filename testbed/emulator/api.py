@@ -22,7 +22,9 @@ import json
 import random
 import re
 import uuid
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -32,7 +34,7 @@ from testbed.emulator.errors import ApiError, FieldError
 from testbed.emulator.fieldmanager import Change, Operation
 from testbed.emulator.resources import CRD_KEY, NAMESPACE_KEY, SECRET_KEY, Registry, ResourceType
 from testbed.emulator.selectors import field_matcher, label_matcher
-from testbed.emulator.store import Store, clone
+from testbed.emulator.store import Store, clone, same_json
 
 Obj = dict[str, Any]
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -69,12 +71,56 @@ def _rfc3339_seconds(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class _Encodings:
+    """The JSON text of recently served stored objects, per (object, resource type): a write's response,
+    its watch event (for every watcher) and the GETs after it send the same text, encoded once. Keyed by
+    the stored dict and the type themselves (identity, both held here so their ids are not reused): a
+    stored object never changes in place (store.py), and a CRD change makes new ResourceTypes."""
+
+    def __init__(self, size: int = 2048) -> None:
+        self._size = size
+        self._texts: OrderedDict[tuple[int, int], tuple[Obj, ResourceType, str]] = OrderedDict()
+
+    def get(self, rt: ResourceType, obj: Obj, encode: Callable[[], str]) -> str:
+        key = (id(obj), id(rt))
+        hit = self._texts.get(key)
+        if hit is not None and hit[0] is obj and hit[1] is rt:
+            return hit[2]
+        text = encode()
+        self._texts[key] = (obj, rt, text)
+        if len(self._texts) > self._size:
+            self._texts.popitem(last=False)
+        return text
+
+
+class _Validated:
+    """Objects that validated against a schema, by identity (both held, so their ids are not reused):
+    a custom resource's fields but metadata do not change between validation and storing, and a stored
+    object never changes, so a stored one found here holds no violation of that schema in them."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._seen: OrderedDict[tuple[int, int], tuple[Obj, Obj]] = OrderedDict()
+
+    def add(self, obj: Obj, schema: Obj) -> None:
+        self._seen[(id(obj), id(schema))] = (obj, schema)
+        if len(self._seen) > self._size:
+            self._seen.popitem(last=False)
+
+    def holds(self, obj: Obj, schema: Obj) -> bool:
+        hit = self._seen.get((id(obj), id(schema)))
+        return hit is not None and hit[0] is obj and hit[1] is schema
+
+
 class Api:
     """One emulated cluster's objects and verbs. Methods raise ApiError as the real server answers."""
 
     def __init__(self, store: Store | None = None, *, clock: Callable[[], datetime] | None = None) -> None:
         self.store = store or Store()
         self.registry = Registry()
+        self._encodings = _Encodings()
+        self._validated = _Validated()
+        self._stored_answers = False
         self._clock = clock or (lambda: datetime.now(UTC))
         namespaces = self.resource("", "v1", "namespaces")
         for ns in INITIAL_NAMESPACES:
@@ -122,6 +168,53 @@ class Api:
         if rt.custom and rt.schema:
             schema.apply_defaults(obj, rt.schema)
         return obj
+
+    @contextmanager
+    def stored_answers(self) -> Iterator[None]:
+        """Within it, a create, update or patch that stores an object returns the stored dict itself, as
+        stored (not `served`), instead of a served copy: for the HTTP server, which only encodes it
+        (`stored_encoded`), so the copy would be made for nothing. The caller must not change it."""
+        self._stored_answers = True
+        try:
+            yield
+        finally:
+            self._stored_answers = False
+
+    def _answer(self, rt: ResourceType, stored: Obj) -> Obj:
+        """What a write that stored `stored` returns: `Store.put`'s copy, served; the stored dict itself
+        within `stored_answers` (put made no copy then)."""
+        return stored if self._stored_answers else self.served(rt, stored)
+
+    def encoded(self, rt: ResourceType, stored: Obj) -> str:
+        """The compact JSON text of `served(rt, copy of stored)` for a stored object (one `Store.peek` or
+        an event hands out), encoded once per object and type (`_Encodings`); `stored` is not changed."""
+
+        def encode() -> str:
+            if rt.custom and rt.schema and schema.lacks_defaults(stored, rt.schema):
+                served = self.served(rt, clone(stored))
+            else:  # only apiVersion and kind change: a shallow copy, encoded at once, never changed
+                served = {**stored, "apiVersion": rt.api_version, "kind": rt.kind}
+            return json.dumps(served, separators=(",", ":"))
+
+        return self._encodings.get(rt, stored, encode)
+
+    def get_encoded(self, rt: ResourceType, ns: str, name: str) -> str:
+        """`get`, as the JSON text of what it returns (without copying the stored object)."""
+        obj = self.store.peek(rt.key, ns if rt.namespaced else "", name)
+        if obj is None:
+            raise errors.not_found(rt.group_resource, name)
+        return self.encoded(rt, obj)
+
+    def stored_encoded(self, rt: ResourceType, served: Obj) -> str | None:
+        """The JSON text of `served`, an object a write just returned, when it is the stored object as
+        served (the same resourceVersion is stored: it was stored or left unchanged by the write; a dry
+        run's object is not, and its caller must not ask); else None."""
+        meta = served.get("metadata") or {}
+        ns = meta.get("namespace", "") if rt.namespaced else ""
+        stored = self.store.peek(rt.key, ns, meta.get("name", ""))
+        if stored is None or stored["metadata"].get("resourceVersion") != meta.get("resourceVersion"):
+            return None
+        return self.encoded(rt, stored)
 
     # --- create ------------------------------------------------------------------------------
     def create(
@@ -176,11 +269,13 @@ class Api:
         self._on_create(rt, obj)
         self._track(rt, None, obj, change or Change(manager or "unknown", base=sent))
         if dry_run:
+            _own_ownership(obj)
             return obj, warnings
-        stored = self.store.put(rt.key, obj, event="ADDED", adopt=True)  # obj: this call's own copy
+        # obj: this call's own copy
+        stored = self.store.put(rt.key, obj, event="ADDED", adopt=True, copy=not self._stored_answers)
         if rt.key == CRD_KEY:
             self._rebuild_registry()
-        return self.served(rt, stored), warnings
+        return self._answer(rt, stored), warnings
 
     def _check_body(self, rt: ResourceType, body: Any, *, owned: bool = False) -> Obj:
         if not isinstance(body, dict):
@@ -246,9 +341,12 @@ class Api:
             ]
         return []
 
-    def _apply_schema(self, rt: ResourceType, obj: Obj, field_validation: str) -> list[str]:
+    def _apply_schema(self, rt: ResourceType, obj: Obj, field_validation: str, old: Obj | None = None
+                      ) -> list[str]:
         """Default, prune, validate. Returns warnings for pruned fields (fieldValidation=Warn, the
-        default); Strict refuses them as the real server does."""
+        default); Strict refuses them as the real server does. `old`: the stored object a write starts
+        from; its fields that `obj` has unchanged are not validated again if it validated against this
+        schema (`_Validated`)."""
         if not rt.custom or not rt.schema:
             return []
         schema.apply_defaults(obj, rt.schema)
@@ -258,9 +356,14 @@ class Api:
                 f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: strict decoding '
                 "error: " + ", ".join(f'unknown field "{p}"' for p in dropped)
             )
-        errs = schema.validate(obj, rt.schema)
+        valid: set[str] = set()
+        if old is not None and self._validated.holds(old, rt.schema):
+            # metadata changes after this (managedFields, generation): never taken as validated
+            valid = {k for k, v in obj.items() if k != "metadata" and k in old and same_json(old[k], v)}
+        errs = schema.validate(obj, rt.schema, valid_keys=valid)
         if errs:
             raise errors.invalid(rt.group_kind, (obj.get("metadata") or {}).get("name", ""), errs)
+        self._validated.add(obj, rt.schema)
         if field_validation == "Ignore":
             return []
         return [f'unknown field "{p}"' for p in dropped]
@@ -530,7 +633,9 @@ class Api:
         name = current["metadata"]["name"]
         if subresource == "status":
             # current's own status is replaced: copy the rest only (None keeps status's place in the keys)
-            new: Obj = {k: None if k == "status" else clone(v) for k, v in current.items()}
+            # (metadata.managedFields is not copied: the loop below replaces it)
+            new: Obj = {k: None if k == "status" else _clone_meta(v) if k == "metadata" else clone(v)
+                        for k, v in current.items()}
             if "status" in obj:
                 new["status"] = obj["status"]
             else:
@@ -543,11 +648,14 @@ class Api:
                 else:
                     new.pop("status", None)
         meta, old_meta = new["metadata"], current["metadata"]
+        shared_ownership = not _defaults_reach_metadata(rt)
         for k in _SERVER_META:
             if k in old_meta:
-                # A copy even of managedFields, which _track replaces: defaulting `new` can reach into it
-                # (a root additionalProperties schema applies to metadata), and `old_meta` is the stored one.
-                meta[k] = clone(old_meta[k])
+                # managedFields only holds its place until _track replaces it (record reads the stored
+                # list, not this one), so it is the stored list itself unless defaulting `new` can reach
+                # into it (a root additionalProperties schema applies to metadata): then a copy.
+                shared = k == "managedFields" and shared_ownership
+                meta[k] = old_meta[k] if shared else clone(old_meta[k])
             else:
                 meta.pop(k, None)
         if old_meta.get("deletionTimestamp"):
@@ -565,7 +673,7 @@ class Api:
                         )
                     ],
                 )
-        warnings = self._apply_schema(rt, new, field_validation)
+        warnings = self._apply_schema(rt, new, field_validation, old=current)
         self._fold_string_data(rt, new)
         if rt.key == CRD_KEY:
             self._check_crd(new, old=current)
@@ -578,15 +686,16 @@ class Api:
         if self._same(current, new):
             return self.served(rt, clone(current)), warnings
         if dry_run:
+            _own_ownership(new)
             return self.served(rt, new), warnings
         if meta.get("deletionTimestamp") and not meta.get("finalizers") and self._may_vanish(rt, new):
             final = self.store.remove(rt.key, new, adopt=True)  # new: this write's own copy
             self._after_remove(rt, final)
             return self.served(rt, final), warnings
-        stored = self.store.put(rt.key, new, event="MODIFIED", adopt=True)
+        stored = self.store.put(rt.key, new, event="MODIFIED", adopt=True, copy=not self._stored_answers)
         if rt.key == CRD_KEY:
             self._rebuild_registry()
-        return self.served(rt, stored), warnings
+        return self._answer(rt, stored), warnings
 
     @staticmethod
     def _same(a: Obj, b: Obj) -> bool:
@@ -855,6 +964,27 @@ class Api:
                 v["name"] for v in (crd.get("spec") or {}).get("versions") or [] if v.get("storage")
             ],
         }
+
+
+def _defaults_reach_metadata(rt: ResourceType) -> bool:
+    """Whether defaulting an object of this type can write into its metadata: a root schema whose
+    `additionalProperties` applies to `metadata` (no `metadata` property)."""
+    root = rt.schema if rt.custom and isinstance(rt.schema, dict) else {}
+    props = root.get("properties") or {}
+    return isinstance(root.get("additionalProperties"), dict) and "metadata" not in props
+
+
+def _clone_meta(meta: Obj) -> Obj:
+    """A copy of stored metadata whose managedFields is the stored list itself (only to be replaced)."""
+    return {k: v if k == "managedFields" else clone(v) for k, v in meta.items()}
+
+
+def _own_ownership(obj: Obj) -> None:
+    """A copy of the managedFields `_track` set, for an object handed out unstored (a dry run): that list
+    shares parts with stored objects (fieldmanager.record)."""
+    meta = obj["metadata"]
+    if "managedFields" in meta:
+        meta["managedFields"] = clone(meta["managedFields"])
 
 
 def _check_sent_ownership(meta: Obj) -> None:

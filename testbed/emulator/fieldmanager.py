@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import OrderedDict
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -37,7 +39,7 @@ from functools import lru_cache
 from typing import Any
 
 from testbed.emulator.errors import ApiError
-from testbed.emulator.store import clone
+from testbed.emulator.store import clone, same_json
 
 Obj = dict[str, Any]
 Path = tuple[str, ...]
@@ -113,39 +115,49 @@ def _key_element(item: Obj, keys: list[str]) -> str:
     return "k:" + json.dumps({k: item.get(k) for k in keys}, separators=(",", ":"), sort_keys=True)
 
 
-def _walk(value: Any, schema: Obj | None, path: Path, out: set[Path]) -> None:
+def _walk(value: Any, schema: Obj | None, path: Path, out: set[Path], holders: set[Path]) -> None:
+    """Adds the paths `value` sets under `path` to `out`, and those that hold others to `holders`."""
     if isinstance(value, dict) and value:
         if path:
             out.add(path)
+            holders.add(path)
         for k, v in value.items():
-            _walk(v, _child_schema(schema, k), (*path, f"f:{k}"), out)
+            _walk(v, _child_schema(schema, k), (*path, f"f:{k}"), out, holders)
         return
     if isinstance(value, list) and value:
         keys = _list_keys(schema, path, value)
         item_schema = schema.get("items") if isinstance(schema, dict) else None
         if keys == "set":
             out.add(path)
+            holders.add(path)
             for v in value:
                 out.add((*path, "v:" + json.dumps(v, separators=(",", ":"), sort_keys=True)))
             return
         if isinstance(keys, list) and keys and all(isinstance(v, dict) for v in value):
             out.add(path)
+            holders.add(path)
             for item in value:
                 element = (*path, _key_element(item, keys))
                 out.add(element)
+                if item:
+                    holders.add(element)
                 for k, v in item.items():
-                    _walk(v, _child_schema(item_schema, k), (*element, f"f:{k}"), out)
+                    _walk(v, _child_schema(item_schema, k), (*element, f"f:{k}"), out, holders)
             return
     out.add(path)  # a scalar, an empty object or list, an atomic list
 
 
 def field_set(obj: Obj, schema: Obj | None, *, subresource: str = "",
-              status_subresource: bool = False, out: set[Path] | None = None) -> set[Path]:
+              status_subresource: bool = False, out: set[Path] | None = None,
+              holders: set[Path] | None = None) -> set[Path]:
     """Every path the object sets, without identity and server-set metadata; with a status subresource,
     only `.status` for a status write and everything but `.status` for a write to the main resource.
-    With `out`, the paths are added to it (and it is returned)."""
+    With `out`, the paths are added to it (and it is returned); with `holders`, the paths that are a
+    prefix of another (`out` less them is `_leaves(out)`) are added to that."""
     if out is None:
         out = set()
+    if holders is None:
+        holders = set()
     for k, v in obj.items():
         if k in ("apiVersion", "kind"):
             continue
@@ -154,10 +166,45 @@ def field_set(obj: Obj, schema: Obj | None, *, subresource: str = "",
         if k == "metadata" and isinstance(v, dict):
             meta = {mk: mv for mk, mv in v.items() if mk not in _SKIP_META}
             if meta:
-                _walk(meta, None, ("f:metadata",), out)
+                _walk(meta, None, ("f:metadata",), out, holders)
             continue
-        _walk(v, _child_schema(schema, k), (f"f:{k}",), out)
+        _walk(v, _child_schema(schema, k), (f"f:{k}",), out, holders)
     return out
+
+
+@dataclass(frozen=True)
+class _Part:
+    """The field set of one part of an object (the main resource or its status, or all of it without a
+    status subresource), and its leaves (paths no other path extends)."""
+
+    paths: frozenset[Path]
+    leaves: frozenset[Path]
+
+
+_PARTS_MAX = 4096
+# Parts of recently recorded objects, by the object's and schema's identity (both held, so their ids are
+# not reused while here): the object a write stores is the next write's old object, whose fields would
+# otherwise be walked again. Only for objects never changed in place once recorded: stored ones.
+_parts: OrderedDict[tuple[int, int, str, bool], tuple[Obj, Obj | None, _Part]] = OrderedDict()
+
+
+def _part(obj: Obj, schema: Obj | None, subresource: str, status_subresource: bool) -> _Part:
+    key = (id(obj), id(schema), subresource, status_subresource)
+    hit = _parts.get(key)
+    if hit is not None and hit[0] is obj and hit[1] is schema:
+        return hit[2]
+    holders: set[Path] = set()
+    paths = field_set(obj, schema, subresource=subresource, status_subresource=status_subresource,
+                      holders=holders)
+    part = _Part(frozenset(paths), frozenset(paths - holders))
+    _remember(obj, schema, subresource, status_subresource, part)
+    return part
+
+
+def _remember(obj: Obj, schema: Obj | None, subresource: str, status_subresource: bool, part: _Part) -> None:
+    _parts[(id(obj), id(schema), subresource, status_subresource)] = (obj, schema, part)
+    if len(_parts) > _PARTS_MAX:
+        _parts.popitem(last=False)
 
 
 def _leaves(paths: set[Path]) -> set[Path]:
@@ -221,15 +268,34 @@ def values_at(obj: Any, paths: list[Path]) -> dict[Path, Any]:
 
 
 def to_fields_v1(paths: set[Path]) -> Obj:
-    """The fieldsV1 tree of a field set: a fresh copy of one built once per distinct set (every Proxy's
-    status entry has the same set), since building means sorting all its paths."""
-    tree: Obj = clone(_fields_tree(frozenset(paths)))
+    """The fieldsV1 tree of a field set, as a fresh copy the caller may change."""
+    tree: Obj = clone(shared_fields_v1(frozenset(paths)))
     return tree
 
 
-@lru_cache(maxsize=1024)
+_TREES_MAX = 1024
+# Each distinct field set's fieldsV1 tree, built once (building sorts all its paths) and shared by every
+# stored entry with that set (every Proxy's status entry has the same one), and the way back from such a
+# tree (by identity; the entry holds the tree, so its id is not reused while it is here) to its set.
+_trees: dict[frozenset[Path], Obj] = {}
+_tree_paths: dict[int, tuple[Obj, frozenset[Path]]] = {}
+
+
+def shared_fields_v1(paths: frozenset[Path]) -> Obj:
+    """The fieldsV1 tree of `paths`, shared: only for stored objects, which are never changed in place
+    (store.py); whatever hands one out to a caller that may change it copies it first."""
+    tree = _trees.get(paths)
+    if tree is None:
+        tree = _fields_tree(paths)
+        if len(_trees) >= _TREES_MAX:
+            evicted = _trees.pop(next(iter(_trees)))
+            _tree_paths.pop(id(evicted), None)
+        _trees[paths] = tree
+        _tree_paths[id(tree)] = (tree, paths)
+    return tree
+
+
 def _fields_tree(paths: frozenset[Path]) -> Obj:
-    """Shared by the cache: never handed out uncopied."""
     tree: Obj = {}
     prefixes = {p[:i] for p in paths for i in range(1, len(p))}
     for p in sorted(paths):
@@ -239,6 +305,14 @@ def _fields_tree(paths: frozenset[Path]) -> Obj:
         if p in prefixes:
             node["."] = {}
     return tree
+
+
+def _paths_of(tree: Obj) -> set[Path]:
+    """`from_fields_v1` of a stored entry's tree; a tree `shared_fields_v1` built is not parsed again."""
+    hit = _tree_paths.get(id(tree))
+    if hit is not None and hit[0] is tree:
+        return set(hit[1])
+    return from_fields_v1(tree)
 
 
 def from_fields_v1(tree: Obj, prefix: Path = ()) -> set[Path]:
@@ -267,15 +341,18 @@ def entries(meta: Obj) -> list[Entry]:
         except ValueError:
             continue
         out.append(Entry(m["manager"], op, m.get("apiVersion", ""), m.get("subresource", ""),
-                         m.get("time", ""), from_fields_v1(m.get("fieldsV1") or {})))
+                         m.get("time", ""), _paths_of(m.get("fieldsV1") or {})))
     return out
 
 
-def serialize(items: list[Entry]) -> list[Obj]:
+def serialize(items: list[Entry], *, shared: bool = False) -> list[Obj]:
+    """managedFields as stored. `shared`: the fieldsV1 trees are `shared_fields_v1`'s, not copies: only
+    for a list that goes into a stored object (see `record`)."""
     out = []
     for e in items:
+        tree = shared_fields_v1(frozenset(e.paths)) if shared else to_fields_v1(e.paths)
         m: Obj = {"manager": e.manager, "operation": e.operation.value, "apiVersion": e.api_version,
-                  "time": e.time, "fieldsType": "FieldsV1", "fieldsV1": to_fields_v1(e.paths)}
+                  "time": e.time, "fieldsType": "FieldsV1", "fieldsV1": tree}
         if e.subresource:
             m["subresource"] = e.subresource
         out.append(m)
@@ -565,34 +642,94 @@ def _remove(obj: Obj, path: Path) -> None:
         parent[:] = [x for x in parent if x != v]
 
 
+def _changed(old: Any, new: Any, paths: list[Path]) -> set[Path]:
+    """Those of `paths` whose value differs between `old` and `new`: `values_at` of both, compared, but
+    a value under an equal prefix (an unchanged condition, the whole spec of a status write) is not
+    looked up: equal there means equal below."""
+    old_at: dict[Path, Any] = {(): old}
+    new_at: dict[Path, Any] = {(): new}
+    equal: dict[Path, bool] = {}
+
+    def value(memo: dict[Path, Any], path: Path) -> Any:
+        found = memo.get(path, memo)
+        if found is memo:
+            parent = value(memo, path[:-1])
+            found = MISSING if parent is MISSING else _step(parent, path[-1])
+            memo[path] = found
+        return found
+
+    out = set()
+    for p in paths:
+        for i in range(1, len(p) + 1):
+            prefix = p[:i]
+            same = equal.get(prefix)
+            if same is None:
+                same = equal[prefix] = value(old_at, prefix) == value(new_at, prefix)
+            if same:
+                break
+        else:
+            out.add(p)
+    return out
+
+
+def _part_content(obj: Obj, subresource: str, status_subresource: bool) -> Obj:
+    """What `field_set` reads of one part of `obj` (its result is a function of this, and the schema)."""
+    out = {}
+    for k, v in obj.items():
+        if k in ("apiVersion", "kind"):
+            continue
+        if status_subresource and (k == "status") != (subresource == "status"):
+            continue
+        if k == "metadata" and isinstance(v, dict):
+            v = {mk: mv for mk, mv in v.items() if mk not in _SKIP_META}
+        out[k] = v
+    return out
+
+
+def _part_after(old: Obj | None, new: Obj, schema: Obj | None, subresource: str,
+                status_subresource: bool) -> _Part:
+    """`_part` of `new`, taken from `old` when that part of it is equal (compared, not walked), and kept
+    for `new` (it is the next write's old object)."""
+    if old is not None and same_json(_part_content(old, subresource, status_subresource), _part_content(
+            new, subresource, status_subresource)):
+        part = _part(old, schema, subresource, status_subresource)
+        _remember(new, schema, subresource, status_subresource, part)
+        return part
+    return _part(new, schema, subresource, status_subresource)
+
+
 def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api_version: str,
            status_subresource: bool, now: str) -> list[Obj]:
     """`new`'s managedFields after `change`: the writer's entry gains what it changed (Update) or is the
     applied set (Apply); other entries lose what it took and every entry loses fields that are gone.
-    When nothing but times would change, the old list is kept as it was."""
+    When nothing but times would change, the old list is kept as it was (itself, not a copy).
+
+    The list returned is for storing: it shares parts with stored objects (the fieldsV1 trees are
+    `shared_fields_v1`'s, or it is the old list), which are never changed in place; a caller that hands it
+    out unstored (a dry run) copies it first."""
     old_meta = (old or {}).get("metadata") or {}
     if change.base is not None:
         old_meta = {**old_meta, "managedFields": change.base}
     before = entries(old_meta)
     sub = change.subresource
-    new_paths = field_set(new, schema, subresource=sub, status_subresource=status_subresource)
+    # `new` is stored after this (or dropped): its parts are the next write's old ones (`_part`).
+    written = _part_after(old, new, schema, sub, status_subresource)
+    new_paths, leaves = written.paths, written.leaves
     # Everything set on the object, main resource and status, to drop fields that no longer exist: the
-    # write's side plus the other side (each top-level field is walked once).
-    everywhere = field_set(new, schema, subresource="" if sub == "status" else "status",
-                           status_subresource=True, out=set(new_paths)) if status_subresource else new_paths
-    everywhere_leaves = _leaves(everywhere)
+    # write's side plus the other side (disjoint top-level fields, so the leaves are each side's). The
+    # other side is usually unchanged (a status write copies the rest): then it is the old object's.
+    if status_subresource:
+        other = _part_after(old, new, schema, "" if sub == "status" else "status", True)
+        everywhere, everywhere_leaves = new_paths | other.paths, leaves | other.leaves
+    else:
+        everywhere, everywhere_leaves = new_paths, leaves
     if change.operation is Operation.APPLY:
         taken = set(change.applied) & everywhere
         taken_from_others = set(change.taken)
     else:
-        old_paths = field_set(old, schema, subresource=sub, status_subresource=status_subresource) \
-            if old else set()
-        # new_paths holds whole top-level fields of everywhere, so its leaves are everywhere's in it.
-        leaves = {p for p in new_paths if p in everywhere_leaves}
-        compared = [p for p in new_paths if p in old_paths and p in leaves]
-        old_values, new_values = values_at(old, compared), values_at(new, compared)
-        taken = {p for p in new_paths if p not in old_paths
-                 or (p in leaves and old_values[p] != new_values[p])}
+        old_paths = _part(old, schema, sub, status_subresource).paths if old else frozenset()
+        changed = _changed(old, new, [p for p in new_paths if p in old_paths and p in leaves])
+        taken = {p for p in new_paths if p not in old_paths or p in changed}
         taken_from_others = taken
     ident = (change.manager, change.operation, sub)
     after: list[Entry] = []
@@ -613,14 +750,14 @@ def record(old: Obj | None, new: Obj, change: Change, *, schema: Obj | None, api
         unchanged = mine is not None and mine.paths == paths and mine.api_version == api_version
         after.append(Entry(change.manager, change.operation, api_version, sub,
                            mine.time if unchanged and mine else now, paths))
-    result = serialize(after)
+    result = serialize(after, shared=True)
     if _same_but_times(result, old_meta.get("managedFields") or []):
-        kept: list[Obj] = clone(old_meta.get("managedFields") or [])
+        kept: list[Obj] = old_meta.get("managedFields") or []
         return kept
     return result
 
 
-def _settle(paths: set[Path], everywhere: set[Path], leaves: set[Path]) -> set[Path]:
+def _settle(paths: set[Path], everywhere: AbstractSet[Path], leaves: AbstractSet[Path]) -> set[Path]:
     """Only fields the object still has; an object or list whose owned fields all went elsewhere is no
     longer owned (it would read as owning the whole value). `leaves` is `_leaves(everywhere)`."""
     paths = paths & everywhere

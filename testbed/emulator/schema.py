@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from testbed.emulator import cel
@@ -120,8 +121,12 @@ def _type_ok(value: Any, want: str) -> bool:
     return got == want or (want == "number" and got == "integer")
 
 
-def validate(value: Any, schema: Schema | None, path: str = "") -> list[FieldError]:
-    """All violations of `schema` in `value`, each with its field path."""
+def validate(value: Any, schema: Schema | None, path: str = "", *,
+             valid_keys: AbstractSet[str] = frozenset()) -> list[FieldError]:
+    """All violations of `schema` in `value`, each with its field path. `valid_keys`: fields of the object
+    `value` known to hold no violation (equal to those of an object that validated against this very
+    schema: validation is a function of value, schema and path), not validated again; the object's own
+    checks (type, rules, required fields...) still run."""
     if not schema:
         return []
     errs: list[FieldError] = []
@@ -202,7 +207,7 @@ def validate(value: Any, schema: Schema | None, path: str = "") -> list[FieldErr
             for i, item in enumerate(value):
                 errs += validate(item, items, f"{path}[{i}]")
     elif isinstance(value, dict):
-        errs += _object(value, schema, path)
+        errs += _object(value, schema, path, valid_keys)
     return errs
 
 
@@ -283,7 +288,8 @@ def _numeric(value: float, schema: Schema, path: str) -> list[FieldError]:
     return errs
 
 
-def _object(value: dict[str, Any], schema: Schema, path: str) -> list[FieldError]:
+def _object(value: dict[str, Any], schema: Schema, path: str,
+            valid_keys: AbstractSet[str] = frozenset()) -> list[FieldError]:
     errs = []
     props = schema.get("properties") or {}
     for req in schema.get("required") or []:
@@ -295,6 +301,8 @@ def _object(value: dict[str, Any], schema: Schema, path: str) -> list[FieldError
         )
     extra = schema.get("additionalProperties")
     for key, sub_value in value.items():
+        if key in valid_keys:
+            continue
         if key in props:
             if path == "" and key == "metadata":
                 continue  # ObjectMeta is validated by the server itself, not by the CRD schema

@@ -12,7 +12,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -53,6 +53,32 @@ def _json(data: Any, status: int = 200, warnings: list[str] | None = None) -> we
     for w in warnings or []:
         resp.headers.add("Warning", f"299 - {json.dumps(w)}")
     return resp
+
+
+def _json_text(text: str, status: int = 200, warnings: list[str] | None = None) -> web.Response:
+    """`_json` of data already encoded (`Api.encoded`)."""
+    resp = web.Response(status=status, text=text, content_type="application/json")
+    for w in warnings or []:
+        resp.headers.add("Warning", f"299 - {json.dumps(w)}")
+    return resp
+
+
+def _plain(request: web.Request, dry_run: bool) -> bool:
+    """Whether a write's answer is the stored object as JSON (no dry run, no Table or metadata only):
+    then the Api returns the stored object itself (`Api.stored_answers`) and `_written` sends its text."""
+    return not dry_run and not _accepts_table(request) and not _accepts_partial(request)
+
+
+def _written(request: web.Request, api: Api, rt: ResourceType, obj: Obj, status: int, warnings: list[str],
+             plain: bool) -> web.Response:
+    """The answer to a write: for a `_plain` one the stored object's text, encoded once for the answer and
+    its watch event (`Api.stored_encoded`); else, or if `obj` is not the stored state (a write that deleted
+    the object: then the Api returned a served copy, as it does outside `stored_answers`), `obj` rendered."""
+    if plain:
+        text = api.stored_encoded(rt, obj)
+        if text is not None:
+            return _json_text(text, status, warnings)
+    return _json(_render_one(request, api, rt, obj), status, warnings)
 
 
 def _not_found() -> web.Response:
@@ -233,16 +259,19 @@ async def _resource(request: web.Request) -> web.StreamResponse:
         if method == "POST":
             if rt.namespaced and ns is None:
                 raise method_not_allowed()
-            obj, warnings = api.create(
-                rt,
-                ns or "",
-                await _body(request, rt.kind),
-                field_validation=fv,
-                dry_run=dry_run,
-                manager=writer,
-                owned=_fresh_json(request),
-            )
-            return _json(_render_one(request, api, rt, obj), 201, warnings)
+            body = await _body(request, rt.kind)
+            plain = _plain(request, dry_run)
+            with api.stored_answers() if plain else nullcontext():  # no await within
+                obj, warnings = api.create(
+                    rt,
+                    ns or "",
+                    body,
+                    field_validation=fv,
+                    dry_run=dry_run,
+                    manager=writer,
+                    owned=_fresh_json(request),
+                )
+            return _written(request, api, rt, obj, 201, warnings, plain)
         if method == "DELETE":
             deleted = api.delete_collection(
                 rt, ns, label_selector=q.get("labelSelector"), field_selector=q.get("fieldSelector")
@@ -259,37 +288,45 @@ async def _resource(request: web.Request) -> web.StreamResponse:
     if rt.namespaced and ns is None:
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
     if method == "GET":
+        if not _accepts_table(request) and not _accepts_partial(request):
+            return _json_text(api.get_encoded(rt, ns or "", name))
         return _json(_render_one(request, api, rt, api.get(rt, ns or "", name)))
     if method == "PUT":
-        obj, warnings = api.update(
-            rt,
-            ns or "",
-            name,
-            await _body(request, rt.kind),
-            subresource=sub,
-            field_validation=fv,
-            dry_run=dry_run,
-            manager=writer,
-            owned=_fresh_json(request),
-        )
-        return _json(_render_one(request, api, rt, obj), 200, warnings)
+        body = await _body(request, rt.kind)
+        plain = _plain(request, dry_run)
+        with api.stored_answers() if plain else nullcontext():  # no await within
+            obj, warnings = api.update(
+                rt,
+                ns or "",
+                name,
+                body,
+                subresource=sub,
+                field_validation=fv,
+                dry_run=dry_run,
+                manager=writer,
+                owned=_fresh_json(request),
+            )
+        return _written(request, api, rt, obj, 200, warnings, plain)
     if method == "PATCH":
         apply = request.content_type == "application/apply-patch+yaml"
         existed = apply and api.store.peek(rt.key, (ns or "") if rt.namespaced else "", name) is not None
-        obj, warnings = api.patch(
-            rt,
-            ns or "",
-            name,
-            request.content_type,
-            await _body(request, rt.kind),
-            subresource=sub,
-            field_validation=fv,
-            dry_run=dry_run,
-            manager=manager if apply else writer,
-            force=q.get("force", "").lower() in ("1", "true"),
-        )
+        body = await _body(request, rt.kind)
+        plain = _plain(request, dry_run)
+        with api.stored_answers() if plain else nullcontext():  # no await within
+            obj, warnings = api.patch(
+                rt,
+                ns or "",
+                name,
+                request.content_type,
+                body,
+                subresource=sub,
+                field_validation=fv,
+                dry_run=dry_run,
+                manager=manager if apply else writer,
+                force=q.get("force", "").lower() in ("1", "true"),
+            )
         status = 201 if apply and not existed else 200  # an apply that creates answers as a create
-        return _json(_render_one(request, api, rt, obj), status, warnings)
+        return _written(request, api, rt, obj, status, warnings, plain)
     if method == "DELETE":
         if sub:
             raise method_not_allowed()

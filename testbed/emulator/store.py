@@ -39,6 +39,24 @@ def clone(value: Any) -> Any:
     return value
 
 
+def same_json(a: Any, b: Any) -> bool:
+    """Whether two JSON values are the same JSON: Python's == alone takes true for 1 and 1 for 1.0, which
+    JSON, schema validation and field sets (a set list's `v:1` is not `v:true`) tell apart. `==` first:
+    unequal values (most) are told at C speed."""
+    return a == b and _exact(a, b)
+
+
+def _exact(a: Any, b: Any) -> bool:
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is dict:
+        return all(_exact(v, b[k]) for k, v in a.items())  # == held: the same keys
+    if kind is list:
+        return all(_exact(u, v) for u, v in zip(a, b, strict=True))
+    return True  # scalars of one type that == held for
+
+
 @dataclass(frozen=True)
 class Event:
     type: str  # ADDED | MODIFIED | DELETED
@@ -94,9 +112,10 @@ class Store:
         self._rv += 1
         return self._rv
 
-    def put(self, key: TypeKey, obj: Obj, *, event: str, adopt: bool = False) -> Obj:
+    def put(self, key: TypeKey, obj: Obj, *, event: str, adopt: bool = False, copy: bool = True) -> Obj:
         """Store `obj` under a fresh resourceVersion and publish `event`; returns a copy of it. With
-        `adopt`, `obj` itself is stored (the caller hands it over and must not use it again)."""
+        `adopt`, `obj` itself is stored (the caller hands it over and must not use it again). Without
+        `copy`, the stored object itself is returned: to be read only, as `peek`'s."""
         meta = obj["metadata"]
         ident = (meta.get("namespace", ""), meta["name"])
         old = self._objects.get(key, {}).get(ident)
@@ -105,7 +124,7 @@ class Store:
         stored["metadata"]["resourceVersion"] = str(rv)
         self._objects.setdefault(key, {})[ident] = stored
         self._publish(Event(event, key, stored, old, rv))
-        return clone(stored)
+        return clone(stored) if copy else stored
 
     def remove(self, key: TypeKey, obj: Obj, *, adopt: bool = False) -> Obj:
         """Delete for good; the DELETED event carries the final state under a new resourceVersion. With

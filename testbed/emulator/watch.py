@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from testbed.emulator import errors, schema, tables
+from testbed.emulator import errors, tables
 from testbed.emulator.api import Api
 from testbed.emulator.resources import ResourceType
 from testbed.emulator.store import Event, clone
@@ -108,19 +108,18 @@ async def serve(
     def render(kind: str, obj: Obj) -> bytes:
         nonlocal first_table
         rt = req.rt
-        if req.table or (rt.custom and rt.schema and schema.lacks_defaults(obj, rt.schema)):
-            served = api.served(rt, clone(obj))  # events share the stored dicts: default a copy
-        else:  # only apiVersion and kind change: a shallow copy, encoded at once, never changed
-            served = {**obj, "apiVersion": rt.api_version, "kind": rt.kind}
-        if req.table:
-            served = tables.table(
-                req.rt,
-                [served],
-                resource_version=served["metadata"]["resourceVersion"],
-                include=req.include_object,
-                with_columns=first_table,
-            )
-            first_table = False
+        if not req.table:
+            # the object's text as a GET or the write's answer sends it (encoded once for all of them):
+            # what json.dumps of {"type": kind, "object": served} writes, compact
+            return f'{{"type":{json.dumps(kind)},"object":{api.encoded(rt, obj)}}}\n'.encode()
+        served = tables.table(
+            req.rt,
+            [api.served(rt, clone(obj))],  # events share the stored dicts: default a copy
+            resource_version=obj["metadata"]["resourceVersion"],
+            include=req.include_object,
+            with_columns=first_table,
+        )
+        first_table = False
         return (json.dumps({"type": kind, "object": served}, separators=(",", ":")) + "\n").encode()
 
     def render_event(ev: Event, kind: str, obj: Obj) -> bytes:

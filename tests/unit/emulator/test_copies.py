@@ -18,7 +18,7 @@ import pytest
 
 from testbed.emulator import Api, ApiError
 from testbed.emulator.resources import ResourceType
-from testbed.emulator.store import Event, Store
+from testbed.emulator.store import Event, Store, same_json
 
 from .conftest import crd_type, proxy, widget_crd
 
@@ -214,3 +214,40 @@ def test_defaults_reaching_into_metadata_change_no_stored_managed_fields(
     api.update(widgets, "default", "w", w, manager="b")
     api.patch(widgets, "default", "w", MERGE, {"spec": {"size": 3}}, manager="c")
     assert recorded.changed() == []
+
+
+def test_stored_answers_hand_out_the_stored_object_only_within_and_only_for_stored_writes(
+    api: Api, proxies: ResourceType
+) -> None:
+    """The HTTP server's mode (Api.stored_answers): a write that stores returns the stored dict itself,
+    to be encoded, not copied; outside it, and after a write refused within it, callers get copies."""
+    with api.stored_answers():
+        created, _ = api.create(proxies, "default", proxy("a"), manager="op")
+        assert created is api.store.peek(proxies.key, "default", "a")
+        with pytest.raises(ApiError):
+            api.create(proxies, "default", proxy("a"), manager="op")  # exists: 409
+    copied, _ = api.create(proxies, "default", proxy("b"), manager="op")
+    assert copied is not api.store.peek(proxies.key, "default", "b")
+    with pytest.raises(ApiError), api.stored_answers():
+        api.update(proxies, "default", "a", {**created, "metadata": {"name": "a"}}, manager="op")  # no rv
+    changed = copy.deepcopy(created)
+    changed["spec"]["port"] = 8080
+    updated, _ = api.update(proxies, "default", "a", changed, manager="other")
+    assert updated is not api.store.peek(proxies.key, "default", "a") and updated["spec"]["port"] == 8080
+    assert updated == api.get(proxies, "default", "a")
+
+
+@pytest.mark.parametrize(("a", "b", "same"), [
+    ({"x": 1, "y": [1, "a"]}, {"y": [1, "a"], "x": 1}, True),  # key order is no part of JSON equality
+    (1, True, False),
+    (1, 1.0, False),
+    (0, False, False),
+    ({"x": [1]}, {"x": [1.0]}, False),
+    ({"x": {"y": True}}, {"x": {"y": 1}}, False),
+    ([{"k": 1}], [{"k": 1}, {"k": 1}], False),
+    ({"x": None}, {}, False),
+    ({"x": None}, {"x": None}, True),
+])
+def test_same_json_tells_apart_what_python_equality_confuses(a: Any, b: Any, same: bool) -> None:
+    """store.same_json, what the caches that skip work for unchanged fields compare with."""
+    assert same_json(a, b) is same and same_json(b, a) is same

@@ -5,6 +5,7 @@ subresource. kubectl's side is in tests/integration/test_kubectl_emulator.py."""
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime
 
 import pytest
 
@@ -354,3 +355,68 @@ def test_a_body_carrying_managed_fields_of_another_shape_is_a_bad_request(
     assert (exc.value.code, exc.value.reason) == (400, "BadRequest")
     assert "metadata.managedFields" in exc.value.message
     assert api.get(proxies, "default", "a") == before
+
+
+def _ownership_history(api: Api, proxies: ResourceType) -> list[list[dict]]:
+    """managedFields after each write of a mix: creates, an apply, updates and a status write by other
+    managers (each taking fields from the others), an apply again, two objects with equal field sets."""
+    out = []
+    for name in ("a", "b"):
+        out.append(api.create(proxies, "default", proxy(name, port=3128), manager="op")[0])
+        applied = {"apiVersion": "egressproxies.io/v1alpha1", "kind": "Proxy", "metadata": {"name": name},
+                   "spec": {"port": 3000}}
+        out.append(api.patch(proxies, "default", name, APPLY, applied, manager="kubectl", force=True)[0])
+        out.append(api.patch(proxies, "default", name, MERGE, {"spec": {"port": 3001}}, manager="edit")[0])
+        status = {"status": {"phase": "Ready", "conditions": [{"type": "Ready", "status": "True"}]}}
+        out.append(api.patch(proxies, "default", name, MERGE, status, subresource="status", manager="op")[0])
+        out.append(api.patch(proxies, "default", name, APPLY, applied, manager="kubectl", force=True)[0])
+    return [o["metadata"]["managedFields"] for o in out]
+
+
+def test_ownership_is_the_same_whether_its_fieldsv1_trees_are_shared_or_built_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stored entries share one fieldsV1 tree per field set, and a write reads a tree it built by identity
+    (fieldmanager.shared_fields_v1): with room for one tree only, every other is built and parsed again,
+    and what each write records must not differ."""
+    from kube.kube_emulator_fixtures import proxy_crd
+
+    from testbed.emulator import fieldmanager
+
+    from .conftest import crd_type
+
+    def history() -> list[list[dict]]:
+        api = Api(clock=lambda: datetime(2026, 12, 2, tzinfo=UTC))
+        api.create(crd_type(api), "", proxy_crd())
+        return _ownership_history(api, api.resource("egressproxies.io", "v1alpha1", "proxies"))
+
+    shared = history()
+    monkeypatch.setattr(fieldmanager, "_TREES_MAX", 1)
+    monkeypatch.setattr(fieldmanager, "_trees", {})
+    monkeypatch.setattr(fieldmanager, "_tree_paths", {})
+    rebuilt = history()
+    assert rebuilt == shared
+    assert len(fieldmanager._trees) == 1
+    # the managers the mix should leave: the status entry with the op's main entry, edit's port taken back
+    assert [(m["manager"], m["operation"], m.get("subresource", "")) for m in shared[-1]] == [
+        ("op", "Update", ""), ("op", "Update", "status"), ("kubectl", "Apply", "")]
+
+
+def test_a_set_item_equal_only_to_python_is_a_new_item_of_the_writer(api: Api) -> None:
+    """A set list's items are owned by value as JSON (`v:1` is not `v:1.0`), though Python's == takes them
+    for equal: the field set of a write must not be reused from the object it starts from then."""
+    from .conftest import crd_type, widget_crd
+
+    crd = widget_crd()
+    props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    props["nums"] = {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "number"}}
+    api.create(crd_type(api), "", crd)
+    widgets = api.resource("example.com", "v1", "widgets")
+    obj, _ = api.create(widgets, "default", {"metadata": {"name": "w"}, "spec": {"size": 1, "nums": [1]}},
+                        manager="a")
+    obj, _ = api.update(widgets, "default", "w", {**obj, "spec": {"size": 1, "nums": [1.0]}}, manager="b")
+    assert obj["spec"]["nums"] == [1.0] and isinstance(obj["spec"]["nums"][0], float)
+    nums = ("f:spec", "f:nums")
+    got = owners(obj)
+    assert (*nums, "v:1.0") in got[("b", "Update", "")]
+    assert {p for p in got[("a", "Update", "")] if p[:2] == nums and len(p) == 3} == set()

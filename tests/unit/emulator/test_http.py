@@ -315,3 +315,66 @@ async def test_debug_requests_counts_by_verb_resource_and_writer(emu: Emulator) 
     assert counts == {("POST", "", "proxies", "", "kubectl"): 1, ("GET", "", "proxies", "", "egress-kvm"): 1,
                       ("PUT", "", "proxies", "status", "egress-kvm"): 1,
                       ("PUT", "", "proxies", "status", "someone"): 1}
+
+
+def _uncached(emu: Emulator, group: str, version: str, plural: str, name: str) -> bytes:
+    """What a GET sent before answers were encoded once per stored object: `Api.get`'s copy, encoded."""
+    obj = emu.api.get(emu.api.resource(group, version, plural), "default", name)
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+async def test_answers_and_events_share_one_encoding_that_follows_every_change(
+    emu: Emulator, http: aiohttp.ClientSession
+) -> None:
+    """A stored object's text is encoded once (Api.encoded) for the write's answer, its watch event and
+    later GETs: each must still be exactly the object as stored now, for the type asked for; a dry run
+    answers its own object and leaves the stored text; a CRD that gains a default changes the text."""
+    crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/proxies.egressproxies.io"
+    px = ("egressproxies.io", "v1alpha1", "proxies", "a")
+    async with http.get(PX, params={"watch": "1"}) as w:
+        async with http.post(PX, json=proxy("a"), params={"fieldManager": "op"}) as r:
+            created = await r.read()
+        async with http.get(f"{PX}/a") as r:
+            assert await r.read() == created == _uncached(emu, *px)
+        obj = json.loads(created)
+        obj["spec"]["port"] = 8080
+        async with http.put(f"{PX}/a", json=obj, params={"fieldManager": "op"}) as r:
+            updated = await r.read()
+        assert json.loads(updated)["spec"]["port"] == 8080
+        async with http.get(f"{PX}/a") as r:
+            assert await r.read() == updated == _uncached(emu, *px)
+        events = await _lines(w, 2)
+    assert [json.dumps(e["object"], separators=(",", ":")).encode() for e in events] == [created, updated]
+    dry = {**json.loads(updated), "spec": {**obj["spec"], "port": 9090}}
+    async with http.put(f"{PX}/a", json=dry, params={"dryRun": "All", "fieldManager": "other"}) as r:
+        answered = json.loads(await r.read())
+    assert answered["spec"]["port"] == 9090
+    assert [m["manager"] for m in answered["metadata"]["managedFields"]] == ["op", "other"]
+    async with http.get(f"{PX}/a") as r:
+        assert await r.read() == updated
+    async with http.get(crd_path) as r:
+        crd = await r.json()
+    props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    props["newField"] = {"type": "string", "default": "later"}
+    async with http.put(crd_path, json=crd) as r:
+        assert r.status == 200
+    async with http.get(f"{PX}/a") as r:
+        again = await r.read()
+    assert json.loads(again)["spec"]["newField"] == "later" and again == _uncached(emu, *px)
+
+
+async def test_gets_of_two_versions_of_one_object_get_their_own_version(http: aiohttp.ClientSession) -> None:
+    """The encoded-once text of a stored object is per resource type: each version's GET its apiVersion."""
+    crd = widget_crd()
+    v1 = crd["spec"]["versions"][0]
+    crd["spec"]["versions"] = [dict(v1, name="v1beta1", storage=False), v1]
+    async with http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd) as r:
+        assert r.status == 201
+    path = "/apis/example.com/{}/namespaces/default/widgets"
+    async with http.post(path.format("v1"), json={"metadata": {"name": "w"}}) as r:
+        assert r.status == 201
+    got = []
+    for version in ("v1", "v1beta1", "v1"):
+        async with http.get(path.format(version) + "/w") as r:
+            got.append((await r.json())["apiVersion"])
+    assert got == ["example.com/v1", "example.com/v1beta1", "example.com/v1"]

@@ -233,3 +233,47 @@ def test_a_crd_may_not_describe_or_restrict_the_roots_metadata() -> None:
     (err,) = check_root_metadata(described, "s")
     assert str(err) == ("s.properties[metadata]: Forbidden: must not specify anything other than name and "
                         "generateName, but metadata is implicitly specified")
+
+
+def test_unchanged_fields_are_validated_again_once_their_crd_changes(api: Api, proxies: ResourceType) -> None:
+    """A write does not validate again the fields it leaves as they were in an object that validated
+    against the same schema (Api._apply_schema); a CRD change makes a new schema, and the emulator, which
+    does not ratchet validation, then refuses a write whose untouched spec the new schema refuses."""
+    obj, _ = api.create(proxies, "default", proxy("a", port=8080), manager="op")
+    status = {**obj, "status": {"phase": "Pending"}}
+    obj, _ = api.update(proxies, "default", "a", status, subresource="status", manager="op")
+    crds = crd_type(api)
+    crd = api.get(crds, "", "proxies.egressproxies.io")
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["properties"]["port"]["maximum"] = 8000
+    api.update(crds, "", "proxies.egressproxies.io", crd)
+    proxies = api.resource("egressproxies.io", "v1alpha1", "proxies")
+    with pytest.raises(ApiError) as e:
+        api.update(proxies, "default", "a", {**obj, "status": {"phase": "Ready"}}, subresource="status",
+                   manager="op")
+    assert e.value.code == 422 and [c["field"] for c in e.value.details["causes"]] == ["spec.port"]
+    # the same write with a spec the new schema takes
+    obj = api.get(proxies, "default", "a")
+    obj["spec"]["port"] = 3128
+    obj, _ = api.update(proxies, "default", "a", obj, manager="op")
+    obj, _ = api.update(proxies, "default", "a", {**obj, "status": {"phase": "Ready"}}, subresource="status",
+                        manager="op")
+    assert obj["status"] == {"phase": "Ready"}
+    # an unchanged spec is not validated again, a changed one is
+    with pytest.raises(ApiError) as e:
+        api.update(proxies, "default", "a", {**obj, "spec": {**obj["spec"], "port": 9000}}, manager="op")
+    assert [c["field"] for c in e.value.details["causes"]] == ["spec.port"]
+
+
+@pytest.mark.parametrize("sent", [True, 1.0], ids=["boolean", "float"])
+def test_a_field_equal_only_to_python_is_validated_again(api: Api, sent: object) -> None:
+    """Python's == takes true and 1.0 for 1: a field so "equal" to the stored one that validated is still
+    another JSON value, and must be validated (refused: 422 naming it), not skipped as unchanged."""
+    api.create(crd_type(api), "", widget_crd(status=True))
+    widgets = api.resource("example.com", "v1", "widgets")
+    obj, _ = api.create(widgets, "default", {"metadata": {"name": "w"}, "spec": {"size": 1}})
+    obj, _ = api.update(widgets, "default", "w", {**obj, "status": {"seen": 1}}, subresource="status")
+    with pytest.raises(ApiError) as e:
+        api.update(widgets, "default", "w", {**obj, "spec": {"size": sent}})
+    assert e.value.code == 422 and [c["field"] for c in e.value.details["causes"]] == ["spec.size"]
+    assert api.get(widgets, "default", "w")["spec"] == {"size": 1}
