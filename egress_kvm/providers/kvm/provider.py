@@ -60,7 +60,7 @@ from rpc.errors import LibvirtError, NotFoundError
 from rpc.types import Domain, DomainGetStateRet, StoragePool, StorageVol
 
 from . import capacity, metadata, naming, placement, seed, static_ip
-from .addresses import discover
+from .addresses import Sources, conclude, read_sources
 from .calllog import current_instance, make_observer, make_tracer
 from .domain_xml import DomainSpec, domain_xml, has_traffic_filter, volume_xml, without_uuid
 from .eviction import collect_unused_bases
@@ -196,11 +196,23 @@ class KvmProvider:
             if dom is None:
                 return None
             try:
-                # The metadata and the state at once (together.py): one round trip, not two.
-                meta, st = await together(self._metadata(host, dom), self._state(host, dom))
+                # One round after the lookup (together.py): the metadata, the state and, when the lookup
+                # says the domain runs (an id; -1 is inactive), both address sources too. The sources
+                # only read; if the state says it is not running after all (paused) or the metadata names
+                # a static address, their answer is dropped. Not asked on a static-address host, whose
+                # VMs need no discovery: a Get there makes no call it did not make before.
+                sources = None
+                if dom.id != -1 and host.config.static_addresses is None:
+                    meta, st, sources = await together(
+                        self._metadata(host, dom), self._state(host, dom),
+                        read_sources(host, dom, mac=naming.mac_address(name), bridge=host.config.bridge,
+                                     name=name))
+                else:
+                    meta, st = await together(self._metadata(host, dom), self._state(host, dom))
+                # Checked before anything is acted on (the paused path's pool refresh included).
                 if owner_uid is not None:
                     self._check_ours(host, name, meta, action="manage", owner_uid=owner_uid)
-                return await self._instance(host, dom, name, meta, state=st)
+                return await self._instance(host, dom, name, meta, state=st, sources=sources)
             except NotFoundError:
                 return None  # undefined between our calls: it is gone
 
@@ -733,7 +745,8 @@ class KvmProvider:
         return await host.call("domain_get_state", lambda lv: lv.domain_get_state(dom, 0))
 
     async def _instance(self, host: Host, dom: Domain, name: str, meta: Meta | None, *,
-                        state: DomainGetStateRet | None = None) -> Instance:
+                        state: DomainGetStateRet | None = None, sources: Sources | None = None) -> Instance:
+        """The Instance as the host shows it; `sources`: the address sources, when asked already."""
         st = state if state is not None else await self._state(host, dom)
         message = ""
         if st.state == DomainState.PAUSED and st.reason == DOMAIN_PAUSED_IOERROR:
@@ -753,8 +766,10 @@ class KvmProvider:
         if power == PowerState.RUNNING and meta is not None and meta.address:
             ip = meta.address  # static: the operator gave it, the nwfilter pins it; nothing to discover
         elif power == PowerState.RUNNING:
-            found = await discover(host, dom, mac=naming.mac_address(name), bridge=host.config.bridge,
-                                   name=name)
+            mac = naming.mac_address(name)
+            if sources is None:
+                sources = await read_sources(host, dom, mac=mac, bridge=host.config.bridge, name=name)
+            found = conclude(host, sources, mac=mac, bridge=host.config.bridge, name=name)
             ip, lost, silent = found.ip, found.stranded, found.unanswered
             if lost and not await self._filtered(host, dom):
                 # No nwfilter pins the old address (trafficFilter: none when it was defined): the host

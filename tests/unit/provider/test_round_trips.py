@@ -13,6 +13,7 @@ import pytest
 from fakes import FakeLibvirtClient, fake_kvm_provider
 from provider_helpers import request
 
+from egress_kvm.providers.base import PowerState
 from egress_kvm.providers.kvm.hosts import reusable
 from egress_kvm.providers.kvm.together import first_failure, together
 
@@ -64,15 +65,34 @@ async def test_a_create_makes_seven_round_trips_in_a_row_not_fourteen(
         await provider.close()
 
 
-async def test_a_get_makes_three_round_trips_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_get_of_a_running_vm_makes_two_round_trips_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lookup, then the metadata, the state and the address sources at once: the lookup's id says the
+    domain runs, and none of the three needs another's answer. The same calls as three rounds made."""
     provider, hv = fake_kvm_provider()
     try:
         await provider.create(request())
         hv["host0"].set_vm_ip(NAME, "192.0.2.7")
+        hv["host0"].calls.clear()
         count, rounds = await waves(monkeypatch, provider.get(NAME, "host0"))
-        assert rounds == [["domain_lookup_by_name"], ["domain_get_metadata", "domain_get_state"],
-                          ["domain_interface_addresses"]]
-        assert count == 3
+        assert rounds == [["domain_lookup_by_name"],
+                          ["domain_get_metadata", "domain_get_state", "domain_interface_addresses"]]
+        assert count == 2
+        assert sorted(hv["host0"].calls) == ["domain_get_metadata", "domain_get_state",
+                                             "domain_interface_addresses", "domain_lookup_by_name"]
+    finally:
+        await provider.close()
+
+
+async def test_a_get_of_a_stopped_vm_asks_no_address_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An inactive domain (lookup id -1) has no address to find: the metadata and the state only."""
+    provider, hv = fake_kvm_provider()
+    try:
+        await provider.create(request())
+        hv["host0"].shut_off(NAME)
+        hv["host0"].exec_log.clear()
+        count, rounds = await waves(monkeypatch, provider.get(NAME, "host0"))
+        assert rounds == [["domain_lookup_by_name"], ["domain_get_metadata", "domain_get_state"]]
+        assert hv["host0"].exec_log == []  # no `ip neigh` either
     finally:
         await provider.close()
 
@@ -185,5 +205,21 @@ async def test_gc_listing_reads_each_domains_metadata_once() -> None:
         assert sorted(i.name for i in await provider.list_managed()) == ["proxy-a2", "proxy-a3", "proxy-a4"]
         assert h.calls == ["connect_list_all_domains", "domain_get_metadata"]
         assert len(provider._listed_meta["host0"]) == 3  # nothing kept for the domain that went
+    finally:
+        await provider.close()
+
+
+async def test_a_paused_vm_drops_the_addresses_asked_beside_its_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paused, a domain keeps its id, so its sources are asked with the state; a paused VM serves nothing,
+    so what they said is not its endpoint (as when they were asked only for a running one)."""
+    provider, hv = fake_kvm_provider()
+    try:
+        await provider.create(request())
+        hv["host0"].set_vm_ip(NAME, "192.0.2.7")
+        hv["host0"].pause(NAME)
+        count, rounds = await waves(monkeypatch, provider.get(NAME, "host0"))
+        assert count == 2, rounds
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and inst.power_state is PowerState.PAUSED and inst.ip is None
     finally:
         await provider.close()
