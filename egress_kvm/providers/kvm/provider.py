@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import aiohttp
@@ -184,7 +184,7 @@ class KvmProvider:
                 meta = await self._metadata(host, dom)
                 self._check_ours(host, name, meta, action="reuse", owner_uid=request.owner_uid)
                 st = await self._ensure_running(host, dom, name, machine_type=resolved.machine_type)
-                return await self._instance(host, dom, name, meta, state=st)
+                return replace(await self._instance(host, dom, name, meta, state=st), existed=True)
             if pool is None:
                 raise TransientError(f"host {host.name!r} has no storage pool {host.config.pool!r}")
             return await self._create_new(host, request, resolved, pool, progress=progress)
@@ -503,6 +503,7 @@ class KvmProvider:
         # by the retry (_create_volume) or removed with the instance (delete goes by name).
         await together(overlay(), seed_disk())
 
+        existed = False
         try:
             dom = await host.call("domain_define_xml", lambda lv: lv.domain_define_xml(xml))
         except LibvirtError as exc:
@@ -513,11 +514,12 @@ class KvmProvider:
             dom = await host.call("domain_lookup_by_name", lambda lv: lv.domain_lookup_by_name(name))
             theirs = await self._metadata(host, dom)
             self._check_ours(host, name, theirs, action="reuse", owner_uid=request.owner_uid)
+            existed = True
         log.v(1).info("domain defined", mac=spec.mac, memoryMiB=mtype.memory_mib, vcpus=mtype.vcpus)
         dom = await self._start(host, dom, name)
         return Instance(name=name, zone=host.name, power_state=PowerState.RUNNING, ip=ip,
                         owner_uid=meta.owner_uid, created_at=meta.created_at,
-                        owner_namespace=meta.owner_namespace, owner_name=meta.owner_name)
+                        owner_namespace=meta.owner_namespace, owner_name=meta.owner_name, existed=existed)
 
     async def _static_address(self, host: Host, name: str) -> str | None:
         """The VM's address on a host with staticAddresses (static_ip.py), None on a DHCP bridge."""

@@ -74,9 +74,10 @@ class FakeProvider:
         self._reach(zone, "create", request.name)
         existing = self.vms.get((zone, request.name))
         if existing is not None:
+            self._check_owner(existing, request.owner_uid, "reuse")
             if existing.power_state is not PowerState.RUNNING:
                 await self.start(request.name, zone)
-            return self.vms[(zone, request.name)]
+            return dataclasses.replace(self.vms[(zone, request.name)], existed=True)
         if self.capacity is not None and sum(1 for z, _ in self.vms if z == zone) >= self.capacity:
             raise QuotaError(f"host {zone}: not enough free memory for {request.name}")
         self.create_started.set()

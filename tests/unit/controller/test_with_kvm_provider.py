@@ -225,3 +225,36 @@ async def test_a_vm_stranded_by_an_address_change_is_readdressed_and_status_foll
         assert kube.reasons("px1").count("Readdressed") == 1  # once: no loop once the host confirms it
     finally:
         await moved.stop()
+
+
+async def test_a_new_proxy_looks_its_name_up_once_before_the_define(
+        kube: FakeKube, kvm, proxy_server: MiniProxy, make_controller) -> None:
+    """No look before a first create (planner.look_first): the create's own lookup is the only one."""
+    provider, hv = kvm
+    h = hv["host0"]
+    make_controller({PROVIDER: provider})
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    await boot(kube, h)
+    before_define = h.calls[:h.calls.index("domain_define_xml")]
+    assert before_define.count("domain_lookup_by_name") == 1, before_define
+    assert "Created" in kube.reasons("px1")
+
+
+async def test_a_lost_status_write_finds_the_proxys_own_instance_and_says_found(
+        kube: FakeKube, kvm, proxy_server: MiniProxy, make_controller) -> None:
+    """Status lost the name of the Proxy's instance (a write that never landed): the pass plans a create
+    without a look, the provider finds the VM made for this Proxy and keeps it (no second define), the
+    Event says Found, not Created, and status names it again."""
+    provider, hv = kvm
+    h = hv["host0"]
+    c = make_controller({PROVIDER: provider})
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    name = await boot(kube, h)
+    await eventually(lambda: phase(kube) == "Ready")
+    defines = h.calls.count("domain_define_xml")
+    kube.objects[KEY]["status"] = {}
+    c.enqueue(KEY)
+    await eventually(lambda: "Found" in kube.reasons("px1"), what="Found event")
+    await eventually(lambda: phase(kube) == "Ready")
+    assert kube.status(KEY)["instance"]["name"] == name
+    assert h.calls.count("domain_define_xml") == defines and kube.reasons("px1").count("Created") == 1
