@@ -13,7 +13,7 @@ import pytest
 from fakes import FakeLibvirtClient, fake_kvm_provider
 from provider_helpers import request
 
-from egress_kvm.providers.base import PowerState
+from egress_kvm.providers.base import PowerState, QuotaError
 from egress_kvm.providers.kvm.hosts import reusable
 from egress_kvm.providers.kvm.together import first_failure, together
 
@@ -63,6 +63,68 @@ async def test_a_create_makes_seven_round_trips_in_a_row_not_fourteen(
                    or "storage_pool_get_info" in r)
     finally:
         await provider.close()
+
+
+async def test_a_later_create_on_a_host_sends_its_room_reads_with_the_lookup_six_rounds_thirteen_calls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool's handle kept from the first create: the base image check, the pool refresh and the free
+    memory go out with the domain lookup, and no pool lookup is made. The order of the guarantees holds:
+    both room checks before any volume, both volumes before the define."""
+    provider, hv = fake_kvm_provider()
+    try:
+        await provider.create(request())
+        hv["host0"].calls.clear()
+        count, rounds = await waves(monkeypatch, provider.create(request(name="proxy-two")))
+        assert rounds[0] == ["domain_lookup_by_name", "node_get_free_memory", "storage_pool_refresh",
+                             "storage_vol_lookup_by_name", "storage_vol_lookup_by_name"]
+        assert rounds[1] == ["storage_pool_get_info", "storage_vol_get_info", "storage_vol_get_path"]
+        assert rounds[2:] == [["storage_vol_create_xml", "storage_vol_create_xml"], ["storage_vol_upload"],
+                              ["domain_define_xml"], ["domain_create_with_flags"]]
+        assert count == 6 and len(hv["host0"].calls) == 13
+    finally:
+        await provider.close()
+
+
+async def test_a_pool_defined_again_is_looked_up_afresh_and_the_create_goes_on() -> None:
+    """A kept handle gone stale (libvirt resolves it by UUID, drawn anew when the pool is defined again)
+    answers NO_STORAGE_POOL: the create forgets it, looks the pool up and makes the VM as the first create
+    did; the next one uses the new handle."""
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        h.redefine_pool()
+        h.calls.clear()
+        inst = await provider.create(request(name="proxy-two"))
+        assert inst.name in h.domains and h.calls.count("storage_pool_lookup_by_name") == 1
+        assert {v for v in h.volumes if v.startswith("proxy-two")}  # overlay and seed made
+        h.calls.clear()
+        await provider.create(request(name="proxy-three"))
+        assert "storage_pool_lookup_by_name" not in h.calls and len(h.calls) == 13
+    finally:
+        await provider.close()
+
+
+async def test_a_create_on_a_kept_handle_raises_what_a_create_without_one_raises() -> None:
+    """The same short host, a create with the pool handle kept and one without (a fresh provider): the
+    same QuotaError (the checks' order is the sequential one), and neither writes a volume."""
+    async def attempt(known: bool) -> str:
+        provider, hv = fake_kvm_provider()
+        h = hv["host0"]
+        try:
+            if known:
+                await provider.create(request(name="proxy-first"))
+            h.outside_usage = h.pool_available()  # the pool full (seen after the refresh)
+            h.memory = 0
+            written = h.calls.count("storage_vol_create_xml")
+            with pytest.raises(QuotaError) as caught:
+                await provider.create(request())
+            assert h.calls.count("storage_vol_create_xml") == written
+            return str(caught.value)
+        finally:
+            await provider.close()
+
+    assert await attempt(True) == await attempt(False)
 
 
 async def test_a_get_of_a_running_vm_makes_two_round_trips_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
