@@ -2,8 +2,9 @@
 
 Create (for a name with no domain yet): image cache -> pool space -> free memory -> overlay -> seed ISO
 -> define (with the metadata element) -> start. About a dozen RPCs with a cached base; see
-docs/kvm-provider.md for the measured counts. Get is four: lookup, state, metadata, agent addresses
-(plus the ARP / neighbour-table fallbacks while the agent is not up yet).
+docs/kvm-provider.md for the measured counts and the round trips. Get is four: lookup, then state,
+metadata and agent addresses together (plus the neighbour-table exec, and libvirt's ARP source when that
+is refused).
 
 A paused domain is resumed by start (and by create's ensure-running path), except while an operation of
 libvirt's own holds it paused (migration, save, dump, shutdown, snapshot, start-up). One paused on an I/O
