@@ -17,9 +17,9 @@ from egress_kvm.providers.base import (
 )
 
 from .compose import Verdict
-from .plan import create_events
 from .context import Context
 from .desired import Desired, provider_for_ref
+from .plan import create_events
 from .planner import (
     Act,
     Create,

@@ -345,8 +345,9 @@ class Hypervisor:
         if name != self.pool_name:
             raise no_pool(name)
         if not isinstance(handle, str) and handle.uuid != self.pool_uuid:
-            raise lv_error(ErrorCode.NO_STORAGE_POOL, f"Storage pool not found: no storage pool with matching "
-                           f"uuid '{uuidlib.UUID(bytes=handle.uuid)}' ({name})", domain=ERROR_DOMAIN_STORAGE)
+            uuid = uuidlib.UUID(bytes=handle.uuid)
+            raise lv_error(ErrorCode.NO_STORAGE_POOL, f"Storage pool not found: no storage pool with "
+                           f"matching uuid '{uuid}' ({name})", domain=ERROR_DOMAIN_STORAGE)
         if not self.pool_active:
             raise lv_error(ErrorCode.OPERATION_INVALID, f"storage pool '{name}' is not active",
                            domain=ERROR_DOMAIN_STORAGE)

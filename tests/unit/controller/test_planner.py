@@ -289,7 +289,7 @@ def test_the_created_instances_events_ride_on_its_create() -> None:
 
 @pytest.mark.parametrize(("current", "previous", "create_answered", "look"), [
     (None, None, False, False),  # a new Proxy, one whose Secret came back, one switched from External
-    (None, OLD, False, False),  # previousInstance kept from a Managed spec (its entry gone): only it looked at
+    (None, OLD, False, False),  # previousInstance kept (its entry gone): only it is looked at
     (None, NEW, False, True),  # previousInstance is the target itself: status names it, it may exist
     (NEW, None, False, True),  # status names it: a restart mid-create, a quota or import retry
     (NEW, OLD, False, True),  # a replacement, after the status write naming the target
@@ -301,7 +301,7 @@ def test_look_first(current: Ref | None, previous: Ref | None, create_answered: 
     assert look_first(current=current, target=NEW, previous=previous, create_answered=create_answered) is look
 
 
-def chain(o: Observed, world: dict[Ref, Instance | None | QuotaError]) -> tuple[list[tuple[Any, ...]], Any]:
+def chain(o: Observed, world: dict[Ref, Instance | QuotaError | None]) -> tuple[list[tuple[Any, ...]], Any]:
     """The rounds of one pass, the provider answering from `world` (a create returns what is there, marked
     `existed`, as Provider.create does, or makes it)."""
     from egress_kvm.controller.planner import MAX_ROUNDS

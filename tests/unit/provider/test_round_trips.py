@@ -152,7 +152,7 @@ async def test_a_get_of_a_stopped_vm_asks_no_address_source(monkeypatch: pytest.
         await provider.create(request())
         hv["host0"].shut_off(NAME)
         hv["host0"].exec_log.clear()
-        count, rounds = await waves(monkeypatch, provider.get(NAME, "host0"))
+        _, rounds = await waves(monkeypatch, provider.get(NAME, "host0"))
         assert rounds == [["domain_lookup_by_name"], ["domain_get_metadata", "domain_get_state"]]
         assert hv["host0"].exec_log == []  # no `ip neigh` either
     finally:
@@ -271,7 +271,8 @@ async def test_gc_listing_reads_each_domains_metadata_once() -> None:
         await provider.close()
 
 
-async def test_a_paused_vm_drops_the_addresses_asked_beside_its_state(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_paused_vm_drops_the_addresses_asked_beside_its_state(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Paused, a domain keeps its id, so its sources are asked with the state; a paused VM serves nothing,
     so what they said is not its endpoint (as when they were asked only for a running one)."""
     provider, hv = fake_kvm_provider()
