@@ -194,6 +194,8 @@ class KvmProvider:
                 # pool's info with NO_STORAGE_POOL: forgotten, and looked up afresh.
                 mtype = placement.machine_type(self.config, resolved.machine_type)
                 source = placement.image_source(self.config, resolved.image)
+                # Marked used before it is read, as _base does: eviction's grace must cover the read.
+                self._base_used.setdefault(host.name, {})[source.base_volume] = time.monotonic()
                 dom, cached, available, memory = await together(
                     self._lookup_domain(host, name), settled(self._images.cached(host, known, source)),
                     settled(capacity.refreshed_available(host, known)),
