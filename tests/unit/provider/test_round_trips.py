@@ -15,7 +15,7 @@ from provider_helpers import request
 
 from egress_kvm.providers.base import PowerState, QuotaError
 from egress_kvm.providers.kvm.hosts import reusable
-from egress_kvm.providers.kvm.together import first_failure, together
+from egress_kvm.providers.kvm.together import first_failure, settled, together
 
 NAME = "proxy-abc"
 
@@ -286,3 +286,18 @@ async def test_a_paused_vm_drops_the_addresses_asked_beside_its_state(
         assert inst is not None and inst.power_state is PowerState.PAUSED and inst.ip is None
     finally:
         await provider.close()
+
+
+async def test_settled_keeps_an_error_as_a_value_until_asked_and_together_does_not_raise_it() -> None:
+    """A speculative read's failure is not the call's failure until its value is wanted; a cancel is not
+    kept (it ends the caller)."""
+    kept, value = await together(settled(fails("later")), settled(ok(7)))
+    assert isinstance(kept.error, Boom) and value.error is None and await value.value() == 7
+    with pytest.raises(Boom, match=r"^later$"):
+        await kept.value()
+
+    async def cancelled() -> int:
+        raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        await settled(cancelled())
