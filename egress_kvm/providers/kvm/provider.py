@@ -196,14 +196,19 @@ class KvmProvider:
                 source = placement.image_source(self.config, resolved.image)
                 # Marked used before it is read, as _base does: eviction's grace must cover the read.
                 self._base_used.setdefault(host.name, {})[source.base_volume] = time.monotonic()
+                # While its import runs, the importer answers InProgress without reading the cache: no
+                # read on speculation either (the ramp's first creates on a host).
+                importing = (host.name, known.name, source.base_volume) in self._importer.running_keys()
                 dom, cached, available, memory = await together(
-                    self._lookup_domain(host, name), settled(self._images.cached(host, known, source)),
+                    self._lookup_domain(host, name),
+                    settled(self._images.cached(host, known, source) if not importing else _unread()),
                     settled(capacity.refreshed_available(host, known)),
                     settled(self._check_memory(host, memory_mib=mtype.memory_mib,
                                                machine_type=resolved.machine_type)))
                 if dom is None and not isinstance(available.error, NotFoundError):
                     return await self._create_new(host, request, resolved, known, progress=progress,
-                                                  early=_Early(cached, available, memory))
+                                                  early=_Early(None if importing else cached, available,
+                                                               memory))
                 pool = None
                 if dom is None:
                     self._pools.pop(host.name, None)
@@ -469,7 +474,8 @@ class KvmProvider:
                 self._check_memory(host, memory_mib=mtype.memory_mib, machine_type=resolved.machine_type))
         else:
             base, available, _ = await together(
-                self._base(host, pool, source, request, cached=early.cached.value),
+                self._base(host, pool, source, request,
+                           cached=early.cached.value if early.cached is not None else None),
                 early.available.value(), early.memory.value())
         ip = await self._static_address(host, name)
         try:
@@ -866,7 +872,7 @@ class KvmProvider:
 class _Early:
     """A create's room reads, sent with its domain lookup (create): each an answer or the error it gave."""
 
-    cached: Settled[BaseImage | None]
+    cached: Settled[BaseImage | None] | None  # None: not read (its import ran): _base reads it if need be
     available: Settled[int]
     memory: Settled[None]
 
@@ -888,6 +894,11 @@ class _Room:
     def error(self) -> QuotaError:
         return capacity.paused_on_io_error(host=self.host, pool=self.pool, name=self.name,
                                            available=self.available, needed=self.needed)
+
+
+async def _unread() -> BaseImage | None:
+    """Stands for a cache read not made (create: its import runs); never used as an answer."""
+    return None
 
 
 def _checked_name(name: str) -> str:

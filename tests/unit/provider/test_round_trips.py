@@ -13,7 +13,8 @@ import pytest
 from fakes import FakeLibvirtClient, fake_kvm_provider
 from provider_helpers import request
 
-from egress_kvm.providers.base import PowerState, QuotaError
+from egress_kvm.providers.base import InProgress, PowerState, QuotaError
+from egress_kvm.providers.kvm import placement
 from egress_kvm.providers.kvm.hosts import reusable
 from egress_kvm.providers.kvm.together import first_failure, settled, together
 
@@ -301,3 +302,32 @@ async def test_settled_keeps_an_error_as_a_value_until_asked_and_together_does_n
 
     with pytest.raises(asyncio.CancelledError):
         await settled(cancelled())
+
+
+async def test_a_create_while_its_image_imports_reads_no_cache_on_speculation() -> None:
+    """The importer answers InProgress without reading the cache while the import runs; the create's room
+    reads sent with its lookup leave the cache alone then too (no base or marker lookup)."""
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    hold = asyncio.Event()
+
+    async def fetch(_progress: Any) -> Any:
+        await hold.wait()
+        raise AssertionError("not reached")
+
+    async def nothing() -> None:
+        return None
+
+    try:
+        await provider.create(request())  # the pool's handle is kept
+        source = placement.image_source(provider.config, "debian-12")
+        key = ("host0", h.pool_name, source.base_volume)
+        with pytest.raises(InProgress):
+            await provider._importer.base(key, label="held", instance="proxy-other", cached=nothing,
+                                          fetch=fetch)
+        h.calls.clear()
+        with pytest.raises(InProgress):
+            await provider.create(request(name="proxy-two"))
+        assert "storage_vol_lookup_by_name" not in h.calls and "storage_pool_refresh" in h.calls, h.calls
+    finally:
+        await provider.close()
