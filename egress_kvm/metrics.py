@@ -181,6 +181,13 @@ IMAGE_IMPORTS = Counter(
     "egress_kvm_image_imports_total",
     "Base image downloads into a host pool, by result (success, error, cancelled).",
     ["host", "image", "result"], registry=REGISTRY)
+KUBE_EVENTS_DROPPED = Counter(
+    "egress_kvm_kube_events_dropped_total",
+    "Kubernetes Events not written: queue_full (the sender of the object's shard fell behind) or stopped "
+    "(queued or in flight at shutdown).", ["reason"], registry=REGISTRY)
+EVENT_DROP_REASONS = ("queue_full", "stopped")
+for _why in EVENT_DROP_REASONS:  # at 0 from the start: an alert on rate() sees a series, not an absence
+    KUBE_EVENTS_DROPPED.labels(_why)
 PROBES_TOTAL = Counter(
     "egress_kvm_health_probes_total", "Health probes by result.", ["result"], registry=REGISTRY)
 PROXIES = Gauge("egress_kvm_proxies", "Proxies by phase.", ["phase"], registry=REGISTRY)

@@ -5,7 +5,8 @@ instead of silently undoing someone else's change; on 409 we re-read and re-appl
 is computed by us alone; the finalizer list is edited, not replaced). Events follow client-go's recorder
 closely enough for `kubectl describe`: core/v1 Events with involvedObject, reason, type, source, and a
 repeat of the same (object, type, reason, message) bumps `count` and `lastTimestamp` on the existing
-Event instead of creating a new one.
+Event instead of creating a new one. `record_event` only queues: Events are written by background
+senders (kube/recorder.py), so `close()` them before the ApiClient.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..log import Logger, get_logger
 from .interfaces import FINALIZER, GROUP, PLURAL, VERSION, Obj, ProxyGone, SpecChanged
+from .recorder import CAPACITY, DRAIN_TIMEOUT, SENDERS, EventQueue, PendingEvent
 from .rest import MERGE_PATCH, KubeApiError, from_api_exception, path_of, request_json, send_json
 
 COMPONENT = "egress-kvm"
@@ -29,7 +31,6 @@ COMPONENT = "egress-kvm"
 FIELD_MANAGER = "egress-kvm"
 CONFLICT_RETRIES = 8
 EVENT_CACHE_SIZE = 4096
-EVENT_MESSAGE_MAX = 1024
 REQUEST_TIMEOUT = 30.0
 # The typed CustomObjectsApi's paths and Accept header, sent through rest.send_json (its docstring says why).
 PROXY_PATH = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{PLURAL}/{{name}}"
@@ -51,7 +52,8 @@ class KubeApiClient:
     """The controller's window on the API server. Construct with an ApiClient from kube.client."""
 
     def __init__(self, api_client: ApiClient, *, component: str = COMPONENT,
-                 logger: Logger | None = None) -> None:
+                 logger: Logger | None = None, event_senders: int = SENDERS,
+                 event_capacity: int = CAPACITY) -> None:
         self._api_client = api_client
         self._custom = CustomObjectsApi(api_client)
         self._core = CoreV1Api(api_client)
@@ -61,6 +63,9 @@ class KubeApiClient:
         # (uid, type, reason, message) -> (namespace, event name, count): dedupe like client-go's
         # EventCorrelator, bounded so a long-lived process does not grow without end.
         self._events: OrderedDict[tuple[str, str, str, str], tuple[str, str, int]] = OrderedDict()
+        # Events are written in the background, never inside a reconcile (recorder.py says why and how).
+        self._event_queue = EventQueue(self._send_event, senders=event_senders, capacity=event_capacity,
+                                       logger=self._log)
 
     # --- Proxies -------------------------------------------------------------------------------------
 
@@ -168,18 +173,26 @@ class KubeApiClient:
     # --- Events --------------------------------------------------------------------------------------
 
     async def record_event(self, obj: Obj, *, type_: str, reason: str, message: str) -> None:
+        """Queue the Event and return at once: senders write it (kube/recorder.py). Never raises."""
         try:
-            await self._record_event(obj, type_=type_, reason=reason, message=message)
+            self._event_queue.submit(PendingEvent.about(obj, type_=type_, reason=reason, message=message))
         except Exception as exc:  # best effort by contract: an Event must never fail a reconcile
             self._log.error(exc, "recording event failed", namespace=_ns_name(obj)[0],
                             name=_ns_name(obj)[1], reason=reason)
 
-    async def _record_event(self, obj: Obj, *, type_: str, reason: str, message: str) -> None:
-        meta = obj.get("metadata", {})
-        namespace = meta.get("namespace") or "default"
-        message = message if len(message) <= EVENT_MESSAGE_MAX else message[:EVENT_MESSAGE_MAX - 3] + "..."
-        cache_key = (meta.get("uid", "") or f"{namespace}/{meta.get('name')}", type_, reason, message)
-        now = time.time()
+    async def flush_events(self) -> None:
+        """Wait until every Event recorded so far has been written (or failed): for tests and tools."""
+        await self._event_queue.flush()
+
+    async def close(self, *, timeout: float = DRAIN_TIMEOUT) -> None:  # noqa: ASYNC109 - a drain bound
+        """Stop the Event senders: what is queued gets up to `timeout` seconds, then is dropped. Close this
+        before the ApiClient it writes through."""
+        await self._event_queue.close(timeout=timeout)
+
+    async def _send_event(self, ev: PendingEvent) -> None:
+        """Write one Event: a repeat of a series still cached PATCHes its count, else a new one is POSTed.
+        Called by one sender per object (recorder.shard_of), so one series is never written concurrently."""
+        cache_key = ev.series_key
         seen = self._events.get(cache_key)
         if seen is not None:
             ev_ns, ev_name, count = seen
@@ -187,7 +200,7 @@ class KubeApiClient:
                 await request_json(
                     self._api_client, "PATCH", f"/api/v1/namespaces/{ev_ns}/events/{ev_name}",
                     query={"fieldManager": FIELD_MANAGER},
-                    body={"count": count + 1, "lastTimestamp": rfc3339(now)}, content_type=MERGE_PATCH)
+                    body={"count": count + 1, "lastTimestamp": rfc3339(ev.at)}, content_type=MERGE_PATCH)
             except KubeApiError as err:
                 if not err.not_found:
                     raise
@@ -197,32 +210,32 @@ class KubeApiClient:
                 self._events[cache_key] = (ev_ns, ev_name, count + 1)
                 self._events.move_to_end(cache_key)
                 return
-        name = f"{meta.get('name', 'unknown')}.{time.time_ns():x}"
+        name = f"{ev.name or 'unknown'}.{time.time_ns():x}"
         body: Obj = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": {"name": name, "namespace": ev.namespace},
             "involvedObject": {
-                "apiVersion": obj.get("apiVersion", f"{GROUP}/{VERSION}"),
-                "kind": obj.get("kind", "Proxy"),
-                "namespace": namespace,
-                "name": meta.get("name", ""),
-                "uid": meta.get("uid", ""),
-                "resourceVersion": meta.get("resourceVersion", ""),
+                "apiVersion": ev.api_version,
+                "kind": ev.kind,
+                "namespace": ev.namespace,
+                "name": ev.name,
+                "uid": ev.uid,
+                "resourceVersion": ev.resource_version,
             },
-            "reason": reason,
-            "message": message,
-            "type": type_,
+            "reason": ev.reason,
+            "message": ev.message,
+            "type": ev.type_,
             "count": 1,
-            "firstTimestamp": rfc3339(now),
-            "lastTimestamp": rfc3339(now),
+            "firstTimestamp": rfc3339(ev.at),
+            "lastTimestamp": rfc3339(ev.at),
             "source": {"component": self._component, "host": self._instance},
             "reportingComponent": self._component,
             "reportingInstance": self._instance,
         }
-        await request_json(self._api_client, "POST", f"/api/v1/namespaces/{namespace}/events",
+        await request_json(self._api_client, "POST", f"/api/v1/namespaces/{ev.namespace}/events",
                            query={"fieldManager": FIELD_MANAGER}, body=body)
-        self._events[cache_key] = (namespace, name, 1)
+        self._events[cache_key] = (ev.namespace, name, 1)
         while len(self._events) > EVENT_CACHE_SIZE:
             self._events.popitem(last=False)
 

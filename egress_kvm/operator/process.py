@@ -11,9 +11,10 @@ status written back through KubeApiClient. This module owns only lifetimes:
 - /healthz fails when the informer, the controller or the providers poller died (never a zombie that
   answers probes but does nothing); /readyz fails until the first full list.
 - SIGTERM (or SIGINT): the controller stops taking keys and gets --graceful-shutdown-timeout to finish
-  what is in flight, then the watch stops, the lease is released (a successor takes over at once), the
-  providers' SSH connections close, and the process exits 0. Losing the lease exits 1, as
-  controller-runtime does: the kubelet restarts us as a fresh candidate.
+  what is in flight, then queued Events get a couple of seconds to be written, the watch stops, the lease
+  is released (a successor takes over at once), the providers' SSH connections close, and the process
+  exits 0. Losing the lease exits 1, as controller-runtime does (no grace: queued Events are dropped):
+  the kubelet restarts us as a fresh candidate.
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ from .providers_file import LoadedProviders, build, close_all, file_digest, read
 
 OLD_PROVIDERS_CLOSE_DELAY = 60.0  # reconciles still using replaced providers get this long
 CLUSTER_ID_PATIENCE = 30.0  # how long start-up waits for an API server that is not answering yet
+EVENT_DRAIN_TIMEOUT = 2.0  # queued Events at shutdown: best effort, never worth holding the exit long
+CONTROLLER_EXIT_GRACE = 5.0  # after controller.stop's own timeout, for its task to end
+INFORMER_EXIT_GRACE = 5.0  # for the watch to stop
+
+
+def shutdown_budget(graceful_shutdown_timeout: float) -> float:
+    """The longest a SIGTERM keeps the process up through its bounded steps (lease release and SSH closes
+    come on top): the Deployment's terminationGracePeriodSeconds must exceed it, or the kubelet's SIGKILL
+    cuts the shutdown short (test_operator_deploy checks the manifest against it)."""
+    return graceful_shutdown_timeout + CONTROLLER_EXIT_GRACE + EVENT_DRAIN_TIMEOUT + INFORMER_EXIT_GRACE
 
 
 class Operator:
@@ -56,6 +67,7 @@ class Operator:
         self.informer: ProxyInformer | None = None
         self.controller: Any = None
         self.elector: LeaderElector | None = None
+        self.kube: KubeApiClient | None = None
         self.providers: Mapping[str, Provider] = {}
         self.loaded: LoadedProviders | None = None
         self._stop = asyncio.Event()
@@ -162,7 +174,10 @@ class Operator:
             loop.add_signal_handler(sig, self.request_stop)
             stack.callback(loop.remove_signal_handler, sig)
 
-        kube = KubeApiClient(api_client)
+        kube = self.kube = KubeApiClient(api_client)
+        # Its Event senders stop before the ApiClient closes (the stack unwinds in reverse); _shutdown
+        # normally drains them first, this covers a return before it.
+        stack.push_async_callback(kube.close)
         self.informer = ProxyInformer(api_client, namespace=opts.namespace or None, on_event=self._on_event)
         from ..controller.manager import Controller  # the controller's own imports stay off start-up errors
 
@@ -249,7 +264,12 @@ class Operator:
                 await self.controller.stop(timeout=0 if lost else self.options.graceful_shutdown_timeout)
             except Exception as exc:
                 self.log.error(exc, "controller stop failed")
-            await _finish(controller_task, grace=5.0)
+            await _finish(controller_task, grace=CONTROLLER_EXIT_GRACE)
+        if self.kube is not None:
+            # Nothing records Events any more: the queued ones get a short bound, then the senders stop.
+            # After a lost lease none: a successor may already be writing Events about the same Proxies,
+            # and ours, landing after theirs, would tell their story out of order.
+            await self.kube.close(timeout=0 if lost else EVENT_DRAIN_TIMEOUT)
         leader = self._tasks.get("leader")
         if leader is not None:
             await _finish(leader, grace=0)
@@ -260,7 +280,7 @@ class Operator:
             self.informer.stop()
         informer_task = self._tasks.get("informer")
         if informer_task is not None:
-            await _finish(informer_task, grace=5.0)
+            await _finish(informer_task, grace=INFORMER_EXIT_GRACE)
         if self.elector is not None and not lost:
             await self.elector.release()
         self.log.info("operator stopped")

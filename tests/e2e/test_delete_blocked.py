@@ -76,8 +76,9 @@ def test_delete_blocked_while_the_entry_is_missing_then_proceeds_when_it_is_back
         assert obj["status"]["phase"] == "Deleting"
         assert vm in domains(lab, "host0")
         assert "running" in labmod.virsh(lab, "host0", "domstate", vm)
-        found = warnings(st, "DeleteBlocked")
-        assert found, "no DeleteBlocked Warning Event"
+        # Events are written in the background, after the status of the pass that records them: poll.
+        found = wait_until(lambda: warnings(st, "DeleteBlocked"), timeout=30,
+                           what="the DeleteBlocked Warning Event", interval=0.5)
         message = found[0]["message"]
         assert f"provider {entry!r} is not in the providers file" in message and vm in message
         assert f"kubectl patch px {NAME} -n default --type=json" in message

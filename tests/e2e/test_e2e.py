@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2e_stack import (
@@ -174,9 +175,9 @@ def step2b_destroyed_vm_restarted(step) -> None:  # type: ignore[no-untyped-def]
                what="Ready again after the restart", interval=1)
     st = step.wait_ready(FIRST)
     assert st["instance"]["name"] == name  # the same VM, started again, not a new one
-    reasons = step.kubectl("get", "events", "--field-selector", f"involvedObject.name={FIRST}",
-                           "-o", "jsonpath={.items[*].reason}").stdout.split()
-    assert "Restarted" in reasons, reasons
+    # Events are written in the background, after the pass that records them: poll.
+    wait_until(lambda: events_of(step, FIRST, "Restarted"), timeout=30, what="the Restarted Event",
+               interval=0.5)
 
 
 def test_step2c_a_paused_vm_is_resumed_on_its_event(step):
@@ -245,9 +246,8 @@ def step3b_undefined_vm_recreated(step) -> None:  # type: ignore[no-untyped-def]
     assert its_volumes() == gone  # the same names: made again
     st = step.wait_ready(SECOND)
     assert st["instance"]["name"] == name
-    events = step.kubectl("get", "events", "--field-selector", f"involvedObject.name={SECOND}",
-                          "-o", "json").stdout
-    recreated = [e for e in json.loads(events)["items"] if e["reason"] == "Recreated"]
+    recreated = wait_until(lambda: events_of(step, SECOND, "Recreated"), timeout=30,
+                           what="the Recreated Event", interval=0.5)
     assert recreated and recreated[0]["type"] == "Warning" and name in recreated[0]["message"], recreated
 
 
@@ -285,9 +285,8 @@ def step3c_dhcp_address_followed(step, proxy: str) -> None:  # type: ignore[no-u
           f"{time.monotonic() - t0:.1f}s")
     assert new_ip in st["endpoint"] and st["instance"]["name"] == name
     assert labmod.virsh(step.lab, zone, "domuuid", name).strip() != uuid  # defined afresh
-    events = step.kubectl("get", "events", "--field-selector", f"involvedObject.name={proxy}",
-                          "-o", "json").stdout
-    readdressed = [e for e in json.loads(events)["items"] if e["reason"] == "Readdressed"]
+    readdressed = wait_until(lambda: events_of(step, proxy, "Readdressed"), timeout=30,
+                             what="the Readdressed Event", interval=0.5)
     assert readdressed and readdressed[0]["type"] == "Warning" and new_ip in readdressed[0]["message"]
     # The zone's own target: the root namespace does not forward between hosts, so a host1 VM cannot reach
     # host0's (step.lab.http_target).
@@ -371,20 +370,25 @@ def lanes(step, plan) -> None:  # type: ignore[no-untyped-def]
     join_all(tasks)
 
 
+def events_of(step, proxy: str, reason: str) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """The Proxy's Events with this reason, as the API server has them now."""
+    out = step.kubectl("get", "events", "--field-selector", f"involvedObject.name={proxy}", "-o", "json")
+    return [e for e in json.loads(out.stdout)["items"] if e.get("reason") == reason]
+
+
 def unhealthy_events(step, proxy: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
     """The Proxy's Unhealthy Events, by name, with how often each was seen (a repeat bumps `count`)."""
-    out = step.kubectl("get", "events", "--field-selector", f"involvedObject.name={proxy}", "-o", "json")
-    return {e["metadata"]["name"]: int(e.get("count") or 1)
-            for e in json.loads(out.stdout)["items"] if e.get("reason") == "Unhealthy"}
+    return {e["metadata"]["name"]: int(e.get("count") or 1) for e in events_of(step, proxy, "Unhealthy")}
 
 
 def test_step5_orphan_gc_removes_a_vm_whose_proxy_vanished(step):
     inst = step.status(FIXME)["instance"]
     name, zone = inst["name"], inst["zone"]
     # Earlier steps may have turned the live Proxies unhealthy on purpose (2b, 2c, 3b): only
-    # Unhealthy Events the restart adds count, so take stock of them first.
-    unhealthy_before = {other: unhealthy_events(step, other) for other in (FIRST, SECOND)}
+    # Unhealthy Events the restart adds count, so take stock of them first, once the old operator has
+    # stopped (its Events are written in the background: the stop drains them).
     assert step.operator.stop() == 0
+    unhealthy_before = {other: unhealthy_events(step, other) for other in (FIRST, SECOND)}
     step.kubectl("patch", "px", FIXME, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
     step.kubectl("delete", "px", FIXME, "--wait=false")
     wait_until(lambda: step.kubectl.get("px", FIXME) is None, timeout=30, what=f"Proxy {FIXME} gone")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from kube.kube_emulator_fixtures import emulator_with_crd
+from kube.kube_emulator_fixtures import create_proxy, emulator_with_crd
 
+from egress_kvm.kube.rest import request_json
 from egress_kvm.operator.flags import BindAddress, Options
 from egress_kvm.operator.process import Operator
 
@@ -84,3 +85,59 @@ async def test_healthz_fails_when_the_informer_dies_of_an_error(running: tuple[O
 
     status, body = await _get(port, "/healthz")
     assert status == 500 and "[-]informer failed: the Proxy watch died" in body.splitlines(), body
+
+
+async def test_stop_writes_the_queued_events_and_leaves_no_sender(tmp_path: Path) -> None:
+    """The Event senders are part of the process's lifetime: stopped (after a drain) before it exits."""
+    providers = tmp_path / "providers.yaml"
+    providers.write_text("providers: []\n")
+    async with emulator_with_crd() as (emu, client):
+        obj = await create_proxy(client, "p", provider="nope")  # goes Failed: one Event at least
+        kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig")
+        op = Operator(Options(kubeconfig=str(kubeconfig), providers_config=str(providers),
+                              cluster_id="test-cluster", metrics_bind_address=None,
+                              health_probe_bind_address=None, graceful_shutdown_timeout=1.0))
+        task = asyncio.create_task(op.run())
+
+        async def up() -> bool:
+            if task.done():
+                raise AssertionError(f"operator exited: {task.result()}")
+            return op.kube is not None and "controller" in op._tasks
+
+        await _until(up)
+        assert op.kube is not None
+        await op.kube.record_event(obj, type_="Normal", reason="JustBeforeStop", message="queued")
+        op.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+        assert [t for t in asyncio.all_tasks() if t.get_name().startswith("event sender")] == []
+        events = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
+        assert "JustBeforeStop" in {e["reason"] for e in events}
+
+
+async def test_a_cancelled_operator_leaves_no_sender(tmp_path: Path) -> None:
+    """Cancelled instead of stopped (asyncio.run unwinding on Ctrl-C, an embedding caller giving up): the
+    Event senders still end with it."""
+    providers = tmp_path / "providers.yaml"
+    providers.write_text("providers: []\n")
+    async with emulator_with_crd() as (emu, client):
+        obj = await create_proxy(client, "p", provider="nope")
+        kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig")
+        op = Operator(Options(kubeconfig=str(kubeconfig), providers_config=str(providers),
+                              cluster_id="test-cluster", metrics_bind_address=None,
+                              health_probe_bind_address=None, graceful_shutdown_timeout=1.0))
+        task = asyncio.create_task(op.run())
+
+        async def up() -> bool:
+            if task.done():
+                raise AssertionError(f"operator exited: {task.result()}")
+            return op.kube is not None and "controller" in op._tasks
+
+        await _until(up)
+        assert op.kube is not None
+        await op.kube.record_event(obj, type_="Normal", reason="JustBeforeCancel", message="queued")
+        senders = [t for t in asyncio.all_tasks() if t.get_name().startswith("event sender")]
+        assert senders  # started by the Event above
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 30)
+        assert all(t.done() for t in senders)

@@ -154,9 +154,13 @@ async def test_starts_serves_probes_and_metrics_reconciles_and_stops_on_sigterm(
 
         obj = await until(failed)
         assert "'nope'" in obj["status"]["message"]
-        events = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
-        assert any(e["involvedObject"]["name"] == "p" and e["source"]["component"] == "egress-kvm"
-                   for e in events)
+
+        async def recorded() -> bool:  # Events are written in the background, after the status
+            events = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
+            return any(e["involvedObject"]["name"] == "p" and e["source"]["component"] == "egress-kvm"
+                       for e in events)
+
+        await until(recorded)
 
         status, metrics = await op.get(op.metrics, "/metrics")
         assert status == 200

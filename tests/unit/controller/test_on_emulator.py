@@ -76,6 +76,15 @@ class Cluster:
                                  query={"fieldSelector": f"involvedObject.name={name}"})
         return [(e["type"], e["reason"], e["message"]) for e in out["items"]]
 
+    async def until_events(self, name: str, pred: Any, *, limit: float = 15) -> list[tuple[str, str, str]]:
+        """Events are written in the background after the pass that records them: poll for them."""
+        async with asyncio.timeout(limit):
+            while True:
+                events = await self.events(name)
+                if pred(events):
+                    return events
+                await asyncio.sleep(0.02)
+
 
 @pytest.fixture
 async def cluster(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Cluster, Any]]:
@@ -89,7 +98,8 @@ async def cluster(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Cluste
         controller_ref: list[Controller] = []
         informer = ProxyInformer(op_client, namespace=None,
                                  on_event=lambda kind, obj: controller_ref[0].on_event(kind, obj))
-        controller = Controller(kube=KubeApiClient(op_client), store=informer, egress=LOOPBACK_POLICIES,
+        kube = KubeApiClient(op_client)
+        controller = Controller(kube=kube, store=informer, egress=LOOPBACK_POLICIES,
                                 providers={"kvm-test": provider}, resync_period=3600, gc_interval=3600,
                                 **FAST)
         controller_ref.append(controller)
@@ -101,6 +111,7 @@ async def cluster(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Cluste
         finally:
             await controller.stop(timeout=2)
             await run
+            await kube.close()
             informer.stop()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(informer_task, 5)
@@ -139,8 +150,7 @@ async def test_proxy_to_ready_replaced_and_deleted_through_the_real_kube_layer(
     assert st["observedGeneration"] == obj["metadata"]["generation"]
     assert {x["type"]: x["status"] for x in st["conditions"]} == {"Ready": "True", "Healthy": "True",
                                                                     "HostReachable": "True"}
-    reasons = [r for _, r, _ in await c.events("px1")]
-    assert {"Created", "Running", "Ready"} <= set(reasons)
+    await c.until_events("px1", lambda evs: {"Created", "Running", "Ready"} <= {r for _, r, _ in evs})
 
     # A spec fix through a merge patch: replaced create-before-delete.
     await request_json(c.client, "PATCH", path("px1"), body={"spec": {"placement": {"machineType": "small",
@@ -166,7 +176,8 @@ async def test_proxy_to_ready_replaced_and_deleted_through_the_real_kube_layer(
             await asyncio.sleep(0.02)
     assert h.domains == {}
     assert not [v for v in h.volumes if v.startswith("proxy-")]
-    assert ("Normal", "Deleted", f"deleted instance {second} on host0") in await c.events("px1")
+    deleted = ("Normal", "Deleted", f"deleted instance {second} on host0")
+    await c.until_events("px1", lambda evs: deleted in evs)
 
 
 async def test_failed_on_the_server_names_the_field_and_is_fixed_by_a_spec_change(
@@ -177,11 +188,7 @@ async def test_failed_on_the_server_names_the_field_and_is_fixed_by_a_spec_chang
     await apply(c, "px1", spec)
     st = await c.until_status("px1", lambda s: s.get("phase") == "Failed")
     assert "'xlarge'" in st["message"]
-    async with asyncio.timeout(15):  # the Event is recorded just after the status write
-        while True:
-            if any(r == "Failed" and "'xlarge'" in m for _, r, m in await c.events("px1")):
-                break
-            await asyncio.sleep(0.02)
+    await c.until_events("px1", lambda evs: any(r == "Failed" and "'xlarge'" in m for _, r, m in evs))
     await request_json(c.client, "PATCH", path("px1"),
                        body={"spec": {"placement": {"machineType": "small"}}},
                        content_type="application/merge-patch+json")

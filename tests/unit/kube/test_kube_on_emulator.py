@@ -300,6 +300,7 @@ async def test_events_are_recorded_for_the_object_and_repeats_bump_count() -> No
         await kube.record_event(obj, type_="Normal", reason="Provisioning", message="creating VM")
         await kube.record_event(obj, type_="Normal", reason="Provisioning", message="creating VM")
         await kube.record_event(obj, type_="Warning", reason="Failed", message="unknown zone 'x'")
+        await kube.flush_events()
         items = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
         by_reason = {e["reason"]: e for e in items}
         assert len(items) == 2
@@ -316,6 +317,7 @@ async def test_events_are_recorded_for_the_object_and_repeats_bump_count() -> No
             "fieldSelector": f"involvedObject.name=p,involvedObject.namespace=default,"
                              f"involvedObject.uid={obj['metadata']['uid']}"})
         assert len(selected["items"]) == 2
+        await kube.close()
 
 
 async def test_an_expired_event_starts_a_new_series_and_failures_never_raise() -> None:
@@ -323,14 +325,21 @@ async def test_an_expired_event_starts_a_new_series_and_failures_never_raise() -
         kube = KubeApiClient(client)
         obj = await create_proxy(client, "p")
         await kube.record_event(obj, type_="Normal", reason="Ready", message="ok")
+        await kube.flush_events()
         (first,) = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
         await request_json(client, "DELETE", f"/api/v1/namespaces/default/events/{first['metadata']['name']}")
         await kube.record_event(obj, type_="Normal", reason="Ready", message="ok")
+        await kube.flush_events()
         (second,) = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
         assert second["count"] == 1 and second["metadata"]["name"] != first["metadata"]["name"]
-        # A namespace that does not exist: the API refuses, record_event swallows it (best effort).
+        # A namespace that does not exist: the API refuses, the sender logs it and goes on (best effort).
         ghost = {**obj, "metadata": {**obj["metadata"], "namespace": "no-such-ns"}}
         await kube.record_event(ghost, type_="Normal", reason="X", message="y")
+        await kube.record_event(obj, type_="Normal", reason="After", message="still sent")
+        await kube.flush_events()
+        items = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
+        assert sorted(e["reason"] for e in items) == ["After", "Ready"]
+        await kube.close()
 
 
 async def test_cluster_id_is_the_kube_system_uid_and_stable() -> None:
@@ -357,6 +366,7 @@ async def test_kubectl_describe_shows_our_events_deduplicated(tmp_path: Path) ->
             await kube.record_event(obj, type_="Warning", reason="Failed",
                                     message="spec.provider: 'nope' is not in the providers file")
         await kube.record_event(obj, type_="Normal", reason="Provisioning", message="creating instance")
+        await kube.close()  # drains what is queued
         argv = [exe, f"--kubeconfig={kubeconfig}", "describe", "px", "p"]
         done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
@@ -364,3 +374,30 @@ async def test_kubectl_describe_shows_our_events_deduplicated(tmp_path: Path) ->
         failed = next(line for line in events.splitlines() if "Failed" in line)
         assert "(x3 over" in failed and "egress-kvm" in failed and "'nope'" in failed
         assert any("Provisioning" in line and "creating instance" in line for line in events.splitlines())
+
+
+async def test_an_events_timestamps_are_when_it_was_recorded_not_when_it_was_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sender writes later (under load, much later): the Event must still say when it happened.
+    from types import SimpleNamespace
+
+    import egress_kvm.kube.recorder as recorder
+    from egress_kvm.kube.api import rfc3339
+
+    clock = [1_700_000_000.0]
+    monkeypatch.setattr(recorder, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: 0.0))
+    async with emulator_with_crd() as (_emu, client):
+        kube = KubeApiClient(client)
+        obj = await create_proxy(client, "p")
+        await kube.record_event(obj, type_="Normal", reason="Ready", message="ok")  # queued, not yet written
+        clock[0] += 100
+        await kube.flush_events()
+        (ev,) = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
+        assert (ev["firstTimestamp"], ev["lastTimestamp"]) == (rfc3339(1_700_000_000), rfc3339(1_700_000_000))
+        await kube.record_event(obj, type_="Normal", reason="Ready", message="ok")  # a repeat: PATCHed
+        clock[0] += 100
+        await kube.flush_events()
+        (ev,) = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
+        assert (ev["count"], ev["firstTimestamp"], ev["lastTimestamp"]) == (
+            2, rfc3339(1_700_000_000), rfc3339(1_700_000_100))
+        await kube.close()
