@@ -133,6 +133,13 @@ class Provider(Protocol):
         Proxy's raises NotOwned, as `get` with `owner_uid` does), starting it if it is not running."""
         ...
 
+    def connected(self, zone: str) -> bool:
+        """Whether a live session to `zone` is held now, known without I/O (False when unsure: none yet,
+        one dropped, an unknown zone). The planner skips the look before a first create only then
+        (planner.look_first): a look at a host that does not answer records nothing in status, so a
+        Proxy made while its host is down is deleted at once, not after the host answers again."""
+        ...
+
     async def get(self, name: str, zone: str, *, owner_uid: str | None = None) -> Instance | None:
         """None only when the host answered that there is no such VM; unreachable -> TransientError.
         With `owner_uid`, an instance recorded as someone else's raises NotOwned."""

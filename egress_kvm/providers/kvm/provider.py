@@ -176,6 +176,10 @@ class KvmProvider:
                                  f"(known: {', '.join(self._hosts)})")
         return host
 
+    def connected(self, zone: str) -> bool:
+        host = self._hosts.get(zone)
+        return host is not None and host.connected
+
     async def create(self, request: CreateRequest, *, progress: ProgressCallback | None = None) -> Instance:
         name = _checked_name(request.name)
         resolved = placement.checked(request.placement, self.config, provider=self.name,

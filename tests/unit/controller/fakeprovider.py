@@ -69,6 +69,10 @@ class FakeProvider:
             raise PermanentError(f"image {image!r} is neither an image key nor an http(s) URL")
         return ResolvedPlacement(zone=zone, machine_type=mt, image=image)
 
+    def connected(self, zone: str) -> bool:
+        """A session is taken as held to every reachable zone of the fake."""
+        return zone in self._zones and zone not in self.unreachable
+
     async def create(self, request: CreateRequest, *, progress: ProgressCallback | None = None) -> Instance:
         zone = request.placement.zone
         self._reach(zone, "create", request.name)
