@@ -19,6 +19,7 @@ from egress_kvm.providers.base import (
 from .compose import Verdict
 from .context import Context
 from .desired import Desired, provider_for_ref
+from .plan import create_events
 from .planner import (
     Act,
     Create,
@@ -161,7 +162,8 @@ async def create(ctx: Context, act: Create, desired: Desired, *,
         instance = await desired.provider.create(request, progress=progress)
     except (QuotaError, InProgress) as e:
         return e
-    ctx.log.info("instance created", instance=target.name, zone=target.zone)
-    ctx.events.extend(act.events)
+    ctx.log.info("instance found and kept" if instance.existed else "instance created", instance=target.name,
+                 zone=target.zone)
+    ctx.events.extend(create_events(act.events, target=target, existed=instance.existed))
     return instance
 

@@ -111,6 +111,16 @@ class Plan:
 NEEDS_START = (PowerState.STOPPED, PowerState.CRASHED, PowerState.PAUSED)
 
 
+def create_events(events: tuple[Event, ...], *, target: Ref, existed: bool) -> tuple[Event, ...]:
+    """The Events a create that succeeded records: the plan's ("Created", "Recreated"), unless the provider
+    found the instance there already and kept it (Instance.existed: a create planned without a look,
+    planner.look_first, after a status write naming it was lost), which it did not create."""
+    if not existed:
+        return events
+    return (Event(NORMAL, "Found", f"instance {target.name} already existed on {target.zone} for this "
+                                   "Proxy; kept it"),)
+
+
 def plan_instance(*, target: Ref, instance: Instance | None, had_ip: bool, health: Health | None,
                   success_threshold: int, has_previous: bool, stranded_looks: int = 0,
                   last_ip: str = "") -> Plan:

@@ -9,8 +9,9 @@ observation (at most `MAX_ROUNDS`):
 
 1. look at the instances the rules need (provider reads: no side effects);
 2. a replacement: retire what `plan_retire` says, say "replacing" (status then names the target);
-3. look at the target; a missing one is created, and the create's outcome is the next observation
-   (an instance, or no capacity: `quota_fallback` or a QuotaExceeded trouble);
+3. look at the target (not while status names no instance and its host's session is live:
+   `look_first`); a missing one is created, and the create's outcome is the next observation (an
+   instance, or no capacity: `quota_fallback` or a QuotaExceeded trouble);
 4. the phase table's plan: start, probe, hand the probes over, compose the status, when to look again.
 
 Probes are data too: the step says which key to watch, unwatch or hand over, and the status it composes
@@ -128,6 +129,9 @@ class Observed:
     # Delete (nothing can delete them; dropping them from status would leak their VMs), kept in status
     # as previousInstance until the entry is back.
     unserved: frozenset[Ref] = frozenset()
+    # The target's provider held a live session to its zone when the pass began (Provider.connected: no
+    # I/O). Only then may a first create go without a look (look_first).
+    target_connected: bool = False
 
     @property
     def own(self) -> ProbeKey:
@@ -314,7 +318,9 @@ def plan_managed(o: Observed, t: Timings) -> Step:
     assert target is not None
     if current is not None and current != target:
         return _replace(b, current=current, previous=previous, target=target)
-    missing = [r for r in (previous, target) if r is not None and r not in o.seen]
+    look = look_first(current=current, target=target, previous=previous, connected=o.target_connected,
+                      create_answered=o.quota is not None or o.importing is not None)
+    missing = [r for r in (previous, target) if r is not None and r not in o.seen and (r != target or look)]
     if missing:
         return Step(tuple(Look(r, spec_provider=r == target) for r in missing))
     serving = _serving(o, previous)
@@ -322,7 +328,7 @@ def plan_managed(o: Observed, t: Timings) -> Step:
         b.watch(o.own, serving)
     else:
         b.unwatch(ProbeKey(o.key, replacement=True))
-    looked = o.seen[target]
+    looked = o.seen.get(target)  # not looked at (look_first): taken as absent, the create decides
     if isinstance(looked, Unanswered | NoProvider):
         if isinstance(looked, Unanswered) and looked.unreachable:
             return b.step(Unreachable(f"zone {target.zone} unreachable: {looked.error}", str(looked.error)))
@@ -330,6 +336,28 @@ def plan_managed(o: Observed, t: Timings) -> Step:
             return b.step(_trouble(looked.error))  # retried like any transient error (outcome.py)
         raise AssertionError("the target is looked at through the spec's provider, which exists")
     return _instance(b, target=target, previous=previous, serving=serving, instance=looked, t=t)
+
+
+def look_first(*, current: Ref | None, target: Ref, previous: Ref | None, connected: bool,
+               create_answered: bool) -> bool:
+    """Whether the target is read from its provider before the pass plans for it (not yet read this pass).
+
+    Not when status names no instance (and previousInstance is not the target): the status write naming
+    an instance always comes before its create (`_create`: "Record the name first"), so the look would
+    find nothing and the plan would be the create, whose provider looks the name up itself and, should an
+    instance be there after all (the write naming it was lost), keeps it if it is this Proxy's
+    (Provider.create is idempotent; `Instance.existed` then changes its Event) and refuses one that is
+    not, as the look would have. A new Proxy, one whose Secret came back, one switched from External:
+    one provider read fewer, the one before its create. Not after this pass's create answered "no
+    capacity" or "an import runs" either: that answer is the observation (the planner's step 3).
+    Whenever status names an instance, even the target (a restart mid-create, a quota or import retry,
+    a replacement), it may exist in any state: looked at. And looked at when the provider holds no live
+    session to the target's zone (`connected`: none yet, or its host down): a look that finds the host
+    down ends the pass with nothing recorded, where the create would first write the name into status
+    and leave a delete of the Proxy waiting for the host to answer again."""
+    if create_answered:
+        return False
+    return current is not None or previous == target or not connected
 
 
 def _serving(o: Observed, previous: Ref | None) -> ProbeTarget | None:

@@ -194,7 +194,9 @@ class Reconciler:
                        namespace=ctx.namespace, waiting=waiting, routine=ctx.routine,
                        unserved=unserved(ctx.providers, spec.provider, ctx.status),
                        desired=Ref(desired.name, desired.resolved.zone, provider=spec.provider)
-                       if desired else None)
+                       if desired else None,
+                       target_connected=desired is not None
+                       and desired.provider.connected(desired.resolved.zone))
         for _ in range(MAX_ROUNDS):
             obs = replace(obs, status=ctx.status, probes=self._probes(ctx.key),
                           memory=replace(self.memory.peek(ctx.key)))

@@ -108,6 +108,9 @@ class Instance:
     # provider that `Readdresses` to repair a stranded instance without an `ip`.
     stranded: tuple[str, ...] = ()
     unanswered: bool = False
+    # Set by `create` only: the instance was there already (a create of this name whose status write was
+    # lost, or a concurrent one) and was kept, not made: its Event must not say "created".
+    existed: bool = False
 
 
 ProgressCallback = Callable[[str], Awaitable[None]]
@@ -126,7 +129,15 @@ class Provider(Protocol):
         ...
 
     async def create(self, request: CreateRequest, *, progress: ProgressCallback | None = None) -> Instance:
-        """Idempotent: returns the existing instance if it is there, starting it if it is not running."""
+        """Idempotent: returns the existing instance if it is there (`existed` set; one recorded as another
+        Proxy's raises NotOwned, as `get` with `owner_uid` does), starting it if it is not running."""
+        ...
+
+    def connected(self, zone: str) -> bool:
+        """Whether a live session to `zone` is held now, known without I/O (False when unsure: none yet,
+        one dropped, an unknown zone). The planner skips the look before a first create only then
+        (planner.look_first): a look at a host that does not answer records nothing in status, so a
+        Proxy made while its host is down is deleted at once, not after the host answers again."""
         ...
 
     async def get(self, name: str, zone: str, *, owner_uid: str | None = None) -> Instance | None:

@@ -319,6 +319,11 @@ class Hypervisor:
 
     # -- lookups -------------------------------------------------------------------------------
 
+    def redefine_pool(self) -> None:
+        """The pool undefined and defined again (same name and path, volumes kept): libvirt draws a new
+        UUID, so a handle looked up before is stale (NO_STORAGE_POOL)."""
+        self.pool_uuid = uuidlib.uuid4().bytes
+
     def pool_handle(self) -> t.StoragePool:
         return t.StoragePool(name=self.pool_name, uuid=self.pool_uuid)
 
@@ -333,9 +338,16 @@ class Hypervisor:
         return dom
 
     def check_pool(self, handle: t.StoragePool | str) -> None:
+        """A pool handle is resolved by its UUID, as libvirt's storage driver does
+        (virStoragePoolObjFromStoragePool): one kept from before the pool was defined again is stale. A
+        volume handle names its pool by name (a `str` here)."""
         name = handle if isinstance(handle, str) else handle.name
         if name != self.pool_name:
             raise no_pool(name)
+        if not isinstance(handle, str) and handle.uuid != self.pool_uuid:
+            uuid = uuidlib.UUID(bytes=handle.uuid)
+            raise lv_error(ErrorCode.NO_STORAGE_POOL, f"Storage pool not found: no storage pool with "
+                           f"matching uuid '{uuid}' ({name})", domain=ERROR_DOMAIN_STORAGE)
         if not self.pool_active:
             raise lv_error(ErrorCode.OPERATION_INVALID, f"storage pool '{name}' is not active",
                            domain=ERROR_DOMAIN_STORAGE)
@@ -554,8 +566,8 @@ class Hypervisor:
         return self.pool_handle()
 
     def storage_pool_get_info(self, pool: t.StoragePool) -> t.StoragePoolGetInfoRet:
-        if pool.name != self.pool_name:
-            raise no_pool(pool.name)
+        if pool.name != self.pool_name or pool.uuid != self.pool_uuid:
+            self.check_pool(pool)  # the error libvirt gives (an inactive pool still answers get_info)
         avail = self.pool_available(as_libvirt_sees=True)
         state = StoragePoolState.RUNNING if self.pool_active else StoragePoolState.INACTIVE
         return t.StoragePoolGetInfoRet(state=int(state), capacity=self.pool_capacity,

@@ -86,6 +86,12 @@ async def replay(lv: rpc.Client, *, dtype: str, tag: str) -> list[tuple[str, Any
     await step("pool info", lambda: lv.storage_pool_get_info(pool))
     await step("pool refresh", lambda: lv.storage_pool_refresh(pool, 0))
     await step("vol lookup, missing", lambda: lv.storage_vol_lookup_by_name(pool, "fid-none"))
+    # A pool handle is resolved by its UUID (the provider keeps one across creates): one of the right name
+    # but another UUID, as a handle kept from before the pool was defined again, is no pool.
+    stale = t.StoragePool(name="default", uuid=uuid.uuid4().bytes)
+    await step("pool info, stale handle", lambda: lv.storage_pool_get_info(stale))
+    await step("pool refresh, stale handle", lambda: lv.storage_pool_refresh(stale, 0))
+    await step("vol lookup, stale pool handle", lambda: lv.storage_vol_lookup_by_name(stale, "fid-none"))
     vol_xml = f"<volume><name>{volname}</name><capacity>{len(data)}</capacity>" \
               "<target><format type='raw'/></target></volume>"
     vol = await step("vol create", lambda: lv.storage_vol_create_xml(pool, vol_xml, 0))

@@ -229,7 +229,18 @@ async def _host_table(host: Host, dom: Domain, *, mac: str, bridge: str, log: Lo
     return HostTable(tuple(pick_addresses(ifaces, mac)))
 
 
-async def discover(host: Host, dom: Domain, *, mac: str, bridge: str, name: str) -> Found:
+@dataclass(frozen=True)
+class Sources:
+    """What the two address sources said: the guest's claim and the host's table for the VM's MAC."""
+
+    agent: tuple[str, ...]
+    table: HostTable
+
+
+async def read_sources(host: Host, dom: Domain, *, mac: str, bridge: str, name: str) -> Sources:
+    """Ask both sources at once. Reads only, and neither needs anything but the domain handle, so a Get
+    may send them beside its metadata and state reads (provider.py) and drop them if the VM turns out not
+    to be running: an error of either is "no address from it", never the Get's failure."""
     log = host.log.with_values(name=name).v(1)
 
     async def from_agent() -> list[str]:
@@ -245,6 +256,18 @@ async def discover(host: Host, dom: Domain, *, mac: str, bridge: str, name: str)
 
     # The guest's claim and the host's table are independent: asked at once (together.py).
     agent, table = await together(from_agent(), _host_table(host, dom, mac=mac, bridge=bridge, log=log))
+    return Sources(tuple(agent), table)
+
+
+async def discover(host: Host, dom: Domain, *, mac: str, bridge: str, name: str) -> Found:
+    return conclude(host, await read_sources(host, dom, mac=mac, bridge=bridge, name=name),
+                    mac=mac, bridge=bridge, name=name)
+
+
+def conclude(host: Host, sources: Sources, *, mac: str, bridge: str, name: str) -> Found:
+    """The endpoint from what the sources said (`decide`), logged as before."""
+    log = host.log.with_values(name=name).v(1)
+    agent, table = list(sources.agent), sources.table
     decision = decide(agent=agent, host=table.mapped)
     lost = stranded(agent=agent, table=table)  # non-empty beside an OVERRULED endpoint too
     silent = unanswered(lost, table)

@@ -2,8 +2,9 @@
 
 Create (for a name with no domain yet): image cache -> pool space -> free memory -> overlay -> seed ISO
 -> define (with the metadata element) -> start. About a dozen RPCs with a cached base; see
-docs/kvm-provider.md for the measured counts. Get is four: lookup, state, metadata, agent addresses
-(plus the ARP / neighbour-table fallbacks while the agent is not up yet).
+docs/kvm-provider.md for the measured counts and the round trips. Get is four: lookup, then state,
+metadata and agent addresses together (plus the neighbour-table exec, and libvirt's ARP source when that
+is refused).
 
 A paused domain is resumed by start (and by create's ensure-running path), except while an operation of
 libvirt's own holds it paused (migration, save, dump, shutdown, snapshot, start-up). One paused on an I/O
@@ -19,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import aiohttp
@@ -60,7 +61,7 @@ from rpc.errors import LibvirtError, NotFoundError
 from rpc.types import Domain, DomainGetStateRet, StoragePool, StorageVol
 
 from . import capacity, metadata, naming, placement, seed, static_ip
-from .addresses import discover
+from .addresses import Sources, conclude, read_sources
 from .calllog import current_instance, make_observer, make_tracer
 from .domain_xml import DomainSpec, domain_xml, has_traffic_filter, volume_xml, without_uuid
 from .eviction import collect_unused_bases
@@ -69,7 +70,7 @@ from .images import BaseImage, ImageCache, ImportLimits, delete_volume, lookup_v
 from .imports import Importer
 from .placement import ImageSource
 from .session import Dialer, DialOptions, ssh_dial
-from .together import together
+from .together import Settled, settled, together
 from .watch import HostWatcher, Watchers
 
 GIB = 1024**3
@@ -154,6 +155,10 @@ class KvmProvider:
         # domain XML names none: libvirt draws a new one per define), so GC's listing reads the element
         # of new domains only: one call per host per pass instead of one per domain.
         self._listed_meta: dict[str, dict[bytes, Meta | None]] = {}
+        # host -> its pool's handle (name and UUID) as last looked up. libvirt resolves a pool handle by
+        # its UUID, which stays until the pool is undefined: a create sends its room reads with its
+        # domain lookup on the kept handle, and forgets it when libvirt answers NO_STORAGE_POOL (create).
+        self._pools: dict[str, StoragePool] = {}
 
     # -- Provider interface ---------------------------------------------------------------------
 
@@ -171,6 +176,10 @@ class KvmProvider:
                                  f"(known: {', '.join(self._hosts)})")
         return host
 
+    def connected(self, zone: str) -> bool:
+        host = self._hosts.get(zone)
+        return host is not None and host.connected
+
     async def create(self, request: CreateRequest, *, progress: ProgressCallback | None = None) -> Instance:
         name = _checked_name(request.name)
         resolved = placement.checked(request.placement, self.config, provider=self.name,
@@ -178,13 +187,44 @@ class KvmProvider:
         host = self.host(resolved.zone)
         # One create per name at a time on this host: a second would replace the first one's volumes.
         async with self._operation(host, name, "create"), host.exclusive(f"instance:{name}"):
-            # Both lookups at once: a new VM (the usual case) needs the pool next.
-            dom, pool = await together(self._lookup_domain(host, name), self._find_pool(host))
+            known = self._pools.get(host.name)
+            pool: StoragePool | None
+            if known is not None:
+                # The pool's handle from an earlier call: a new VM's room reads (the base image, the
+                # pool's space, the host's memory) go out with the domain lookup instead of after a pool
+                # lookup, one round and one call fewer. They only read; the answers are used only if
+                # there is no domain, and their failures surface where the sequential code raises them
+                # (_create_new). A handle gone stale (the pool defined again: a new UUID) fails the
+                # pool's info with NO_STORAGE_POOL: forgotten, and looked up afresh.
+                mtype = placement.machine_type(self.config, resolved.machine_type)
+                source = placement.image_source(self.config, resolved.image)
+                # Marked used before it is read, as _base does: eviction's grace must cover the read.
+                self._base_used.setdefault(host.name, {})[source.base_volume] = time.monotonic()
+                # While its import runs, the importer answers InProgress without reading the cache: no
+                # read on speculation either (the ramp's first creates on a host).
+                importing = (host.name, known.name, source.base_volume) in self._importer.running_keys()
+                dom, cached, available, memory = await together(
+                    self._lookup_domain(host, name),
+                    settled(self._images.cached(host, known, source) if not importing else _unread()),
+                    settled(capacity.refreshed_available(host, known)),
+                    settled(self._check_memory(host, memory_mib=mtype.memory_mib,
+                                               machine_type=resolved.machine_type)))
+                if dom is None and not isinstance(available.error, NotFoundError):
+                    return await self._create_new(host, request, resolved, known, progress=progress,
+                                                  early=_Early(None if importing else cached, available,
+                                                               memory))
+                pool = None
+                if dom is None:
+                    self._pools.pop(host.name, None)
+                    pool = await self._find_pool(host)
+            else:
+                # Both lookups at once: a new VM (the usual case) needs the pool next.
+                dom, pool = await together(self._lookup_domain(host, name), self._find_pool(host))
             if dom is not None:
                 meta = await self._metadata(host, dom)
                 self._check_ours(host, name, meta, action="reuse", owner_uid=request.owner_uid)
                 st = await self._ensure_running(host, dom, name, machine_type=resolved.machine_type)
-                return await self._instance(host, dom, name, meta, state=st)
+                return replace(await self._instance(host, dom, name, meta, state=st), existed=True)
             if pool is None:
                 raise TransientError(f"host {host.name!r} has no storage pool {host.config.pool!r}")
             return await self._create_new(host, request, resolved, pool, progress=progress)
@@ -196,11 +236,23 @@ class KvmProvider:
             if dom is None:
                 return None
             try:
-                # The metadata and the state at once (together.py): one round trip, not two.
-                meta, st = await together(self._metadata(host, dom), self._state(host, dom))
+                # One round after the lookup (together.py): the metadata, the state and, when the lookup
+                # says the domain runs (an id; -1 is inactive), both address sources too. The sources
+                # only read; if the state says it is not running after all (paused) or the metadata names
+                # a static address, their answer is dropped. Not asked on a static-address host, whose
+                # VMs need no discovery: a Get there makes no call it did not make before.
+                sources = None
+                if dom.id != -1 and host.config.static_addresses is None:
+                    meta, st, sources = await together(
+                        self._metadata(host, dom), self._state(host, dom),
+                        read_sources(host, dom, mac=naming.mac_address(name), bridge=host.config.bridge,
+                                     name=name))
+                else:
+                    meta, st = await together(self._metadata(host, dom), self._state(host, dom))
+                # Checked before anything is acted on (the paused path's pool refresh included).
                 if owner_uid is not None:
                     self._check_ours(host, name, meta, action="manage", owner_uid=owner_uid)
-                return await self._instance(host, dom, name, meta, state=st)
+                return await self._instance(host, dom, name, meta, state=st, sources=sources)
             except NotFoundError:
                 return None  # undefined between our calls: it is gone
 
@@ -410,17 +462,25 @@ class KvmProvider:
     # -- create ----------------------------------------------------------------------------------
 
     async def _create_new(self, host: Host, request: CreateRequest, resolved: ResolvedPlacement,
-                          pool: StoragePool, *, progress: ProgressCallback | None) -> Instance:
+                          pool: StoragePool, *, progress: ProgressCallback | None,
+                          early: _Early | None = None) -> Instance:
         name = request.name
         mtype = placement.machine_type(self.config, resolved.machine_type)
         source = placement.image_source(self.config, resolved.image)
-        # Three independent reads at once (together.py); a failure is the one the sequential order would
-        # have raised first: the image (InProgress while imported), then pool space, then memory. Both
-        # checks come before any volume: a host short of room must not hold (or, on every retry,
-        # rewrite) this VM's overlay and its user-data-bearing seed while the Proxy waits.
-        base, available, _ = await together(
-            self._base(host, pool, source, request), capacity.refreshed_available(host, pool),
-            self._check_memory(host, memory_mib=mtype.memory_mib, machine_type=resolved.machine_type))
+        # Three independent reads at once (together.py), or their answers read with the domain lookup
+        # (`early`, see create); a failure is the one the sequential order would have raised first: the
+        # image (InProgress while imported), then pool space, then memory. Both checks come before any
+        # volume: a host short of room must not hold (or, on every retry, rewrite) this VM's overlay and
+        # its user-data-bearing seed while the Proxy waits.
+        if early is None:
+            base, available, _ = await together(
+                self._base(host, pool, source, request), capacity.refreshed_available(host, pool),
+                self._check_memory(host, memory_mib=mtype.memory_mib, machine_type=resolved.machine_type))
+        else:
+            base, available, _ = await together(
+                self._base(host, pool, source, request,
+                           cached=early.cached.value if early.cached is not None else None),
+                early.available.value(), early.memory.value())
         ip = await self._static_address(host, name)
         try:
             return await self._create_at(host, request, resolved, mtype=mtype, source=source, pool=pool,
@@ -491,6 +551,7 @@ class KvmProvider:
         # by the retry (_create_volume) or removed with the instance (delete goes by name).
         await together(overlay(), seed_disk())
 
+        existed = False
         try:
             dom = await host.call("domain_define_xml", lambda lv: lv.domain_define_xml(xml))
         except LibvirtError as exc:
@@ -501,11 +562,12 @@ class KvmProvider:
             dom = await host.call("domain_lookup_by_name", lambda lv: lv.domain_lookup_by_name(name))
             theirs = await self._metadata(host, dom)
             self._check_ours(host, name, theirs, action="reuse", owner_uid=request.owner_uid)
+            existed = True
         log.v(1).info("domain defined", mac=spec.mac, memoryMiB=mtype.memory_mib, vcpus=mtype.vcpus)
         dom = await self._start(host, dom, name)
         return Instance(name=name, zone=host.name, power_state=PowerState.RUNNING, ip=ip,
                         owner_uid=meta.owner_uid, created_at=meta.created_at,
-                        owner_namespace=meta.owner_namespace, owner_name=meta.owner_name)
+                        owner_namespace=meta.owner_namespace, owner_name=meta.owner_name, existed=existed)
 
     async def _static_address(self, host: Host, name: str) -> str | None:
         """The VM's address on a host with staticAddresses (static_ip.py), None on a DHCP bridge."""
@@ -519,9 +581,10 @@ class KvmProvider:
         return static_ip.network_config(mac=naming.mac_address(name), address=ip, config=cfg)
 
     async def _base(self, host: Host, pool: StoragePool, source: placement.ImageSource,
-                    request: CreateRequest) -> BaseImage:
+                    request: CreateRequest, *,
+                    cached: Callable[[], Awaitable[BaseImage | None]] | None = None) -> BaseImage:
         """The cached base image, or InProgress while a background import fetches it (imports.py), with
-        this instance among the import's waiters."""
+        this instance among the import's waiters. `cached`: the cache's answer, when read already."""
         started_by = current_instance.get()  # log lines name the instance whose create started it
 
         async def fetch(progress: ProgressCallback) -> BaseImage:
@@ -532,7 +595,8 @@ class KvmProvider:
         return await self._importer.base((host.name, pool.name, source.base_volume),
                                          label=f"{source.label} on host {host.name}",
                                          instance=request.name, owner=request.owner_uid,
-                                         cached=lambda: self._images.cached(host, pool, source), fetch=fetch)
+                                         cached=cached or (lambda: self._images.cached(host, pool, source)),
+                                         fetch=fetch)
 
     async def _create_volume(self, host: Host, pool: StoragePool, xml: str, vol_name: str, *,
                              available: int) -> StorageVol:
@@ -555,11 +619,15 @@ class KvmProvider:
     # -- shared steps ----------------------------------------------------------------------------
 
     async def _find_pool(self, host: Host) -> StoragePool | None:
+        """The pool's handle, kept for the next create (`_pools`)."""
         try:
-            return await host.call("storage_pool_lookup_by_name",
+            pool = await host.call("storage_pool_lookup_by_name",
                                    lambda lv: lv.storage_pool_lookup_by_name(host.config.pool))
         except NotFoundError:
+            self._pools.pop(host.name, None)
             return None
+        self._pools[host.name] = pool
+        return pool
 
     async def _instance_volumes(self, host: Host, pool: StoragePool, name: str) -> list[StorageVol]:
         """The volumes of instance `name` in the pool: this cluster's tagged ones (any namespace: delete
@@ -733,7 +801,8 @@ class KvmProvider:
         return await host.call("domain_get_state", lambda lv: lv.domain_get_state(dom, 0))
 
     async def _instance(self, host: Host, dom: Domain, name: str, meta: Meta | None, *,
-                        state: DomainGetStateRet | None = None) -> Instance:
+                        state: DomainGetStateRet | None = None, sources: Sources | None = None) -> Instance:
+        """The Instance as the host shows it; `sources`: the address sources, when asked already."""
         st = state if state is not None else await self._state(host, dom)
         message = ""
         if st.state == DomainState.PAUSED and st.reason == DOMAIN_PAUSED_IOERROR:
@@ -753,8 +822,10 @@ class KvmProvider:
         if power == PowerState.RUNNING and meta is not None and meta.address:
             ip = meta.address  # static: the operator gave it, the nwfilter pins it; nothing to discover
         elif power == PowerState.RUNNING:
-            found = await discover(host, dom, mac=naming.mac_address(name), bridge=host.config.bridge,
-                                   name=name)
+            mac = naming.mac_address(name)
+            if sources is None:
+                sources = await read_sources(host, dom, mac=mac, bridge=host.config.bridge, name=name)
+            found = conclude(host, sources, mac=mac, bridge=host.config.bridge, name=name)
             ip, lost, silent = found.ip, found.stranded, found.unanswered
             if lost and not await self._filtered(host, dom):
                 # No nwfilter pins the old address (trafficFilter: none when it was defined): the host
@@ -801,6 +872,15 @@ class KvmProvider:
         return session, policy
 
 
+@dataclass(frozen=True)
+class _Early:
+    """A create's room reads, sent with its domain lookup (create): each an answer or the error it gave."""
+
+    cached: Settled[BaseImage | None] | None  # None: not read (its import ran): _base reads it if need be
+    available: Settled[int]
+    memory: Settled[None]
+
+
 @dataclass
 class _Room:
     """The pool figures behind a resume decision for a VM paused on an I/O error (None: unknown)."""
@@ -818,6 +898,11 @@ class _Room:
     def error(self) -> QuotaError:
         return capacity.paused_on_io_error(host=self.host, pool=self.pool, name=self.name,
                                            available=self.available, needed=self.needed)
+
+
+async def _unread() -> BaseImage | None:
+    """Stands for a cache read not made (create: its import runs); never used as an answer."""
+    return None
 
 
 def _checked_name(name: str) -> str:

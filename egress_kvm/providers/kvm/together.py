@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Sequence
-from typing import Any, TypeVar, overload
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
 
 A = TypeVar("A")
 B = TypeVar("B")
 C = TypeVar("C")
+D = TypeVar("D")
 
 
 def first_failure(results: Sequence[object]) -> BaseException | None:
@@ -38,6 +40,11 @@ async def together(a: Awaitable[A], b: Awaitable[B], /) -> tuple[A, B]: ...
 async def together(a: Awaitable[A], b: Awaitable[B], c: Awaitable[C], /) -> tuple[A, B, C]: ...
 
 
+@overload
+async def together(a: Awaitable[A], b: Awaitable[B], c: Awaitable[C], d: Awaitable[D], /
+                   ) -> tuple[A, B, C, D]: ...
+
+
 async def together(*calls: Awaitable[Any]) -> tuple[Any, ...]:
     """Run `calls` concurrently; their results in order, or the first failure (in order) raised."""
     results = await asyncio.gather(*calls, return_exceptions=True)
@@ -45,3 +52,30 @@ async def together(*calls: Awaitable[Any]) -> tuple[Any, ...]:
     if failure is not None:
         raise failure
     return tuple(results)
+
+
+
+@dataclass(frozen=True)
+class Settled(Generic[A]):
+    """A call's result or the error it raised, as a value (`together` does not raise it): for a read
+    sent beside another on speculation, whose answer may not be needed. `value` raises the error later,
+    where the sequential code would have."""
+
+    result: A | Exception
+
+    @property
+    def error(self) -> Exception | None:
+        return self.result if isinstance(self.result, Exception) else None
+
+    async def value(self) -> A:
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+async def settled(call: Awaitable[A]) -> Settled[A]:
+    """`call` run to its end, never raising (a cancel is not caught)."""
+    try:
+        return Settled(await call)
+    except Exception as exc:
+        return Settled(exc)

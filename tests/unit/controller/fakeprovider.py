@@ -69,14 +69,19 @@ class FakeProvider:
             raise PermanentError(f"image {image!r} is neither an image key nor an http(s) URL")
         return ResolvedPlacement(zone=zone, machine_type=mt, image=image)
 
+    def connected(self, zone: str) -> bool:
+        """A session is taken as held to every reachable zone of the fake."""
+        return zone in self._zones and zone not in self.unreachable
+
     async def create(self, request: CreateRequest, *, progress: ProgressCallback | None = None) -> Instance:
         zone = request.placement.zone
         self._reach(zone, "create", request.name)
         existing = self.vms.get((zone, request.name))
         if existing is not None:
+            self._check_owner(existing, request.owner_uid, "reuse")
             if existing.power_state is not PowerState.RUNNING:
                 await self.start(request.name, zone)
-            return self.vms[(zone, request.name)]
+            return dataclasses.replace(self.vms[(zone, request.name)], existed=True)
         if self.capacity is not None and sum(1 for z, _ in self.vms if z == zone) >= self.capacity:
             raise QuotaError(f"host {zone}: not enough free memory for {request.name}")
         self.create_started.set()

@@ -11,7 +11,7 @@ from egress_kvm.controller.queue import Backoff
 from .conftest import eventually
 from .fakekube import FakeKube
 from .proxyserver import MiniProxy
-from .test_lifecycle import KEY, phase
+from .test_lifecycle import KEY, cond, phase
 from .test_with_kvm_provider import PROVIDER, boot, instance_volumes, kvm, kvm_spec
 
 _ = kvm  # the fixture
@@ -37,3 +37,26 @@ async def test_a_delete_pending_on_a_dead_host_completes_once_it_answers(
     hv.set_unreachable("host0", False)
     await eventually(lambda: KEY not in kube.objects, what="deleted once the host answers")
     assert name not in h.domains and instance_volumes(h, name) == set()
+
+
+async def test_a_proxy_made_after_its_host_went_down_is_deleted_without_waiting_for_it(
+        kube: FakeKube, kvm, proxy_server: MiniProxy, make_controller) -> None:
+    """The session to the host dropped (it went down after serving px1): a new Proxy there is looked at
+    before its create (planner.look_first: no live session), the look finds the host down, status names no
+    instance, and deleting the Proxy finishes at once, the host still down."""
+    provider, hv = kvm
+    h = hv["host0"]
+    make_controller({PROVIDER: provider})
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    await boot(kube, h)
+    assert provider.connected("host0")
+
+    hv.set_unreachable("host0")
+    await eventually(lambda: not provider.connected("host0"), what="the session dropped")
+    new = ("default", "px2")
+    kube.create_proxy("px2", kvm_spec(proxy_server))
+    await eventually(lambda: cond(kube, "HostReachable", new).get("status") == "False", what="unreachable")
+    assert "instance" not in kube.status(new)
+    kube.delete(new)
+    await eventually(lambda: new not in kube.objects, what="deleted while the host is still down")
+    assert not h.reachable

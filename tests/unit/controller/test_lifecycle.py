@@ -495,3 +495,17 @@ async def test_long_provider_errors_are_capped_in_status(
     st = kube.status(KEY)
     assert len(st["message"]) <= 1024 and st["message"].endswith("...")
     assert all(len(c["message"]) <= 1024 for c in st["conditions"])
+
+
+async def test_a_proxy_made_while_its_host_is_down_is_deleted_without_waiting_for_it(
+        kube: FakeKube, provider: FakeProvider, proxy_server: MiniProxy, make_controller) -> None:
+    """The host does not answer from the start: the pass looks before it creates (planner.look_first: no
+    live session), so status names no instance and the delete has nothing to wait for."""
+    provider.unreachable.add("nas1")
+    make_controller({"kvm-home": provider})
+    kube.create_proxy("px1", spec_for(proxy_server))
+    await eventually(lambda: cond(kube, "HostReachable").get("status") == "False", what="HostUnreachable")
+    assert "instance" not in kube.status(KEY)
+    kube.delete(KEY)
+    await eventually(lambda: KEY not in kube.objects, what="deleted while the host is still down")
+    assert [op for op, _ in provider.calls if op in ("create", "delete")] == []

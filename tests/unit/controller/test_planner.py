@@ -11,6 +11,7 @@ import pytest
 
 from egress_kvm.controller.memory import KeyState
 from egress_kvm.controller.outcome import Fail, Result, Retry, Trouble
+from egress_kvm.controller.plan import create_events
 from egress_kvm.controller.planner import (
     Act,
     Create,
@@ -34,6 +35,7 @@ from egress_kvm.controller.planner import (
     Watch,
     WriteStatus,
     learn,
+    look_first,
     plan_external,
     plan_managed,
     stored_probe,
@@ -134,6 +136,20 @@ ROWS: list[tuple[str, Observed, list[tuple[Any, ...]], object]] = [
               probes={OWN: probe("10.0.0.1")}),
      [U_REPL, ("Watch", "ns/px", "10.0.0.9"),
       ("Status", "Running", "10.0.0.9", "proxy-new", None), ("Remember", None, 0)], Result()),
+    ("a new Proxy (status names no instance), its host's session live: no look, record the name, create",
+     observed(target_connected=True),
+     [U_REPL, U_OWN,
+      ("Status", "Provisioning", None, "proxy-new", None), ("Create", "proxy-new", None)], None),
+    ("a new Proxy, no live session to its host (none yet, or the host down): looked at first",
+     observed(), [("Look", "proxy-new")], None),
+    ("status names only a previous instance (kept from a Managed spec, entry gone): only it is looked at",
+     observed(previous=OLD, unserved=frozenset({OLD}), target_connected=True), [("Look", "proxy-old")], None),
+    ("this pass's create found no capacity: its answer is the observation, no look",
+     observed(instance=NEW, quota=QuotaError("no memory")),
+     [U_REPL], Trouble("QuotaExceeded", "out of capacity: no memory", Retry.QUOTA)),
+    ("this pass's create waits on an import: its answer is the observation, no look",
+     observed(instance=NEW, importing=InProgress("waiting for image debian: 10%")),
+     [U_REPL], Importing("waiting for image debian: 10%")),
     ("none yet: record the name, then create",
      observed(seen={NEW: None}),
      [U_REPL, U_OWN,
@@ -271,6 +287,84 @@ def test_the_created_instances_events_ride_on_its_create() -> None:
 
     assert events(fresh) == [("Normal", "Created")]
     assert events(recreated) == [("Warning", "Recreated")]
+
+
+@pytest.mark.parametrize(("current", "previous", "connected", "create_answered", "look"), [
+    (None, None, True, False, False),  # a new Proxy, one whose Secret came back, one switched from External
+    (None, None, False, False, True),  # ...but no live session to its host: a dead host records nothing
+    (None, OLD, True, False, False),  # previousInstance kept (its entry gone): only it is looked at
+    (None, OLD, False, False, True),
+    (None, NEW, True, False, True),  # previousInstance is the target itself: status names it, it may exist
+    (NEW, None, True, False, True),  # status names it: a restart mid-create, a quota or import retry
+    (NEW, OLD, True, False, True),  # a replacement, after the status write naming the target
+    (OLD, None, True, False, True),  # (a replacement before that write: _replace looks at the current first)
+    (NEW, None, True, True, False),  # this pass's create answered (no capacity, an import runs)
+    (None, None, True, True, False),
+    (None, None, False, True, False),  # (answered: the host answered, the answer is the observation)
+])
+def test_look_first(current: Ref | None, previous: Ref | None, connected: bool, create_answered: bool,
+                    look: bool) -> None:
+    assert look_first(current=current, target=NEW, previous=previous, connected=connected,
+                      create_answered=create_answered) is look
+
+
+def chain(o: Observed, world: dict[Ref, Instance | QuotaError | None]) -> tuple[list[tuple[Any, ...]], Any]:
+    """The rounds of one pass, the provider answering from `world` (a create returns what is there, marked
+    `existed`, as Provider.create does, or makes it)."""
+    from egress_kvm.controller.planner import MAX_ROUNDS
+    done: list[tuple[Any, ...]] = []
+    for _ in range(MAX_ROUNDS):
+        step = plan_managed(o, T)
+        for act in step.actions:
+            done.append(brief(act))
+            outcome: Any = None
+            if isinstance(act, Look):
+                outcome = world[act.ref]
+            elif isinstance(act, Create):
+                there = world.get(act.target)
+                outcome = (there if isinstance(there, QuotaError) else replace(there, existed=True)
+                           if there is not None else vm(act.target, ip=None))
+                if isinstance(outcome, Instance):
+                    done.append(("Events", *(e.reason for e in create_events(
+                        act.events, target=act.target, existed=outcome.existed))))
+            elif isinstance(act, WriteStatus):
+                o = replace(o, status=act.status)
+            o = learn(o, act, outcome)
+        if step.end is not None:
+            return done, step.end
+    raise AssertionError(f"no end in {MAX_ROUNDS} rounds: {done}")
+
+
+def test_a_new_proxys_pass_creates_without_a_look() -> None:
+    done, end = chain(observed(target_connected=True), {})
+    assert not [a for a in done if a[0] == "Look"]
+    assert done[:4] == [U_REPL, U_OWN, ("Status", "Provisioning", None, "proxy-new", None),
+                        ("Create", "proxy-new", None)]
+    assert ("Events", "Created") in done and end == Result(requeue_after=5.0)
+
+
+def test_a_create_that_finds_its_instance_after_a_lost_status_write_says_found_not_created() -> None:
+    """Status names nothing, yet the instance is there (the write naming it was lost): the create keeps it
+    (the provider checked it is this Proxy's) and the Event says so; status then names it."""
+    done, end = chain(observed(target_connected=True), {NEW: vm(NEW, PowerState.RUNNING, ip=None)})
+    assert ("Events", "Found") in done and ("Events", "Created") not in done
+    assert done[-2] == ("Status", "Provisioning", None, "proxy-new", None)
+    assert end == Result(requeue_after=5.0)
+
+
+def test_a_new_proxys_create_without_capacity_ends_in_quota_without_a_look() -> None:
+    done, end = chain(observed(target_connected=True), {NEW: QuotaError("no memory")})
+    assert not [a for a in done if a[0] == "Look"]
+    assert isinstance(end, Trouble) and end.reason == "QuotaExceeded"
+
+
+def test_a_new_proxys_pass_with_its_host_down_records_nothing() -> None:
+    """No live session to the host: the look goes first, and the host not answering ends the pass before
+    any status write names an instance (a delete of the Proxy then need not wait for the host)."""
+    down = Unanswered(HostUnreachable("no route"), unreachable=True)
+    done, end = chain(observed(target_connected=False), {NEW: down})
+    assert done == [("Look", "proxy-new"), U_REPL]
+    assert end == Unreachable("zone nas1 unreachable: no route", "no route")
 
 
 def test_a_fresh_probe_of_the_own_key_starts_from_the_recorded_verdict() -> None:

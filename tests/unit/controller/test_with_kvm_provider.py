@@ -8,6 +8,7 @@ the seam between the two: what the provider returns and raises is what the recon
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from fakes import DEFAULT_BASE, FakeHypervisors, fake_kvm_provider, overlay_of, seed_of
@@ -225,3 +226,54 @@ async def test_a_vm_stranded_by_an_address_change_is_readdressed_and_status_foll
         assert kube.reasons("px1").count("Readdressed") == 1  # once: no loop once the host confirms it
     finally:
         await moved.stop()
+
+
+async def test_a_new_proxy_looks_its_name_up_once_before_the_define(
+        kube: FakeKube, kvm, proxy_server: MiniProxy, make_controller,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No look before a first create while the provider holds a live session to the host
+    (planner.look_first): the create's own lookup is the only one. The first Proxy on a host not dialled
+    yet is looked at first (a host that turns out down then records nothing)."""
+    provider, hv = kvm
+    h = hv["host0"]
+    steps: list[tuple[str, str]] = []  # (get or create, instance name), in order
+    for op in ("get", "create"):
+        real = getattr(provider, op)
+
+        def record(*args: Any, _op: str = op, _real: Any = real, **kw: Any) -> Any:
+            steps.append((_op, args[0] if _op == "get" else args[0].name))
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(provider, op, record)
+    make_controller({PROVIDER: provider})
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    first = await boot(kube, h)
+    assert steps[:2] == [("get", first), ("create", first)]  # no session yet: looked at first
+    assert provider.connected("host0")
+    kube.create_proxy("px2", kvm_spec(proxy_server))
+    await eventually(lambda: (kube.status(("default", "px2")).get("instance") or {}).get("name") in h.domains,
+                     what="px2 defined")
+    second = kube.status(("default", "px2"))["instance"]["name"]
+    mine = [op for op, name in steps if name == second]
+    assert mine[0] == "create", mine
+    await eventually(lambda: "Created" in kube.reasons("px2"), what="Created event")
+
+
+async def test_a_lost_status_write_finds_the_proxys_own_instance_and_says_found(
+        kube: FakeKube, kvm, proxy_server: MiniProxy, make_controller) -> None:
+    """Status lost the name of the Proxy's instance (a write that never landed): the pass plans a create
+    without a look, the provider finds the VM made for this Proxy and keeps it (no second define), the
+    Event says Found, not Created, and status names it again."""
+    provider, hv = kvm
+    h = hv["host0"]
+    c = make_controller({PROVIDER: provider})
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    name = await boot(kube, h)
+    await eventually(lambda: phase(kube) == "Ready")
+    defines = h.calls.count("domain_define_xml")
+    kube.objects[KEY]["status"] = {}
+    c.enqueue(KEY)
+    await eventually(lambda: "Found" in kube.reasons("px1"), what="Found event")
+    await eventually(lambda: phase(kube) == "Ready")
+    assert kube.status(KEY)["instance"]["name"] == name
+    assert h.calls.count("domain_define_xml") == defines and kube.reasons("px1").count("Created") == 1

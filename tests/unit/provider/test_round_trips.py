@@ -13,8 +13,10 @@ import pytest
 from fakes import FakeLibvirtClient, fake_kvm_provider
 from provider_helpers import request
 
+from egress_kvm.providers.base import InProgress, PowerState, QuotaError
+from egress_kvm.providers.kvm import placement
 from egress_kvm.providers.kvm.hosts import reusable
-from egress_kvm.providers.kvm.together import first_failure, together
+from egress_kvm.providers.kvm.together import first_failure, settled, together
 
 NAME = "proxy-abc"
 
@@ -64,15 +66,96 @@ async def test_a_create_makes_seven_round_trips_in_a_row_not_fourteen(
         await provider.close()
 
 
-async def test_a_get_makes_three_round_trips_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_later_create_on_a_host_sends_its_room_reads_with_the_lookup_six_rounds_thirteen_calls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool's handle kept from the first create: the base image check, the pool refresh and the free
+    memory go out with the domain lookup, and no pool lookup is made. The order of the guarantees holds:
+    both room checks before any volume, both volumes before the define."""
+    provider, hv = fake_kvm_provider()
+    try:
+        await provider.create(request())
+        hv["host0"].calls.clear()
+        count, rounds = await waves(monkeypatch, provider.create(request(name="proxy-two")))
+        assert rounds[0] == ["domain_lookup_by_name", "node_get_free_memory", "storage_pool_refresh",
+                             "storage_vol_lookup_by_name", "storage_vol_lookup_by_name"]
+        assert rounds[1] == ["storage_pool_get_info", "storage_vol_get_info", "storage_vol_get_path"]
+        assert rounds[2:] == [["storage_vol_create_xml", "storage_vol_create_xml"], ["storage_vol_upload"],
+                              ["domain_define_xml"], ["domain_create_with_flags"]]
+        assert count == 6 and len(hv["host0"].calls) == 13
+    finally:
+        await provider.close()
+
+
+async def test_a_pool_defined_again_is_looked_up_afresh_and_the_create_goes_on() -> None:
+    """A kept handle gone stale (libvirt resolves it by UUID, drawn anew when the pool is defined again)
+    answers NO_STORAGE_POOL: the create forgets it, looks the pool up and makes the VM as the first create
+    did; the next one uses the new handle."""
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        h.redefine_pool()
+        h.calls.clear()
+        inst = await provider.create(request(name="proxy-two"))
+        assert inst.name in h.domains and h.calls.count("storage_pool_lookup_by_name") == 1
+        assert {v for v in h.volumes if v.startswith("proxy-two")}  # overlay and seed made
+        h.calls.clear()
+        await provider.create(request(name="proxy-three"))
+        assert "storage_pool_lookup_by_name" not in h.calls and len(h.calls) == 13
+    finally:
+        await provider.close()
+
+
+async def test_a_create_on_a_kept_handle_raises_what_a_create_without_one_raises() -> None:
+    """The same short host, a create with the pool handle kept and one without (a fresh provider): the
+    same QuotaError (the checks' order is the sequential one), and neither writes a volume."""
+    async def attempt(known: bool) -> str:
+        provider, hv = fake_kvm_provider()
+        h = hv["host0"]
+        try:
+            if known:
+                await provider.create(request(name="proxy-first"))
+            h.outside_usage = h.pool_available()  # the pool full (seen after the refresh)
+            h.memory = 0
+            written = h.calls.count("storage_vol_create_xml")
+            with pytest.raises(QuotaError) as caught:
+                await provider.create(request())
+            assert h.calls.count("storage_vol_create_xml") == written
+            return str(caught.value)
+        finally:
+            await provider.close()
+
+    assert await attempt(True) == await attempt(False)
+
+
+async def test_a_get_of_a_running_vm_makes_two_round_trips_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lookup, then the metadata, the state and the address sources at once: the lookup's id says the
+    domain runs, and none of the three needs another's answer. The same calls as three rounds made."""
     provider, hv = fake_kvm_provider()
     try:
         await provider.create(request())
         hv["host0"].set_vm_ip(NAME, "192.0.2.7")
+        hv["host0"].calls.clear()
         count, rounds = await waves(monkeypatch, provider.get(NAME, "host0"))
-        assert rounds == [["domain_lookup_by_name"], ["domain_get_metadata", "domain_get_state"],
-                          ["domain_interface_addresses"]]
-        assert count == 3
+        assert rounds == [["domain_lookup_by_name"],
+                          ["domain_get_metadata", "domain_get_state", "domain_interface_addresses"]]
+        assert count == 2
+        assert sorted(hv["host0"].calls) == ["domain_get_metadata", "domain_get_state",
+                                             "domain_interface_addresses", "domain_lookup_by_name"]
+    finally:
+        await provider.close()
+
+
+async def test_a_get_of_a_stopped_vm_asks_no_address_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An inactive domain (lookup id -1) has no address to find: the metadata and the state only."""
+    provider, hv = fake_kvm_provider()
+    try:
+        await provider.create(request())
+        hv["host0"].shut_off(NAME)
+        hv["host0"].exec_log.clear()
+        _, rounds = await waves(monkeypatch, provider.get(NAME, "host0"))
+        assert rounds == [["domain_lookup_by_name"], ["domain_get_metadata", "domain_get_state"]]
+        assert hv["host0"].exec_log == []  # no `ip neigh` either
     finally:
         await provider.close()
 
@@ -185,5 +268,66 @@ async def test_gc_listing_reads_each_domains_metadata_once() -> None:
         assert sorted(i.name for i in await provider.list_managed()) == ["proxy-a2", "proxy-a3", "proxy-a4"]
         assert h.calls == ["connect_list_all_domains", "domain_get_metadata"]
         assert len(provider._listed_meta["host0"]) == 3  # nothing kept for the domain that went
+    finally:
+        await provider.close()
+
+
+async def test_a_paused_vm_drops_the_addresses_asked_beside_its_state(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paused, a domain keeps its id, so its sources are asked with the state; a paused VM serves nothing,
+    so what they said is not its endpoint (as when they were asked only for a running one)."""
+    provider, hv = fake_kvm_provider()
+    try:
+        await provider.create(request())
+        hv["host0"].set_vm_ip(NAME, "192.0.2.7")
+        hv["host0"].pause(NAME)
+        count, rounds = await waves(monkeypatch, provider.get(NAME, "host0"))
+        assert count == 2, rounds
+        inst = await provider.get(NAME, "host0")
+        assert inst is not None and inst.power_state is PowerState.PAUSED and inst.ip is None
+    finally:
+        await provider.close()
+
+
+async def test_settled_keeps_an_error_as_a_value_until_asked_and_together_does_not_raise_it() -> None:
+    """A speculative read's failure is not the call's failure until its value is wanted; a cancel is not
+    kept (it ends the caller)."""
+    kept, value = await together(settled(fails("later")), settled(ok(7)))
+    assert isinstance(kept.error, Boom) and value.error is None and await value.value() == 7
+    with pytest.raises(Boom, match=r"^later$"):
+        await kept.value()
+
+    async def cancelled() -> int:
+        raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        await settled(cancelled())
+
+
+async def test_a_create_while_its_image_imports_reads_no_cache_on_speculation() -> None:
+    """The importer answers InProgress without reading the cache while the import runs; the create's room
+    reads sent with its lookup leave the cache alone then too (no base or marker lookup)."""
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    hold = asyncio.Event()
+
+    async def fetch(_progress: Any) -> Any:
+        await hold.wait()
+        raise AssertionError("not reached")
+
+    async def nothing() -> None:
+        return None
+
+    try:
+        await provider.create(request())  # the pool's handle is kept
+        source = placement.image_source(provider.config, "debian-12")
+        key = ("host0", h.pool_name, source.base_volume)
+        with pytest.raises(InProgress):
+            await provider._importer.base(key, label="held", instance="proxy-other", cached=nothing,
+                                          fetch=fetch)
+        h.calls.clear()
+        with pytest.raises(InProgress):
+            await provider.create(request(name="proxy-two"))
+        assert "storage_vol_lookup_by_name" not in h.calls and "storage_pool_refresh" in h.calls, h.calls
     finally:
         await provider.close()
