@@ -209,7 +209,9 @@ async def bench(args: argparse.Namespace, stack: FleetStack) -> list[str]:
                     "  API writes during the ramp by kind, per Proxy: " + ", ".join(
                         f"{k} {c / n:.2f}" for k, c in ramp.api_writes.most_common()),
                     row("reconciles per Proxy created", f"{ramp.reconciles / n:.1f}"),
-                    row("operator CPU during the ramp", f"{ramp.proc.cpu_seconds:.1f} s")]
+                    row("operator CPU during the ramp", f"{ramp.proc.cpu_seconds:.1f} s"),
+                    row("the machine's CPU during the ramp: busy / stolen by the hypervisor",
+                        "{:.0%} / {:.0%}".format(*ramp.machine.shares()))]
             # steady state: every Proxy Ready, nothing changing; counts over the window, per Proxy per hour
             await asyncio.sleep(5.0)
             s0 = await take()

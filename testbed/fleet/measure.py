@@ -42,6 +42,43 @@ def proc_stat(pid: int) -> ProcStat:
     return ProcStat(rss_bytes=kb.get("VmRSS", 0), peak_rss_bytes=kb.get("VmHWM", 0), cpu_seconds=cpu)
 
 
+@dataclass(frozen=True)
+class MachineCpu:
+    """The machine's CPU time from /proc/stat's `cpu` line, in ticks: this machine is a VM on a shared
+    hypervisor, and the time the hypervisor gave to others (steal) moves a run's timings as much as any
+    change does, so the bench prints it beside them."""
+
+    busy: int = 0  # user, nice, system, irq, softirq
+    idle: int = 0  # idle, iowait
+    steal: int = 0
+
+    def minus(self, before: MachineCpu) -> MachineCpu:
+        return MachineCpu(self.busy - before.busy, self.idle - before.idle, self.steal - before.steal)
+
+    def shares(self) -> tuple[float, float]:
+        """(busy, stolen) as fractions of all the CPU time that passed; (0, 0) if none did."""
+        total = self.busy + self.idle + self.steal
+        return (self.busy / total, self.steal / total) if total else (0.0, 0.0)
+
+
+def machine_cpu(stat_text: str) -> MachineCpu:
+    """/proc/stat's aggregate `cpu` line (fields: user nice system idle iowait irq softirq steal ...)."""
+    for line in stat_text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            padded = (fields[1:9] + ["0"] * 8)[:8]  # an old kernel's line lacks the later columns
+            user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in padded)
+            return MachineCpu(busy=user + nice + system + irq + softirq, idle=idle + iowait, steal=steal)
+    return MachineCpu()
+
+
+def read_machine_cpu() -> MachineCpu:
+    try:
+        return machine_cpu(Path("/proc/stat").read_text())
+    except OSError:
+        return MachineCpu()
+
+
 @dataclass
 class Sample:
     rpc_by_method: Counter[str] = field(default_factory=Counter)  # operator's egress_kvm_libvirt_rpc_*
@@ -50,6 +87,7 @@ class Sample:
     api_reads: Counter[str] = field(default_factory=Counter)
     sim_calls: int = 0  # every call the simulated daemons answered (or failed)
     proc: ProcStat = field(default_factory=ProcStat)
+    machine: MachineCpu = field(default_factory=MachineCpu)
 
     def minus(self, before: Sample) -> Sample:
         return Sample(rpc_by_method=self.rpc_by_method - before.rpc_by_method,
@@ -58,7 +96,8 @@ class Sample:
                       api_reads=self.api_reads - before.api_reads,
                       sim_calls=self.sim_calls - before.sim_calls,
                       proc=ProcStat(self.proc.rss_bytes, self.proc.peak_rss_bytes,
-                                    self.proc.cpu_seconds - before.proc.cpu_seconds))
+                                    self.proc.cpu_seconds - before.proc.cpu_seconds),
+                      machine=self.machine.minus(before.machine))
 
     @property
     def rpcs(self) -> int:
@@ -99,7 +138,8 @@ def parse_requests(body: dict[str, Any]) -> tuple[Counter[str], Counter[str]]:
 
 async def sample(session: aiohttp.ClientSession, *, metrics_url: str, api_url: str, operator_pid: int,
                  host_states: dict[str, dict[str, Any]]) -> Sample:
-    s = Sample(proc=proc_stat(operator_pid), sim_calls=sum(st["calls"] for st in host_states.values()))
+    s = Sample(proc=proc_stat(operator_pid), sim_calls=sum(st["calls"] for st in host_states.values()),
+               machine=read_machine_cpu())
     try:
         async with session.get(metrics_url) as resp:
             s.rpc_by_method, s.reconciles = parse_metrics(await resp.text())
