@@ -158,15 +158,10 @@ def field_set(obj: Obj, schema: Obj | None, *, subresource: str = "",
         out = set()
     if holders is None:
         holders = set()
-    for k, v in obj.items():
-        if k in ("apiVersion", "kind"):
-            continue
-        if status_subresource and (k == "status") != (subresource == "status"):
-            continue
+    for k, v in _part_content(obj, subresource, status_subresource).items():
         if k == "metadata" and isinstance(v, dict):
-            meta = {mk: mv for mk, mv in v.items() if mk not in _SKIP_META}
-            if meta:
-                _walk(meta, None, ("f:metadata",), out, holders)
+            if v:
+                _walk(v, None, ("f:metadata",), out, holders)
             continue
         _walk(v, _child_schema(schema, k), (f"f:{k}",), out, holders)
     return out
