@@ -51,11 +51,14 @@ def run(main: Coroutine[Any, Any, T], loop: EventLoop) -> T:
     ~130-160 ms several times a minute, every in-flight reconcile and RPC waiting behind it
     (docs/performance.md). Frozen objects are left out of collections; they are released to the GC again
     when the loop ends, so a process that runs the loop more than once (the tests) leaks nothing. The
-    collection first: garbage frozen would never be freed."""
+    collection first: garbage frozen would never be freed. A caller that froze objects itself (the test
+    session, tests/conftest.py) keeps them frozen: gc can only unfreeze everything, so then nothing is."""
+    ours = gc.get_freeze_count() == 0
     gc.collect()
     gc.freeze()
     try:
         with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
             return runner.run(main)
     finally:
-        gc.unfreeze()
+        if ours:
+            gc.unfreeze()

@@ -44,7 +44,7 @@ def test_run_uses_the_chosen_loop(name: str, loop_type: type) -> None:
 def test_run_freezes_what_exists_before_the_loop_and_releases_it_after(name: str) -> None:
     """What exists before the loop (modules and their objects) is out of the cyclic GC while it runs;
     what the loop makes is not; and everything is collectable again once it ends."""
-    assert gc.get_freeze_count() == 0
+    gc.unfreeze()  # the test session's own freeze (tests/conftest.py): as in a process that froze nothing
 
     async def inside() -> tuple[int, bool, bool]:
         made = [object()]  # a container: tracked by the GC
@@ -59,3 +59,17 @@ def test_run_freezes_what_exists_before_the_loop_and_releases_it_after(name: str
     assert not module_function_walked
     assert new_walked
     assert gc.get_freeze_count() == 0
+
+
+def test_run_leaves_frozen_what_its_caller_froze() -> None:
+    """gc can only unfreeze everything: a caller's own freeze (the test session's, tests/conftest.py) must
+    survive the loop, or every later full collection walks again all it had frozen."""
+    gc.freeze()
+    before = gc.get_freeze_count()
+    assert before > 0
+
+    async def nothing() -> None:
+        return None
+
+    eventloop.run(nothing(), eventloop.choose({ENV: "asyncio"}))
+    assert gc.get_freeze_count() >= before
