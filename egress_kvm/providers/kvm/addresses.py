@@ -129,11 +129,6 @@ def decide(*, agent: Sequence[str], host: Sequence[str]) -> Decision:
     return Decision(Verdict.UNCONFIRMED if agent else Verdict.NONE, None)
 
 
-def pick_neighbour(neigh_json: str, mac: str) -> str | None:
-    """From `ip -j neigh show dev BR`: a usable IPv4 whose lladdr is `mac` and whose entry is not FAILED."""
-    return next(iter(pick_neighbours(neigh_json, mac)), None)
-
-
 def _entries(neigh_json: str) -> list[Any]:
     try:
         entries = json.loads(neigh_json or "[]")
@@ -145,12 +140,6 @@ def _entries(neigh_json: str) -> list[Any]:
 def _states(entry: dict[str, Any]) -> list[Any]:
     states = entry.get("state") or []
     return [states] if isinstance(states, str) else states if isinstance(states, list) else []
-
-
-def pick_failed(neigh_json: str) -> frozenset[str]:
-    """Every usable IPv4 `ip -j neigh` has in state FAILED or INCOMPLETE: the host asked who has it and
-    nobody answered (such an entry carries no lladdr)."""
-    return _failed(_entries(neigh_json))
 
 
 def _failed(entries: list[Any]) -> frozenset[str]:
@@ -194,12 +183,6 @@ def host_table(neigh_json: str, mac: str) -> HostTable:
     if table is None:
         return HostTable(read=False)
     return HostTable(table.by_mac.get(mac.lower(), ()), table.failed)
-
-
-def pick_neighbours(neigh_json: str, mac: str) -> list[str]:
-    """Every usable IPv4 `ip -j neigh` maps to `mac` in a state other than FAILED/INCOMPLETE."""
-    table = _table(neigh_json)
-    return list(table.by_mac.get(mac.lower(), ())) if table is not None else []
 
 
 async def _host_table(host: Host, dom: Domain, *, mac: str, bridge: str, log: Logger) -> HostTable:

@@ -243,10 +243,10 @@ def test_placement_rules() -> None:
     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(["dst", "lladdr", "state", "x"]), c,
                                                        max_size=4), max_leaves=12).map(json.dumps)))
 def test_neighbour_parsing_never_raises(text: str) -> None:
-    """Whatever `ip -j neigh` (or a hostile host) prints, the fallback yields an address or None."""
-    got = addresses.pick_neighbour(text, "52:54:00:aa:bb:cc")
-    assert got is None or addresses.usable_ipv4(got)
-    assert all(addresses.usable_ipv4(ip) for ip in addresses.pick_failed(text))
+    """Whatever `ip -j neigh` (or a hostile host) prints, the table holds only usable addresses."""
+    table = addresses.host_table(text, "52:54:00:aa:bb:cc")
+    assert all(addresses.usable_ipv4(ip) for ip in table.mapped)
+    assert all(addresses.usable_ipv4(ip) for ip in table.failed)
 
 
 @settings(max_examples=300, deadline=None)
@@ -294,10 +294,9 @@ def test_the_host_table_for_one_vm() -> None:
 
 def test_one_host_output_answers_every_vm_on_it() -> None:
     """The output is read once per host (addresses._table) and then answers each VM by its MAC; what a
-    caller gets is its own (changing it changes nothing for the next VM)."""
-    first = addresses.pick_neighbours(NEIGH, "52:54:00:aa:bb:cc")
-    first.append("192.0.2.99")
-    assert addresses.pick_neighbours(NEIGH, "52:54:00:AA:BB:CC") == ["192.0.2.5"]
+    caller gets is immutable (nothing it does changes the answer for the next VM)."""
+    assert addresses.host_table(NEIGH, "52:54:00:aa:bb:cc").mapped == ("192.0.2.5",)
+    assert addresses.host_table(NEIGH, "52:54:00:AA:BB:CC").mapped == ("192.0.2.5",)
     assert addresses.host_table(NEIGH, "52:54:00:00:00:07").mapped == ("192.0.2.7",)
     assert addresses.host_table(NEIGH, "52:54:00:00:00:99") == \
         addresses.HostTable((), frozenset({"192.0.2.9", "192.0.2.8"}))
