@@ -129,14 +129,6 @@ def decide(*, agent: Sequence[str], host: Sequence[str]) -> Decision:
     return Decision(Verdict.UNCONFIRMED if agent else Verdict.NONE, None)
 
 
-def _entries(neigh_json: str) -> list[Any]:
-    try:
-        entries = json.loads(neigh_json or "[]")
-    except json.JSONDecodeError:
-        return []
-    return entries if isinstance(entries, list) else []
-
-
 def _states(entry: dict[str, Any]) -> list[Any]:
     states = entry.get("state") or []
     return [states] if isinstance(states, str) else states if isinstance(states, list) else []
