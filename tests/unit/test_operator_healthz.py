@@ -4,6 +4,7 @@ controller or the providers poller has died (never a zombie that answers probes 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -87,8 +88,12 @@ async def test_healthz_fails_when_the_informer_dies_of_an_error(running: tuple[O
     assert status == 500 and "[-]informer failed: the Proxy watch died" in body.splitlines(), body
 
 
-async def test_stop_writes_the_queued_events_and_leaves_no_sender(tmp_path: Path) -> None:
-    """The Event senders are part of the process's lifetime: stopped (after a drain) before it exits."""
+Running = tuple[aiohttp.ClientSession, Operator, "asyncio.Task[int]"]
+
+
+@contextlib.asynccontextmanager
+async def _operator_with_a_queued_event(tmp_path: Path, reason: str) -> AsyncIterator[Running]:
+    """The real Operator running against the emulator, with one Event just handed to its recorder."""
     providers = tmp_path / "providers.yaml"
     providers.write_text("providers: []\n")
     async with emulator_with_crd() as (emu, client):
@@ -106,10 +111,20 @@ async def test_stop_writes_the_queued_events_and_leaves_no_sender(tmp_path: Path
 
         await _until(up)
         assert op.kube is not None
-        await op.kube.record_event(obj, type_="Normal", reason="JustBeforeStop", message="queued")
+        await op.kube.record_event(obj, type_="Normal", reason=reason, message="queued")
+        yield client, op, task
+
+
+def _senders() -> list[asyncio.Task[object]]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("event sender")]
+
+
+async def test_stop_writes_the_queued_events_and_leaves_no_sender(tmp_path: Path) -> None:
+    """The Event senders are part of the process's lifetime: stopped (after a drain) before it exits."""
+    async with _operator_with_a_queued_event(tmp_path, "JustBeforeStop") as (client, op, task):
         op.request_stop()
         assert await asyncio.wait_for(task, 30) == 0
-        assert [t for t in asyncio.all_tasks() if t.get_name().startswith("event sender")] == []
+        assert _senders() == []
         events = (await request_json(client, "GET", "/api/v1/namespaces/default/events"))["items"]
         assert "JustBeforeStop" in {e["reason"] for e in events}
 
@@ -117,25 +132,8 @@ async def test_stop_writes_the_queued_events_and_leaves_no_sender(tmp_path: Path
 async def test_a_cancelled_operator_leaves_no_sender(tmp_path: Path) -> None:
     """Cancelled instead of stopped (asyncio.run unwinding on Ctrl-C, an embedding caller giving up): the
     Event senders still end with it."""
-    providers = tmp_path / "providers.yaml"
-    providers.write_text("providers: []\n")
-    async with emulator_with_crd() as (emu, client):
-        obj = await create_proxy(client, "p", provider="nope")
-        kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig")
-        op = Operator(Options(kubeconfig=str(kubeconfig), providers_config=str(providers),
-                              cluster_id="test-cluster", metrics_bind_address=None,
-                              health_probe_bind_address=None, graceful_shutdown_timeout=1.0))
-        task = asyncio.create_task(op.run())
-
-        async def up() -> bool:
-            if task.done():
-                raise AssertionError(f"operator exited: {task.result()}")
-            return op.kube is not None and "controller" in op._tasks
-
-        await _until(up)
-        assert op.kube is not None
-        await op.kube.record_event(obj, type_="Normal", reason="JustBeforeCancel", message="queued")
-        senders = [t for t in asyncio.all_tasks() if t.get_name().startswith("event sender")]
+    async with _operator_with_a_queued_event(tmp_path, "JustBeforeCancel") as (_client, _op, task):
+        senders = _senders()
         assert senders  # started by the Event above
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
