@@ -37,6 +37,7 @@ from ..kube.client import KubeConfigError, new_api_client, pod_namespace
 from ..kube.informer import ProxyInformer
 from ..kube.interfaces import Obj
 from ..kube.leader import LeaderElector, lease_namespace
+from ..kube.recorder import DRAIN_TIMEOUT as EVENT_DRAIN_TIMEOUT
 from ..kube.rest import KubeApiError
 from ..metrics import REGISTRY, version
 from ..policy import namekey
@@ -48,7 +49,6 @@ from .providers_file import LoadedProviders, build, close_all, file_digest, read
 
 OLD_PROVIDERS_CLOSE_DELAY = 60.0  # reconciles still using replaced providers get this long
 CLUSTER_ID_PATIENCE = 30.0  # how long start-up waits for an API server that is not answering yet
-EVENT_DRAIN_TIMEOUT = 2.0  # queued Events at shutdown: best effort, never worth holding the exit long
 CONTROLLER_EXIT_GRACE = 5.0  # after controller.stop's own timeout, for its task to end
 INFORMER_EXIT_GRACE = 5.0  # for the watch to stop
 
