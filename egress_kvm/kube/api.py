@@ -17,11 +17,9 @@ import time
 from collections import OrderedDict
 from datetime import UTC, datetime
 
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from ..log import Logger, get_logger
 from .interfaces import FINALIZER, GROUP, PLURAL, VERSION, Obj, ProxyGone, SpecChanged
+from .k8s import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
 from .recorder import CAPACITY, DRAIN_TIMEOUT, SENDERS, EventQueue, PendingEvent
 from .rest import MERGE_PATCH, KubeApiError, from_api_exception, path_of, request_json, send_json
 

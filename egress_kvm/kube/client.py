@@ -15,12 +15,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubernetes_asyncio.client import ApiClient, Configuration
-from kubernetes_asyncio.config import ConfigException
-from kubernetes_asyncio.config.incluster_config import SERVICE_HOST_ENV_NAME, InClusterConfigLoader
-from kubernetes_asyncio.config.kube_config import load_kube_config
-
 from egress_kvm.kube.envproxy import env_proxy
+
+from .k8s import (
+    SERVICE_HOST_ENV_NAME,
+    ApiClient,
+    ConfigException,
+    Configuration,
+    InClusterConfigLoader,
+    load_kube_config,
+)
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 SERVICE_ACCOUNT_NAMESPACE_FILE = f"{SERVICE_ACCOUNT_DIR}/namespace"

@@ -29,12 +29,11 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..backoff import Backoff
 from ..log import Logger, get_logger
 from .interfaces import GROUP, KIND, PLURAL, VERSION, Key, Obj, key_of
+from .k8s import ApiClient, ApiException, CustomObjectsApi
 from .lines import LineSplitter
 from .rest import KubeApiError, from_api_exception
 from .trim import trimmed

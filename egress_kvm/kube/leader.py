@@ -25,13 +25,13 @@ import socket
 import uuid
 from dataclasses import dataclass
 
-from kubernetes_asyncio.client import ApiClient
 from prometheus_client import Gauge
 
 from ..log import Logger, get_logger
 from ..metrics import REGISTRY
 from .api import micro_time
 from .interfaces import Obj
+from .k8s import ApiClient
 from .rest import KubeApiError, request_json
 
 DEFAULT_LEASE_NAME = "egress-kvm.egressproxies.io"

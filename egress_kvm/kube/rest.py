@@ -20,10 +20,9 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from .interfaces import Obj
+from .k8s import ApiClient, ApiException
 
 MERGE_PATCH = "application/merge-patch+json"
 DEFAULT_TIMEOUT = 30.0

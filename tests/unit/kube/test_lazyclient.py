@@ -75,9 +75,10 @@ def test_lazy_packages_bind_what_the_real_ones_do() -> None:
     assert len(eager["kubernetes_asyncio.client.models"]) > 500  # the package as we know it
     real = json.loads(_run(DESCRIBE, json.dumps(eager)))
     lazy = json.loads(_run(textwrap.dedent("""
-        from egress_kvm.kube import lazyclient
         import sys
-        assert "kubernetes_asyncio" in sys.modules and not lazyclient.install()  # installed by the package
+        import egress_kvm.kube.k8s
+        from egress_kvm.kube import lazyclient
+        assert "kubernetes_asyncio" in sys.modules and not lazyclient.install()  # installed by k8s.py
         assert "kubernetes_asyncio.client.models.v1_pod" not in sys.modules
     """) + textwrap.dedent(DESCRIBE), json.dumps(eager)))
     assert lazy == real
@@ -106,7 +107,7 @@ def test_install_leaves_an_imported_package_alone() -> None:
 
 def test_a_name_the_package_lacks_is_an_attribute_error() -> None:
     out = _run("""
-        import egress_kvm.kube
+        import egress_kvm.kube.k8s
         import kubernetes_asyncio.client.models as models
         print(hasattr(models, "NoSuchModel"), hasattr(models, "__wrapped__"), models.v1_pod.__name__,
               models.V1Pod.__module__)
