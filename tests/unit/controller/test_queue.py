@@ -263,6 +263,7 @@ class Op(enum.Enum):
     ADD = "add"  # a watch event, a resync
     URGENT = "urgent"  # a changed verdict, a finished import
     RETRY = "retry"  # a reconcile failed: add_rate_limited (due in 0.01 s)
+    QUOTA_RETRY = "quota retry"  # no capacity: add_rate_limited(quota=True), due in a minute
     FOLLOW = "follow"  # a reconcile waits for progress: add_after 0.01 s
     FOLLOW_LATER = "follow later"  # add_after an hour
     ADVANCE = "advance"  # an event said what the key waited for happened
@@ -289,6 +290,8 @@ LANE_SCENARIOS = [
      [(Op.ADD, "new"), (Op.FOLLOW_LATER, "k"), (Op.RETRY, "k"), (Op.DUE, "")], ["new", "k"]),
     ("a success's follow-up takes over a retry due earlier",
      [(Op.ADD, "new"), (Op.RETRY, "k"), (Op.FOLLOW_LATER, "k"), (Op.DUE, "")], ["k", "new"]),
+    ("a success's follow-up due before a pending retry replaces it: one add, urgent, no retry left",
+     [(Op.ADD, "new"), (Op.QUOTA_RETRY, "k"), (Op.FOLLOW, "k"), (Op.DUE, "")], ["k", "new"]),
     ("advance over a pending retry is urgent and cancels it",
      [(Op.ADD, "new"), (Op.RETRY, "k"), (Op.ADVANCE, "k"), (Op.DUE, "")], ["k", "new"]),
     ("a retry due while the key is processing re-queues it plain",
@@ -319,6 +322,8 @@ async def test_a_delayed_add_comes_due_in_the_lane_of_what_it_stands_for(
             q.add(key, urgent=True)
         elif op is Op.RETRY:
             q.add_rate_limited(key)
+        elif op is Op.QUOTA_RETRY:
+            q.add_rate_limited(key, quota=True)
         elif op is Op.FOLLOW:
             q.add_after(key, 0.01)
         elif op is Op.FOLLOW_LATER:
