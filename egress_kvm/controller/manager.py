@@ -119,7 +119,8 @@ class Controller:
     # --- what the process calls ----------------------------------------------------------------------
 
     def enqueue(self, key: Key, *, urgent: bool = False) -> None:
-        """`urgent`: work in flight (queue.py's lanes), served before new work."""
+        """`urgent`: work in flight making progress (a changed verdict, a finished import; queue.py's
+        lanes), served before new work. Never for a retry: a failure's backoff comes due plain."""
         self._routine.discard(key)  # somebody asks: the reconcile looks at the VM (planner.vouched)
         self.queue.add(key, urgent=urgent)
 

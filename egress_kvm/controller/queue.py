@@ -6,25 +6,36 @@
   and queued again when the worker calls `done`, so the change that arrived mid-reconcile is not lost.
 - Retries are per key: `add_rate_limited` waits base * 2^(n-1) (capped) after the n-th consecutive
   failure; quota failures use their own slower schedule, since capacity rarely frees up in seconds.
-  `forget` resets a key after a success.
+  `forget` resets a key's backoff after a success (a retry already scheduled still comes, unless that
+  success's follow-up took its timer over).
 - `add_after` schedules a delayed add (polling for an IP, waiting for a Secret); a pending timer is only
-  ever moved earlier, so a short requeue cannot be postponed by a long one. `advance` makes it due now
-  (an event said that what it waited for happened): one reconcile instead of the event's and the timer's.
-- Two lanes: an `urgent` add (work already in flight: a delayed add coming due, a probe verdict that
-  changed) is handed out before the plain ones, and promotes a key already waiting in the plain lane.
-  With 1,000 Proxies applied at once a first-come order let every Proxy's boot follow-up wait behind all
-  the creates not yet started (none reached Running before the last create, 38 s in); finishing what
-  is in flight first leaves the total work the same and the latency of each Proxy far shorter. The
-  lane is bounded: after `URGENT_BURST` urgent keys in a row while plain work waits, one plain key goes
-  next, so urgent work that never runs out (1,000 Proxies' boot polls, flapping verdicts, a dead host's
-  retries) cannot hold back a new Proxy, a delete or a spec edit forever; plain work keeps at least
-  1/(URGENT_BURST+1) of the hand-outs, urgent work at least URGENT_BURST/(URGENT_BURST+1).
+  ever moved earlier, so a short requeue cannot be postponed by a long one. `advance` adds the key now,
+  urgent, in place of its timer (an event said that what it waited for happened): one reconcile instead
+  of the event's and the timer's.
+- Two lanes: an `urgent` add (work already in flight making progress: a follow-up coming due, a probe
+  verdict that changed, a finished import, an event `advance` passes on) is handed out before the plain
+  ones, and promotes a key already waiting in the plain lane; a plain add never demotes one
+  (`lane_after`). With 1,000 Proxies applied at once a first-come order let every Proxy's boot
+  follow-up wait behind all the creates not yet started (none reached Running before the last create,
+  38 s in); finishing what is in flight first leaves the total work the same and the latency of each
+  Proxy far shorter. A delayed add comes due in the lane of what it stands for (`DUE_LANE`): a
+  follow-up (`add_after`: polling for an IP, waiting for a Secret or an import) is urgent, a retry
+  after a failure (`add_rate_limited`) is plain, so the retries of a dead host's hundreds of Proxies
+  queue first-come with new Proxies, deletes and spec edits instead of ahead of them. What a key's
+  timer stands for is set by the latest reconcile's outcome: a failure's retry replaces a pending
+  follow-up, a success's follow-up takes over a pending retry (even one due earlier). A retry does
+  not demote a key an event already made urgent, waiting or processing. The urgent lane is bounded:
+  after `URGENT_BURST` urgent keys in a row while plain work waits, one plain key goes next, so
+  urgent work that never runs out (1,000 Proxies' boot polls, flapping verdicts) cannot hold back a
+  new Proxy, a delete or a spec edit forever; plain work keeps at least 1/(URGENT_BURST+1) of the
+  hand-outs, urgent work at least URGENT_BURST/(URGENT_BURST+1).
 - After `shutdown` no key is handed out again; `get` raises `QueueShutDown` so workers exit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
@@ -40,6 +51,34 @@ class QueueShutDown(Exception):
 TRANSIENT_BACKOFF = Backoff(base=1.0, cap=300.0)
 QUOTA_BACKOFF = Backoff(base=60.0, cap=900.0)
 URGENT_BURST = 4  # at most this many urgent keys in a row while a plain one waits (module docstring)
+
+
+class Lane(enum.IntEnum):
+    """Where a wanted key waits; the higher lane is served first (module docstring)."""
+
+    PLAIN = 0
+    URGENT = 1
+
+
+class Due(enum.Enum):
+    """What a delayed add stands for, which decides its lane when it comes due (`DUE_LANE`)."""
+
+    FOLLOW_UP = "follow-up"  # `add_after`: a reconcile that succeeded waits for progress (an IP, a Secret)
+    RETRY = "retry"  # `add_rate_limited`: a reconcile that failed, tried again after its backoff
+
+
+# A follow-up is the next step of work in flight; a retry is the same step again after a failure, and the
+# failures of a dead host's hundreds of Proxies would otherwise take URGENT_BURST of every URGENT_BURST+1
+# hand-outs from new Proxies, deletes and spec edits, for work that mostly fails again.
+DUE_LANE: dict[Due, Lane] = {Due.FOLLOW_UP: Lane.URGENT, Due.RETRY: Lane.PLAIN}
+
+
+def lane_after(current: Lane | None, added: Lane) -> Lane:
+    """The lane of a key once `added` comes for it; `current` is its lane if it is already wanted (waiting,
+    or dirty while processing), else None. Only ever promoted: a plain add (a watch event, a resync, a
+    retry coming due) never moves a key out of the urgent lane a real event put it in."""
+    return added if current is None else max(current, added)
+
 
 K = TypeVar("K", bound=Hashable)
 
@@ -65,7 +104,7 @@ class WorkQueue(Generic[K]):
         self._processing: set[K] = set()
         self._failures: dict[K, int] = {}
         self._quota_failures: dict[K, int] = {}
-        self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
+        self._timers: dict[K, tuple[float, asyncio.TimerHandle, Due]] = {}
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._shutting_down = False
         self._metrics = metrics.QueueMetrics(name)
@@ -73,50 +112,28 @@ class WorkQueue(Generic[K]):
     # --- adding ---------------------------------------------------------------------------------------
 
     def add(self, key: K, *, urgent: bool = False) -> None:
-        if self._shutting_down:
-            return
-        if key in self._dirty:
-            if urgent and key not in self._urgent_keys:
-                self._urgent_keys.add(key)
-                if key not in self._processing:  # waiting in the plain lane: move it up
-                    del self._queue[key]
-                    self._urgent.append(key)
-            return
-        self._dirty.add(key)
-        self._metrics.added(key)
-        if urgent:
-            self._urgent_keys.add(key)
-        if key in self._processing:
-            return  # `done` queues it again
-        self._push(key, urgent=urgent)
-        self._changed()
-        self._wake_one()
+        """`urgent`: work in flight making progress (module docstring); it promotes a waiting key."""
+        self._add(key, Lane.URGENT if urgent else Lane.PLAIN)
 
     def add_after(self, key: K, delay: float) -> None:
-        if self._shutting_down:
-            return
+        """A follow-up: add `key` after `delay`, urgent when it comes due. A delay <= 0 is a plain add now
+        (the reconciler's start-over after a spec change, whose own watch event queues it plain too)."""
         if delay <= 0:
             self.add(key)
             return
-        loop = asyncio.get_running_loop()
-        due = loop.time() + delay
-        pending = self._timers.get(key)
-        if pending is not None:
-            if pending[0] <= due:
-                return  # an earlier add is already scheduled
-            pending[1].cancel()
-        self._timers[key] = (due, loop.call_at(due, self._fire, key))
+        self._schedule(key, delay, Due.FOLLOW_UP)
 
     def advance(self, key: K) -> None:
-        """Add `key` now as its pending delayed add would (urgent), cancelling that add: the reconcile
-        that follows schedules its own next look (or a retry), so the timer has nothing left to do."""
+        """Add `key` now, urgent, cancelling its pending delayed add (a follow-up or a retry): an event
+        said that what it waited for happened, which is progress; the reconcile that follows schedules
+        its own next look (or a retry), so the timer has nothing left to do."""
         pending = self._timers.pop(key, None)
         if pending is not None:
             pending[1].cancel()
         self.add(key, urgent=True)
 
     def add_rate_limited(self, key: K, *, quota: bool = False) -> float:
-        """Re-add after this key's backoff; returns the delay chosen."""
+        """Re-add after this key's backoff, due in the plain lane (`DUE_LANE`); returns the delay chosen."""
         counts, backoff = (self._quota_failures, self._quota) if quota else (self._failures, self._transient)
         counts[key] = counts.get(key, 0) + 1
         delay = backoff.delay(counts[key])
@@ -127,11 +144,12 @@ class WorkQueue(Generic[K]):
         pending = self._timers.pop(key, None)
         if pending is not None:
             pending[1].cancel()
-        self.add_after(key, delay)
+        self._schedule(key, delay, Due.RETRY)
         return delay
 
     def forget(self, key: K) -> None:
-        """Reset the key's backoff (after a successful reconcile)."""
+        """Reset the key's backoff (after a successful reconcile). A retry already scheduled still comes, in
+        the plain lane, unless the success's follow-up (`add_after`) took its timer over."""
         self._failures.pop(key, None)
         self._quota_failures.pop(key, None)
 
@@ -197,7 +215,7 @@ class WorkQueue(Generic[K]):
     def shutdown(self) -> None:
         """Hand out no more keys; wake every waiting worker so it sees QueueShutDown."""
         self._shutting_down = True
-        for _, handle in self._timers.values():
+        for _, handle, _ in self._timers.values():
             handle.cancel()
         self._timers.clear()
         while self._waiters:
@@ -206,6 +224,42 @@ class WorkQueue(Generic[K]):
                 w.set_result(None)
 
     # --- internals --------------------------------------------------------------------------------------
+
+    def _add(self, key: K, lane: Lane) -> None:
+        if self._shutting_down:
+            return
+        wanted = key in self._dirty
+        current = (Lane.URGENT if key in self._urgent_keys else Lane.PLAIN) if wanted else None
+        new = lane_after(current, lane)
+        if new is Lane.URGENT:
+            self._urgent_keys.add(key)
+        if wanted:
+            if current is Lane.PLAIN and new is Lane.URGENT and key not in self._processing:
+                del self._queue[key]  # waiting in the plain lane: move it up
+                self._urgent.append(key)
+            return
+        self._dirty.add(key)
+        self._metrics.added(key)
+        if key in self._processing:
+            return  # `done` queues it again, in its lane
+        self._push(key, urgent=new is Lane.URGENT)
+        self._changed()
+        self._wake_one()
+
+    def _schedule(self, key: K, delay: float, due: Due) -> None:
+        """One timer per key, only ever moved earlier; it stands for the latest call's `due` (the latest
+        reconcile's outcome, module docstring), also when it keeps an earlier time."""
+        if self._shutting_down:
+            return
+        loop = asyncio.get_running_loop()
+        at = loop.time() + delay
+        pending = self._timers.get(key)
+        if pending is not None and pending[0] <= at:
+            self._timers[key] = (pending[0], pending[1], due)  # an earlier add is already scheduled
+            return
+        if pending is not None:
+            pending[1].cancel()
+        self._timers[key] = (at, loop.call_at(at, self._fire, key), due)
 
     def _next(self) -> K:
         """The urgent lane first, but never more than URGENT_BURST in a row past a waiting plain key."""
@@ -222,10 +276,12 @@ class WorkQueue(Generic[K]):
             self._queue[key] = None
 
     def _fire(self, key: K) -> None:
-        self._timers.pop(key, None)
+        pending = self._timers.pop(key, None)
+        if pending is None:
+            return  # not reached: a timer is cancelled whenever its entry is replaced or removed
         if self._on_due is not None:
             self._on_due(key)
-        self.add(key, urgent=True)  # a follow-up of work in flight
+        self._add(key, DUE_LANE[pending[2]])
 
     def _wake_one(self) -> None:
         while self._waiters:

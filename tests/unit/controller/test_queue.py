@@ -1,15 +1,26 @@
-"""The reconcile queue's guarantees: dedupe, one worker per key, dirty re-run, per-key backoff, shutdown."""
+"""The reconcile queue's guarantees: dedupe, one worker per key, dirty re-run, per-key backoff, the two lanes
+(which one a delayed add comes due in), shutdown."""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from egress_kvm.controller.queue import URGENT_BURST, Backoff, QueueShutDown, WorkQueue
+from egress_kvm.controller.queue import (
+    DUE_LANE,
+    URGENT_BURST,
+    Backoff,
+    Due,
+    Lane,
+    QueueShutDown,
+    WorkQueue,
+    lane_after,
+)
 
 from .conftest import eventually
 
@@ -222,6 +233,131 @@ async def test_the_burst_counts_only_while_plain_work_waits() -> None:
     q.add("plain")
     got = [await q.get() for _ in range(URGENT_BURST + 1)]
     assert got == [f"u{i}" for i in range(URGENT_BURST, 2 * URGENT_BURST)] + ["plain"]
+
+
+# --- which lane a delayed add comes due in ------------------------------------------------------------------
+
+@pytest.mark.parametrize(("due", "lane"), [
+    (Due.FOLLOW_UP, Lane.URGENT),  # a boot poll, a wait for a Secret or an import: work in flight
+    (Due.RETRY, Lane.PLAIN),  # a failed reconcile again: first-come with new work, not ahead of it
+])
+def test_the_lane_a_delayed_add_comes_due_in(due: Due, lane: Lane) -> None:
+    assert DUE_LANE[due] is lane
+
+
+@pytest.mark.parametrize(("current", "added", "lane"), [
+    (None, Lane.PLAIN, Lane.PLAIN),
+    (None, Lane.URGENT, Lane.URGENT),
+    (Lane.PLAIN, Lane.PLAIN, Lane.PLAIN),
+    (Lane.PLAIN, Lane.URGENT, Lane.URGENT),  # promoted
+    (Lane.URGENT, Lane.PLAIN, Lane.URGENT),  # never demoted (a retry coming due for a changed verdict)
+    (Lane.URGENT, Lane.URGENT, Lane.URGENT),
+])
+def test_a_wanted_key_is_only_ever_promoted(current: Lane | None, added: Lane, lane: Lane) -> None:
+    assert lane_after(current, added) is lane
+
+
+class Op(enum.Enum):
+    """One step of a lane scenario, as the controller calls the queue."""
+
+    ADD = "add"  # a watch event, a resync
+    URGENT = "urgent"  # a changed verdict, a finished import
+    RETRY = "retry"  # a reconcile failed: add_rate_limited (due in 0.01 s)
+    QUOTA_RETRY = "quota retry"  # no capacity: add_rate_limited(quota=True), due in a minute
+    FOLLOW = "follow"  # a reconcile waits for progress: add_after 0.01 s
+    FOLLOW_LATER = "follow later"  # add_after an hour
+    ADVANCE = "advance"  # an event said what the key waited for happened
+    FORGET = "forget"  # a reconcile succeeded
+    TAKE = "take"  # a worker gets the key (it must be next) and keeps it processing
+    DONE = "done"
+    DUE = "due"  # let the 0.01 s timers fire
+
+
+LANE_SCENARIOS = [
+    # (what it shows, steps, the hand-out order of what is left queued)
+    ("a retry comes due behind plain work queued before it",
+     [(Op.ADD, "new"), (Op.RETRY, "k"), (Op.DUE, "")], ["new", "k"]),
+    ("a dead host's retries take no urgent hand-outs from a new Proxy",
+     [(Op.ADD, "new"), *[(Op.RETRY, f"dead{i}") for i in range(URGENT_BURST + 1)], (Op.DUE, "")],
+     ["new", *[f"dead{i}" for i in range(URGENT_BURST + 1)]]),
+    ("a follow-up comes due ahead of plain work",
+     [(Op.ADD, "new"), (Op.FOLLOW, "k"), (Op.DUE, "")], ["k", "new"]),
+    ("a retry coming due leaves a key an event made urgent urgent",
+     [(Op.ADD, "new"), (Op.URGENT, "k"), (Op.RETRY, "k"), (Op.DUE, "")], ["k", "new"]),
+    ("an event promotes a key its retry queued",
+     [(Op.ADD, "new"), (Op.RETRY, "k"), (Op.DUE, ""), (Op.URGENT, "k")], ["k", "new"]),
+    ("a failure's retry replaces a pending follow-up",
+     [(Op.ADD, "new"), (Op.FOLLOW_LATER, "k"), (Op.RETRY, "k"), (Op.DUE, "")], ["new", "k"]),
+    ("a success's follow-up takes over a retry due earlier",
+     [(Op.ADD, "new"), (Op.RETRY, "k"), (Op.FOLLOW_LATER, "k"), (Op.DUE, "")], ["k", "new"]),
+    ("a success's follow-up due before a pending retry replaces it: one add, urgent, no retry left",
+     [(Op.ADD, "new"), (Op.QUOTA_RETRY, "k"), (Op.FOLLOW, "k"), (Op.DUE, "")], ["k", "new"]),
+    ("advance over a pending retry is urgent and cancels it",
+     [(Op.ADD, "new"), (Op.RETRY, "k"), (Op.ADVANCE, "k"), (Op.DUE, "")], ["k", "new"]),
+    ("a retry due while the key is processing re-queues it plain",
+     [(Op.ADD, "k"), (Op.TAKE, "k"), (Op.ADD, "new"), (Op.RETRY, "k"), (Op.DUE, ""), (Op.DONE, "k")],
+     ["new", "k"]),
+    ("... and urgent if an event came meanwhile",
+     [(Op.ADD, "k"), (Op.TAKE, "k"), (Op.ADD, "new"), (Op.RETRY, "k"), (Op.DUE, ""), (Op.URGENT, "k"),
+      (Op.DONE, "k")], ["k", "new"]),
+    ("a follow-up due while the key is processing re-queues it urgent",
+     [(Op.ADD, "k"), (Op.TAKE, "k"), (Op.ADD, "new"), (Op.FOLLOW, "k"), (Op.DUE, ""), (Op.DONE, "k")],
+     ["k", "new"]),
+    ("a success's forget leaves a retry already scheduled plain",
+     [(Op.RETRY, "k"), (Op.FORGET, "k"), (Op.ADD, "new"), (Op.DUE, "")], ["new", "k"]),
+]
+
+
+@pytest.mark.parametrize(("steps", "order"), [pytest.param(steps, order, id=what)
+                                               for what, steps, order in LANE_SCENARIOS])
+async def test_a_delayed_add_comes_due_in_the_lane_of_what_it_stands_for(
+        steps: list[tuple[Op, str]], order: list[str]) -> None:
+    """A follow-up of work in flight is urgent, a retry after a failure is plain (DUE_LANE), and a retry
+    never demotes a key a real event made urgent."""
+    q: WorkQueue[str] = WorkQueue(transient=Backoff(base=0.01, cap=0.01))
+    for op, key in steps:
+        if op is Op.ADD:
+            q.add(key)
+        elif op is Op.URGENT:
+            q.add(key, urgent=True)
+        elif op is Op.RETRY:
+            q.add_rate_limited(key)
+        elif op is Op.QUOTA_RETRY:
+            q.add_rate_limited(key, quota=True)
+        elif op is Op.FOLLOW:
+            q.add_after(key, 0.01)
+        elif op is Op.FOLLOW_LATER:
+            q.add_after(key, 3600.0)
+        elif op is Op.ADVANCE:
+            q.advance(key)
+        elif op is Op.FORGET:
+            q.forget(key)
+        elif op is Op.TAKE:
+            assert await q.get() == key
+        elif op is Op.DONE:
+            q.done(key)
+        else:
+            await asyncio.sleep(0.05)  # the loop runs the 0.01 s timers, scheduled earlier, first
+    served = []
+    while len(q):
+        key = await q.get()
+        served.append(key)
+        q.done(key)
+    assert served == order
+    assert not q.pending_delayed()  # every delayed add came due once (or was cancelled): nothing more
+    q.shutdown()
+
+
+async def test_shutdown_cancels_retries_and_follow_ups_alike() -> None:
+    q: WorkQueue[str] = WorkQueue(transient=Backoff(base=0.01, cap=0.01))
+    q.add_rate_limited("retry")
+    q.add_after("follow", 0.01)
+    q.shutdown()
+    assert not q.pending_delayed()
+    await asyncio.sleep(0.05)
+    assert len(q) == 0
+    with pytest.raises(QueueShutDown):
+        await q.get()
 
 
 # --- the order, against a model of the lanes --------------------------------------------------------------
