@@ -6,6 +6,7 @@ a "wave" the test releases, and the waves a call needs are its sequential round 
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -419,6 +420,21 @@ def undefined_meanwhile(h: FakeHypervisor) -> None:
                                   f"(name '{NAME}')")
 
 
+def started_after_the_lookup(h: FakeHypervisor) -> None:
+    """Shut off at the lookup (its id -1: the free memory is read on speculation), running by the state
+    read (started by someone else in between)."""
+    h.shut_off(NAME)
+    lookup = h.domain_lookup_by_name
+
+    @functools.wraps(lookup)
+    def then_started(name: str) -> Any:
+        found = lookup(name)
+        h.domain_create_with_flags(found)
+        return found
+
+    h.domain_lookup_by_name = then_started  # type: ignore[method-assign]
+
+
 def nothing(h: FakeHypervisor) -> None:
     pass
 
@@ -471,6 +487,13 @@ START_CASES = {
     "shut off, machine type no longer configured, no memory": StartCase(
         staged(shut_off, other_machine_type, no_memory),
         (QuotaError, r"out of memory: start 'proxy-abc': .*cannot allocate memory"), SHUTOFF,
+        [LOOKUP, READS_AND_MEMORY, ["domain_create_with_flags"]], before=4),
+    # A speculative read the sequential start would not have made: its error is never the answer.
+    "started after the lookup, memory unreadable: left alone": StartCase(
+        staged(started_after_the_lookup, fails_once("node_get_free_memory")), None, RUNNING,
+        [LOOKUP, READS_AND_MEMORY], before=3),
+    "shut off, machine type no longer configured, memory unreadable: started": StartCase(
+        staged(shut_off, other_machine_type, fails_once("node_get_free_memory")), None, RUNNING,
         [LOOKUP, READS_AND_MEMORY, ["domain_create_with_flags"]], before=4),
     "shut off, start refused": StartCase(
         staged(shut_off, fails_once("domain_create_with_flags")),
