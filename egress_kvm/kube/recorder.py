@@ -138,10 +138,12 @@ class EventQueue:
                     await asyncio.wait_for(self.flush(), timeout)
         finally:  # also when the caller is cancelled while draining: no sender outlives close(), and
             # what is left is counted all the same (dropped, and out of the backlog gauge)
-            left = self._in_flight  # cut off mid-write: not known to have arrived
+            left = self._in_flight  # cut off mid-write: not known to have arrived (each sender's finally
+            # takes its own out of the gauge as it ends)
             for task in self._tasks:
                 task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            # Taken out before the senders are awaited, with no await in between: a cancelled sender takes
+            # no more, and a close cancelled while they wind down has counted them already.
             for q in self._queues:
                 while not q.empty():
                     q.get_nowait()
@@ -151,6 +153,7 @@ class EventQueue:
             if left:
                 metrics.KUBE_EVENTS_DROPPED.labels("stopped").inc(left)
                 self._log.info("events not sent before shutdown", count=left)
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _start(self) -> None:
         loop = asyncio.get_running_loop()

@@ -325,6 +325,34 @@ async def test_a_close_cancelled_while_draining_still_stops_the_senders() -> Non
         assert dropped("stopped") == before + 2 and queued() == backlog
 
 
+async def test_a_close_cancelled_while_its_senders_stop_still_counts_what_was_queued() -> None:
+    """Cancelled after it has cancelled the senders, while one of them takes its time to stop (its write
+    being cut off): the Event still queued behind it is counted as dropped and leaves the backlog all the
+    same, not left in the gauge for good."""
+    stopping, let_stop = asyncio.Event(), asyncio.Event()
+
+    async def send(_ev: PendingEvent) -> None:
+        try:
+            await asyncio.Event().wait()  # a write the server never answers
+        except asyncio.CancelledError:
+            stopping.set()
+            await let_stop.wait()  # cut off, but slow to wind down
+            raise
+
+    events = EventQueue(send, senders=1)
+    backlog, before = queued(), dropped("stopped")
+    for reason in ("A", "B"):
+        assert events.submit(PendingEvent.about(proxy("p"), type_="Normal", reason=reason, message="m"))
+    await asyncio.sleep(0)  # the sender has taken A: B waits behind it
+    closing = asyncio.create_task(events.close(timeout=0))
+    await stopping.wait()  # close has cancelled the sender and waits for it to end
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert senders_left() == []
+    assert dropped("stopped") == before + 2 and queued() == backlog
+
+
 # --- the operator's shutdown --------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("lost", "written"), [
