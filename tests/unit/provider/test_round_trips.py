@@ -435,6 +435,19 @@ def started_after_the_lookup(h: FakeHypervisor) -> None:
     h.domain_lookup_by_name = then_started  # type: ignore[method-assign]
 
 
+def stopped_after_the_lookup(h: FakeHypervisor) -> None:
+    """Running at the lookup (an id: no memory read on speculation), shut off by the state read."""
+    lookup = h.domain_lookup_by_name
+
+    @functools.wraps(lookup)
+    def then_stopped(name: str) -> Any:
+        found = lookup(name)
+        h.shut_off(name)
+        return found
+
+    h.domain_lookup_by_name = then_stopped  # type: ignore[method-assign]
+
+
 def nothing(h: FakeHypervisor) -> None:
     pass
 
@@ -495,6 +508,10 @@ START_CASES = {
     "shut off, machine type no longer configured, memory unreadable: started": StartCase(
         staged(shut_off, other_machine_type, fails_once("node_get_free_memory")), None, RUNNING,
         [LOOKUP, READS_AND_MEMORY, ["domain_create_with_flags"]], before=4),
+    # The lookup's id was wrong the other way: the memory is read after the state, as it always was.
+    "stopped after the lookup: started": StartCase(
+        stopped_after_the_lookup, None, RUNNING,
+        [LOOKUP, READS, ["node_get_free_memory"], ["domain_create_with_flags"]], before=5),
     "shut off, start refused": StartCase(
         staged(shut_off, fails_once("domain_create_with_flags")),
         (TransientError, r"internal error: domain_create_with_flags boom"), SHUTOFF,
