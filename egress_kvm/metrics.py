@@ -188,6 +188,10 @@ KUBE_EVENTS_DROPPED = Counter(
 EVENT_DROP_REASONS = ("queue_full", "stopped")
 for _why in EVENT_DROP_REASONS:  # at 0 from the start: an alert on rate() sees a series, not an absence
     KUBE_EVENTS_DROPPED.labels(_why)
+KUBE_EVENTS_QUEUED = Gauge(
+    "egress_kvm_kube_events_queued",
+    "Kubernetes Events accepted and not yet written: waiting for their sender or being written.",
+    registry=REGISTRY)
 PROBES_TOTAL = Counter(
     "egress_kvm_health_probes_total", "Health probes by result.", ["result"], registry=REGISTRY)
 PROXIES = Gauge("egress_kvm_proxies", "Proxies by phase.", ["phase"], registry=REGISTRY)

@@ -13,7 +13,9 @@ effort by contract, so nothing is lost by not waiting for them.
   bursts while using few of the API client's 100 pooled connections (the 32 workers need theirs).
 - Bounded (`CAPACITY` in all, split over the shards): when a shard is full the Event is dropped (as
   client-go does), counted in `egress_kvm_kube_events_dropped_total`, and logged at most every
-  `DROP_LOG_INTERVAL`. `submit` never blocks and never raises.
+  `DROP_LOG_INTERVAL`. `submit` never blocks and never raises. The backlog before drops start is the
+  gauge `egress_kvm_kube_events_queued`: Events accepted and not yet written (waiting or being written;
+  up by `submit`, down when its write ends, failed or cut off, and for each one `close` takes out unsent).
 - Lifecycle: the senders start on the first `submit` (a running loop is needed) and `close` stops them:
   it drains what is queued for a bounded time, then cancels them; whatever was left is counted as dropped.
   Nothing is logged with an Event's message (it is secret-free, but logs stay as they were).
@@ -117,6 +119,7 @@ class EventQueue:
         except asyncio.QueueFull:
             self._dropped(event, "queue_full")
             return False
+        metrics.KUBE_EVENTS_QUEUED.inc()
         return True
 
     async def flush(self) -> None:
@@ -133,19 +136,24 @@ class EventQueue:
             if timeout > 0 and (self._in_flight or any(q.qsize() for q in self._queues)):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.flush(), timeout)
-        finally:  # also when the caller is cancelled while draining: no sender outlives close()
-            left = self._in_flight  # cut off mid-write: not known to have arrived
+        finally:  # also when the caller is cancelled while draining: no sender outlives close(), and
+            # what is left is counted all the same (dropped, and out of the backlog gauge)
+            left = self._in_flight  # cut off mid-write: not known to have arrived (each sender's finally
+            # takes its own out of the gauge as it ends)
             for task in self._tasks:
                 task.cancel()
+            # Taken out before the senders are awaited, with no await in between: a cancelled sender takes
+            # no more, and a close cancelled while they wind down has counted them already.
+            for q in self._queues:
+                while not q.empty():
+                    q.get_nowait()
+                    q.task_done()
+                    metrics.KUBE_EVENTS_QUEUED.dec()
+                    left += 1
+            if left:
+                metrics.KUBE_EVENTS_DROPPED.labels("stopped").inc(left)
+                self._log.info("events not sent before shutdown", count=left)
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        for q in self._queues:
-            while not q.empty():
-                q.get_nowait()
-                q.task_done()
-                left += 1
-        if left:
-            metrics.KUBE_EVENTS_DROPPED.labels("stopped").inc(left)
-            self._log.info("events not sent before shutdown", count=left)
 
     def _start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -161,8 +169,9 @@ class EventQueue:
             except Exception as exc:  # best effort by contract: log, never retry, never stop the sender
                 self._log.error(exc, "recording event failed", namespace=event.namespace, name=event.name,
                                 reason=event.reason)
-            finally:
+            finally:  # written, failed, or cut off by close (which counts it as dropped)
                 self._in_flight -= 1
+                metrics.KUBE_EVENTS_QUEUED.dec()
                 queue.task_done()
 
     def _dropped(self, event: PendingEvent, why: Literal["queue_full", "stopped"]) -> None:

@@ -576,7 +576,8 @@ async def test_lifecycle_events_reach_the_provider_and_a_redial_re_registers(lab
     """Issue 9 item 1 on the host: `virsh suspend` and `virsh destroy` of our domain arrive through the
     provider's watch as InstanceEvents (libvirt's wire format: REGISTER_ANY, then proc 318 messages);
     after the SSH session is killed, the watch registers again on the new connection (the gap reported
-    as EventsResumed) and the next destroy arrives too."""
+    as EventsResumed) and the next destroy arrives too. On the way, the provider's start of the VM shut
+    off, running and paused makes the calls the unit tests count in rounds (test_round_trips.py)."""
     from egress_kvm.providers.base import EventsResumed, InstanceChange, InstanceEvent
 
     info = lab
@@ -601,8 +602,27 @@ async def test_lifecycle_events_reach_the_provider_and_a_redial_re_registers(lab
             ("host0", InstanceChange.PAUSED, "paused"), ("host0", InstanceChange.STOPPED, "destroyed")]
         assert not [e for e in got if isinstance(e, EventsResumed)]
 
-        # The SSH session dies: the watch re-dials, registers again, and reports the gap.
+        # A start of each shape on the host: after the lookup, its reads go out together (replies in any
+        # order), the free memory with them for a domain the lookup says is inactive (shut off here).
+        mark = logs.mark()
         await provider.start(name, "host0")
+        calls = logs.rpcs(mark)
+        assert calls[0] == "domain_lookup_by_name" and calls[4:] == ["domain_create_with_flags"], calls
+        assert sorted(calls[1:4]) == ["domain_get_metadata", "domain_get_state", "node_get_free_memory"]
+        mark = logs.mark()
+        await provider.start(name, "host0")  # running: left alone
+        calls = logs.rpcs(mark)
+        assert calls[0] == "domain_lookup_by_name" and len(calls) == 3, calls
+        assert sorted(calls[1:]) == ["domain_get_metadata", "domain_get_state"]
+        await asyncio.to_thread(virsh, info, "suspend", name)
+        mark = logs.mark()
+        await provider.start(name, "host0")  # paused: resumed
+        calls = logs.rpcs(mark)
+        assert calls[0] == "domain_lookup_by_name" and calls[3:] == ["domain_resume"], calls
+        assert sorted(calls[1:3]) == ["domain_get_metadata", "domain_get_state"]
+        assert virsh(info, "domstate", name).strip() == "running"
+
+        # The SSH session dies: the watch re-dials, registers again, and reports the gap.
         for pid in session_sshd_pids(info) - before:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)

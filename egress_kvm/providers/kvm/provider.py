@@ -262,9 +262,19 @@ class KvmProvider:
             dom = await self._lookup_domain(host, name)
             if dom is None:
                 raise TransientError(f"VM {name!r} does not exist on host {zone!r}")
-            meta = await self._metadata(host, dom)
+            # One round after the lookup (together.py): the metadata, the state and, when the lookup says
+            # the domain is inactive (id -1: shut off or crashed, so it is to be started), the host's free
+            # memory. The state and the memory are read on speculation: their errors surface where the
+            # sequential start raised them (after the ownership check, the memory's after the state's).
+            free: Settled[int] | None = None
+            if dom.id == -1:
+                meta, state, free = await together(self._metadata(host, dom), settled(self._state(host, dom)),
+                                                   settled(self._free_memory(host)))
+            else:
+                meta, state = await together(self._metadata(host, dom), settled(self._state(host, dom)))
             self._check_ours(host, name, meta, action="start")
-            await self._ensure_running(host, dom, name, machine_type=meta.machine_type if meta else "")
+            await self._ensure_running(host, dom, name, machine_type=meta.machine_type if meta else "",
+                                       state=state, free=free)
 
     async def readdress(self, name: str, zone: str) -> None:
         """Undefine and destroy the VM, define it again from its own inactive XML without its UUID, start it.
@@ -698,33 +708,41 @@ class KvmProvider:
             raise NotOwned(f"domain {name!r} on host {host.name!r} belongs to another Proxy (owner uid "
                            f"{meta.owner_uid}, not {owner_uid}); refusing to {action} it")
 
-    async def _ensure_running(self, host: Host, dom: Domain, name: str, *,
-                              machine_type: str) -> DomainGetStateRet:
-        """Start the domain unless it runs, resume it if paused; returns its state as it is now."""
-        st = await host.call("domain_get_state", lambda lv: lv.domain_get_state(dom, 0))
+    async def _ensure_running(self, host: Host, dom: Domain, name: str, *, machine_type: str,
+                              state: Settled[DomainGetStateRet] | None = None,
+                              free: Settled[int] | None = None) -> DomainGetStateRet:
+        """Start the domain unless it runs, resume it if paused; returns its state as it is now.
+
+        `state` and `free` (the host's free memory): read already, sent with other reads (start); an
+        error of theirs is raised here, where reading them would have raised it."""
+        st = await state.value() if state is not None else await self._state(host, dom)
         if st.state == DomainState.PAUSED:
             return await self._resume(host, dom, name, reason=st.reason)
         if power_state(st.state) == PowerState.RUNNING:
             return st
         mtype = self.config.machine_types.get(machine_type)
         if mtype is not None:
-            await self._check_memory(host, memory_mib=mtype.memory_mib, machine_type=machine_type)
+            await self._check_memory(host, memory_mib=mtype.memory_mib, machine_type=machine_type, free=free)
         await self._start(host, dom, name)
         return DomainGetStateRet(state=DomainState.RUNNING, reason=1)
 
-    async def _check_memory(self, host: Host, *, memory_mib: int, machine_type: str) -> None:
-        """QuotaError when the host cannot hold the VM's memory.
+    async def _check_memory(self, host: Host, *, memory_mib: int, machine_type: str,
+                            free: Settled[int] | None = None) -> None:
+        """QuotaError when the host cannot hold the VM's memory (`free`: libvirt's figure, read already).
 
         libvirt's free memory is the kernel's MemFree, which leaves out page cache the kernel would give
         back; on a file server it is often far below what is really available. So a shortfall is checked
         again against MemAvailable from /proc/meminfo (over SSH exec, when the host allows it).
         """
-        free = await host.call("node_get_free_memory", lambda lv: lv.node_get_free_memory())
-        if free >= memory_mib * capacity.MIB:
+        free_bytes = await free.value() if free is not None else await self._free_memory(host)
+        if free_bytes >= memory_mib * capacity.MIB:
             return
         available = await capacity.mem_available(host)
-        capacity.check_free_memory(host=host.name, free_bytes=max(free, available or 0),
+        capacity.check_free_memory(host=host.name, free_bytes=max(free_bytes, available or 0),
                                    memory_mib=memory_mib, machine_type=machine_type)
+
+    async def _free_memory(self, host: Host) -> int:
+        return await host.call("node_get_free_memory", lambda lv: lv.node_get_free_memory())
 
     async def _start(self, host: Host, dom: Domain, name: str) -> Domain:
         try:

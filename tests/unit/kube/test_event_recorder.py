@@ -99,6 +99,11 @@ def dropped(reason: str) -> float:
     return REGISTRY.get_sample_value("egress_kvm_kube_events_dropped_total", {"reason": reason}) or 0.0
 
 
+def queued() -> float:
+    """The backlog gauge: Events accepted and not yet written (process-wide, so tests compare to before)."""
+    return REGISTRY.get_sample_value("egress_kvm_kube_events_queued") or 0.0
+
+
 def senders_left() -> list[asyncio.Task[Any]]:
     return [t for t in asyncio.all_tasks() if t.get_name().startswith("event sender") and not t.done()]
 
@@ -166,6 +171,44 @@ async def test_record_event_returns_while_the_server_holds_the_write() -> None:
     assert senders_left() == []
 
 
+async def test_the_backlog_gauge_counts_events_until_their_write_ends() -> None:
+    """Up with each accepted Event, down as each write ends (answered or failed), so an operator sees a
+    backlog build (here: a server holding one object's writes) before the queue fills and drops."""
+    async with events_server() as (server, client):
+        kube = KubeApiClient(client, event_senders=1)
+        server.held.add("p")
+        backlog = queued()
+        for reason in ("A", "B", "C"):
+            await kube.record_event(proxy("p"), type_="Normal", reason=reason, message="m")
+            assert queued() == backlog + ord(reason) - ord("A") + 1
+        await server.until(lambda: server.arrived == ["p"])
+        assert queued() == backlog + 3  # A is at the server, unanswered: not written yet
+        server.release.set()
+        await server.until(lambda: len(server.received) >= 1)
+        await kube.flush_events()
+        assert server.received == [("p", "A"), ("p", "B"), ("p", "C")] and queued() == backlog
+        await kube.close()
+
+
+async def test_a_failed_write_leaves_the_backlog() -> None:
+    """A write that raises is logged, not retried: it is no longer queued."""
+    failing = asyncio.Event()
+
+    async def send(_ev: PendingEvent) -> None:
+        await failing.wait()
+        raise RuntimeError("the API server said no")
+
+    events = EventQueue(send, senders=1)
+    backlog = queued()
+    assert events.submit(PendingEvent.about(proxy("p"), type_="Normal", reason="R", message="m"))
+    assert queued() == backlog + 1
+    failing.set()
+    await events.flush()
+    assert queued() == backlog
+    await events.close()
+    assert senders_left() == []
+
+
 async def test_each_objects_events_keep_their_order_under_concurrency() -> None:
     async with events_server() as (server, client):
         kube = KubeApiClient(client)
@@ -208,26 +251,29 @@ async def test_a_full_queue_drops_counts_and_never_raises() -> None:
     async with events_server() as (server, client):
         kube = KubeApiClient(client, event_senders=1, event_capacity=2)
         server.held.add("p")
-        before = dropped("queue_full")
+        before, backlog = dropped("queue_full"), queued()
         # No await between these: the sender has not taken any yet, so two fit and two are dropped.
         for reason in ("A", "B", "C", "D"):
             await kube.record_event(proxy("p"), type_="Normal", reason=reason, message="m")
         assert dropped("queue_full") == before + 2
+        assert queued() == backlog + 2  # a dropped Event is never in the backlog
         server.release.set()
         await kube.flush_events()
         assert server.received == [("p", "A"), ("p", "B")]
+        assert queued() == backlog
         await kube.close()
 
 
 async def test_close_drains_what_is_queued_and_leaves_no_task() -> None:
     async with events_server() as (server, client):
         kube = KubeApiClient(client)
+        backlog = queued()
         for name in ("a", "b", "c"):
             await kube.record_event(proxy(name), type_="Normal", reason="Created", message="m")
-        assert len(senders_left()) == SENDERS
+        assert len(senders_left()) == SENDERS and queued() == backlog + 3
         await kube.close()
         assert sorted(server.received) == [("a", "Created"), ("b", "Created"), ("c", "Created")]
-        assert senders_left() == []
+        assert senders_left() == [] and queued() == backlog
         # Closed: a late Event is dropped and counted, no sender starts again.
         before = dropped("stopped")
         await kube.record_event(proxy("a"), type_="Normal", reason="Late", message="m")
@@ -238,13 +284,16 @@ async def test_close_gives_up_on_a_held_server_after_its_bound_and_cancels() -> 
     async with events_server() as (server, client):
         kube = KubeApiClient(client, event_senders=1)
         server.held.add("p")
+        backlog = queued()
         for reason in ("A", "B", "C"):
             await kube.record_event(proxy("p"), type_="Normal", reason=reason, message="m")
         await server.until(lambda: server.arrived == ["p"])
+        assert queued() == backlog + 3  # one being written (held), two waiting behind it
         before = dropped("stopped")
         await kube.close(timeout=0.1)
         assert senders_left() == []
         assert dropped("stopped") == before + 3  # one cut off mid-write, two never sent
+        assert queued() == backlog
         assert server.received == []
         await kube.close()  # idempotent
 
@@ -261,14 +310,47 @@ async def test_a_close_cancelled_while_draining_still_stops_the_senders() -> Non
     async with events_server() as (server, client):
         kube = KubeApiClient(client, event_senders=1)
         server.held.add("p")
-        await kube.record_event(proxy("p"), type_="Normal", reason="A", message="m")
+        backlog = queued()
+        for reason in ("A", "B"):
+            await kube.record_event(proxy("p"), type_="Normal", reason=reason, message="m")
         await server.until(lambda: server.arrived == ["p"])
+        before = dropped("stopped")
         closing = asyncio.create_task(kube.close(timeout=60))
         await asyncio.sleep(0)  # closing is now waiting for the held write
         closing.cancel()
         with pytest.raises(asyncio.CancelledError):
             await closing
         assert senders_left() == []
+        # The write cut off and the Event behind it: dropped, and out of the backlog.
+        assert dropped("stopped") == before + 2 and queued() == backlog
+
+
+async def test_a_close_cancelled_while_its_senders_stop_still_counts_what_was_queued() -> None:
+    """Cancelled after it has cancelled the senders, while one of them takes its time to stop (its write
+    being cut off): the Event still queued behind it is counted as dropped and leaves the backlog all the
+    same, not left in the gauge for good."""
+    stopping, let_stop = asyncio.Event(), asyncio.Event()
+
+    async def send(_ev: PendingEvent) -> None:
+        try:
+            await asyncio.Event().wait()  # a write the server never answers
+        except asyncio.CancelledError:
+            stopping.set()
+            await let_stop.wait()  # cut off, but slow to wind down
+            raise
+
+    events = EventQueue(send, senders=1)
+    backlog, before = queued(), dropped("stopped")
+    for reason in ("A", "B"):
+        assert events.submit(PendingEvent.about(proxy("p"), type_="Normal", reason=reason, message="m"))
+    await asyncio.sleep(0)  # the sender has taken A: B waits behind it
+    closing = asyncio.create_task(events.close(timeout=0))
+    await stopping.wait()  # close has cancelled the sender and waits for it to end
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert senders_left() == []
+    assert dropped("stopped") == before + 2 and queued() == backlog
 
 
 # --- the operator's shutdown --------------------------------------------------------------------------
@@ -283,6 +365,7 @@ async def test_the_operators_shutdown_stops_the_senders_draining_only_when_it_st
         op = Operator(Options(providers_config=str(tmp_path / "unused.yaml")))
         op.kube = KubeApiClient(client, event_senders=1)
         # No await that yields between these and the shutdown: both Events are still queued when it starts.
+        backlog = queued()
         for reason in ("A", "B"):
             await op.kube.record_event(proxy("p"), type_="Normal", reason=reason, message="m")
         before = dropped("stopped")
@@ -290,12 +373,14 @@ async def test_the_operators_shutdown_stops_the_senders_draining_only_when_it_st
         assert senders_left() == []
         assert server.received == written
         assert dropped("stopped") == before + 2 - len(written)
+        assert queued() == backlog
 
 
-def test_the_drop_counter_shows_both_reasons_at_zero_in_a_fresh_process() -> None:
+def test_the_drop_counter_and_the_backlog_gauge_show_zero_in_a_fresh_process() -> None:
     # A series that appears only with the first drop makes `rate(...) > 0` alerts blind until then.
     code = ("from egress_kvm.metrics import REGISTRY; print([REGISTRY.get_sample_value("
-            "'egress_kvm_kube_events_dropped_total', {'reason': r}) for r in ('queue_full', 'stopped')])")
+            "'egress_kvm_kube_events_dropped_total', {'reason': r}) for r in ('queue_full', 'stopped')], "
+            "REGISTRY.get_sample_value('egress_kvm_kube_events_queued'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           timeout=30)
-    assert done.stdout.strip() == "[0.0, 0.0]"
+    assert done.stdout.strip() == "[0.0, 0.0] 0.0"

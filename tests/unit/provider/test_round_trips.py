@@ -1,22 +1,36 @@
-"""How many round trips one after another a Create and a Get make (not how many calls): calls that do not
-need each other's answers go out together (providers/kvm/together.py), so a host far away costs a Create
-about half the latency it used to. Counted without a clock: every libvirt call waits for a "wave" the
-test releases, and the waves a call needs are its sequential round trips."""
+"""How many round trips one after another a Create, a Get and a Start make (not how many calls): calls
+that do not need each other's answers go out together (providers/kvm/together.py), so a host far away
+costs a Create about half the latency it used to. Counted without a clock: every libvirt call waits for
+a "wave" the test releases, and the waves a call needs are its sequential round trips."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import functools
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from fakes import FakeLibvirtClient, fake_kvm_provider
+from fakes.libvirt import FakeHypervisor, lv_error
 from provider_helpers import request
 
-from egress_kvm.providers.base import InProgress, PowerState, QuotaError
+from egress_kvm.providers.base import (
+    InProgress,
+    NotOwned,
+    PermanentError,
+    PowerState,
+    QuotaError,
+    TransientError,
+)
 from egress_kvm.providers.kvm import placement
 from egress_kvm.providers.kvm.hosts import reusable
-from egress_kvm.providers.kvm.together import first_failure, settled, together
+from egress_kvm.providers.kvm.together import Settled, first_failure, settled, together
+from rpc.constants import DomainState, ErrorCode
+from rpc.errors import LibvirtError
+from testbed.sim.model import DOMAIN_SHUTOFF_CRASHED
 
 NAME = "proxy-abc"
 
@@ -331,3 +345,211 @@ async def test_a_create_while_its_image_imports_reads_no_cache_on_speculation() 
         assert "storage_vol_lookup_by_name" not in h.calls and "storage_pool_refresh" in h.calls, h.calls
     finally:
         await provider.close()
+
+
+# -- start: the reads after the lookup in one round --------------------------------------------------
+
+LOOKUP = ["domain_lookup_by_name"]
+READS = ["domain_get_metadata", "domain_get_state"]
+READS_AND_MEMORY = ["domain_get_metadata", "domain_get_state", "node_get_free_memory"]
+PAUSED_MIGRATION = 2
+
+
+def boom(method: str) -> LibvirtError:
+    return lv_error(ErrorCode.INTERNAL_ERROR, f"internal error: {method} boom")
+
+
+def disown(h: FakeHypervisor) -> None:
+    h.domains[NAME].metadata.clear()  # a domain of no operator's under the name
+
+
+def other_cluster(h: FakeHypervisor) -> None:
+    meta = h.domains[NAME].metadata
+    uri = next(iter(meta))
+    meta[uri] = meta[uri].replace(">test-cluster<", ">cluster-b<")
+
+
+def other_machine_type(h: FakeHypervisor) -> None:
+    meta = h.domains[NAME].metadata
+    uri = next(iter(meta))
+    meta[uri] = meta[uri].replace('machineType="small"', 'machineType="retired"')
+
+
+Stage = Callable[[FakeHypervisor], None]
+
+
+@dataclass(frozen=True)
+class StartCase:
+    """A start of a VM staged by `stage`: what it raises (or None), the state the VM is left in, the calls
+    in each round. `before`: how many rounds the sequential start made (lookup, metadata, state, then the
+    free memory and the start, or the resume, each after the one before)."""
+
+    stage: Stage
+    error: tuple[type[Exception], str] | None
+    state: DomainState | None
+    rounds: list[list[str]]
+    before: int
+    name: str = NAME
+
+
+def fails_once(*methods: str) -> Stage:
+    def stage(h: FakeHypervisor) -> None:
+        for method in methods:
+            h.fail[method] = boom(method)
+    return stage
+
+
+def staged(*stages: Stage) -> Stage:
+    def stage(h: FakeHypervisor) -> None:
+        for s in stages:
+            s(h)
+    return stage
+
+
+def shut_off(h: FakeHypervisor) -> None:
+    h.shut_off(NAME)
+
+
+def crashed(h: FakeHypervisor) -> None:
+    h.shut_off(NAME, DOMAIN_SHUTOFF_CRASHED)
+
+
+def undefined_meanwhile(h: FakeHypervisor) -> None:
+    for method in READS:
+        h.fail[method] = lv_error(ErrorCode.NO_DOMAIN, f"Domain not found: no domain with matching uuid "
+                                  f"(name '{NAME}')")
+
+
+def started_after_the_lookup(h: FakeHypervisor) -> None:
+    """Shut off at the lookup (its id -1: the free memory is read on speculation), running by the state
+    read (started by someone else in between)."""
+    h.shut_off(NAME)
+    lookup = h.domain_lookup_by_name
+
+    @functools.wraps(lookup)
+    def then_started(name: str) -> Any:
+        found = lookup(name)
+        h.domain_create_with_flags(found)
+        return found
+
+    h.domain_lookup_by_name = then_started  # type: ignore[method-assign]
+
+
+def stopped_after_the_lookup(h: FakeHypervisor) -> None:
+    """Running at the lookup (an id: no memory read on speculation), shut off by the state read."""
+    lookup = h.domain_lookup_by_name
+
+    @functools.wraps(lookup)
+    def then_stopped(name: str) -> Any:
+        found = lookup(name)
+        h.shut_off(name)
+        return found
+
+    h.domain_lookup_by_name = then_stopped  # type: ignore[method-assign]
+
+
+def nothing(h: FakeHypervisor) -> None:
+    pass
+
+
+def no_memory(h: FakeHypervisor) -> None:
+    h.memory = 0
+
+
+RUNNING, SHUTOFF, PAUSED = DomainState.RUNNING, DomainState.SHUTOFF, DomainState.PAUSED
+START_CASES = {
+    "running: left alone": StartCase(nothing, None, RUNNING, [LOOKUP, READS], before=3),
+    "shut off: started": StartCase(shut_off, None, RUNNING,
+                                   [LOOKUP, READS_AND_MEMORY, ["domain_create_with_flags"]], before=5),
+    "crashed: started": StartCase(crashed, None, RUNNING,
+                                  [LOOKUP, READS_AND_MEMORY, ["domain_create_with_flags"]], before=5),
+    "paused: resumed": StartCase(lambda h: h.pause(NAME), None, RUNNING, [LOOKUP, READS, ["domain_resume"]],
+                                 before=4),
+    "paused by a migration: left": StartCase(
+        lambda h: h.pause(NAME, PAUSED_MIGRATION), (TransientError, r"paused during a migration"), PAUSED,
+        [LOOKUP, READS], before=3),
+    "not found": StartCase(nothing, (TransientError, r"VM 'proxy-gone' does not exist on host 'host0'"),
+                           RUNNING, [LOOKUP], before=1, name="proxy-gone"),
+    "not ours": StartCase(disown, (PermanentError, r"not made by this operator.*refusing to start it"),
+                          RUNNING, [LOOKUP, READS], before=2),
+    "another cluster's": StartCase(other_cluster, (NotOwned, r"belongs to cluster 'cluster-b'"), RUNNING,
+                                   [LOOKUP, READS], before=2),
+    # Ownership is judged before the state's error, as when the state was read after it.
+    "not ours, shut off, state unreadable": StartCase(
+        staged(disown, shut_off, fails_once("domain_get_state", "node_get_free_memory")),
+        (PermanentError, r"not made by this operator"), SHUTOFF, [LOOKUP, READS_AND_MEMORY], before=2),
+    "metadata and state unreadable: the metadata's error": StartCase(
+        fails_once("domain_get_metadata", "domain_get_state"),
+        (TransientError, r"start 'proxy-abc' failed: internal error: domain_get_metadata boom"), RUNNING,
+        [LOOKUP, READS], before=2),
+    "state unreadable": StartCase(
+        fails_once("domain_get_state"), (TransientError, r"internal error: domain_get_state boom"), RUNNING,
+        [LOOKUP, READS], before=3),
+    "shut off, state and memory unreadable: the state's error": StartCase(
+        staged(shut_off, fails_once("domain_get_state", "node_get_free_memory")),
+        (TransientError, r"internal error: domain_get_state boom"), SHUTOFF, [LOOKUP, READS_AND_MEMORY],
+        before=3),
+    "shut off, memory unreadable": StartCase(
+        staged(shut_off, fails_once("node_get_free_memory")),
+        (TransientError, r"internal error: node_get_free_memory boom"), SHUTOFF, [LOOKUP, READS_AND_MEMORY],
+        before=4),
+    "shut off, no memory": StartCase(
+        staged(shut_off, no_memory), (QuotaError, r"host 'host0'.*memory"), SHUTOFF,
+        [LOOKUP, READS_AND_MEMORY], before=4),
+    # No memory check for a machine type the config no longer has: libvirt's own refusal is the answer.
+    "shut off, machine type no longer configured, no memory": StartCase(
+        staged(shut_off, other_machine_type, no_memory),
+        (QuotaError, r"out of memory: start 'proxy-abc': .*cannot allocate memory"), SHUTOFF,
+        [LOOKUP, READS_AND_MEMORY, ["domain_create_with_flags"]], before=4),
+    # A speculative read the sequential start would not have made: its error is never the answer.
+    "started after the lookup, memory unreadable: left alone": StartCase(
+        staged(started_after_the_lookup, fails_once("node_get_free_memory")), None, RUNNING,
+        [LOOKUP, READS_AND_MEMORY], before=3),
+    "shut off, machine type no longer configured, memory unreadable: started": StartCase(
+        staged(shut_off, other_machine_type, fails_once("node_get_free_memory")), None, RUNNING,
+        [LOOKUP, READS_AND_MEMORY, ["domain_create_with_flags"]], before=4),
+    # The lookup's id was wrong the other way: the memory is read after the state, as it always was.
+    "stopped after the lookup: started": StartCase(
+        stopped_after_the_lookup, None, RUNNING,
+        [LOOKUP, READS, ["node_get_free_memory"], ["domain_create_with_flags"]], before=5),
+    "shut off, start refused": StartCase(
+        staged(shut_off, fails_once("domain_create_with_flags")),
+        (TransientError, r"internal error: domain_create_with_flags boom"), SHUTOFF,
+        [LOOKUP, READS_AND_MEMORY, ["domain_create_with_flags"]], before=5),
+    "undefined before its metadata was read": StartCase(
+        undefined_meanwhile, (TransientError, r"Domain not found.*\(libvirt NO_DOMAIN\)"), RUNNING,
+        [LOOKUP, READS], before=2),
+}
+
+
+@pytest.mark.parametrize("case", START_CASES.values(), ids=START_CASES.keys())
+async def test_start_sends_its_reads_after_the_lookup_in_one_round(monkeypatch: pytest.MonkeyPatch,
+                                                                   case: StartCase) -> None:
+    """After the lookup, the metadata and the state go out together, and for an inactive domain (lookup
+    id -1: shut off or crashed, to be started) the host's free memory with them: a restart of a crashed VM
+    is 3 rounds, not 5. The outcome of every case is the sequential start's: the same error, first in
+    the same order (lookup, metadata, ownership, state, memory, start), the VM left in the same state."""
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        case.stage(h)
+        h.calls.clear()
+        outcome: list[Settled[None]] = []
+
+        async def start() -> None:
+            outcome.append(await settled(provider.start(case.name, "host0")))
+
+        count, rounds = await waves(monkeypatch, start())
+        raised = outcome[0].error
+        if case.error is None:
+            assert raised is None
+        else:
+            assert isinstance(raised, case.error[0]) and re.search(case.error[1], str(raised)), raised
+        dom = h.domains.get(NAME)
+        assert (dom.state if dom else None) == case.state
+        assert rounds == case.rounds
+        assert count <= case.before  # no case slower than it was
+    finally:
+        await provider.close()
+
