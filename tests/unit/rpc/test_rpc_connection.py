@@ -7,11 +7,12 @@ import struct
 from collections.abc import AsyncIterator
 
 import pytest
+import xdrlib3
 from rpc_fake_server import NO_REPLY, FakeError, FakeServer, Received, open_client
 
 import rpc
 from rpc.constants import KEEPALIVE_PROC_PONG, KEEPALIVE_PROGRAM, STREAM_CHUNK, MessageStatus, MessageType
-from rpc.procedures import BY_NUMBER
+from rpc.procedures import BY_NUMBER, LIFECYCLE_MSG
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -364,10 +365,6 @@ async def test_event_in_the_same_read_as_the_registration_reply_is_not_lost(serv
     reply_bytes = encode_packet(
         prog=0x20008086, vers=1, proc=316, type=1, serial=rec.serial, status=0, payload=struct.pack(">i", 5)
     )
-    import xdrlib3
-
-    from rpc.procedures import LIFECYCLE_MSG
-
     p = xdrlib3.Packer()
     LIFECYCLE_MSG.pack(p, rpc.LifecycleEvent(5, DOM, 0, 0))
     event_bytes = encode_packet(
@@ -982,12 +979,12 @@ async def test_registration_cancelled_after_its_reply_arrived_is_deregistered(se
     await client.close()
 
 
-# -- a malformed event is dropped, the connection stays ----------------------------------------------
+# -- a malformed event is dropped, the connection and the subscription stay --------------------------
 
 
-async def test_malformed_lifecycle_event_is_dropped_and_fails_only_its_subscription(
-    server: FakeServer,
-) -> None:
+async def test_a_malformed_lifecycle_event_costs_only_that_event(server: FakeServer) -> None:
+    """A well-framed event whose body does not decode is raised (MalformedEvent) in its place, once; the
+    same iterator then yields the next event, and the connection goes on answering calls."""
     server.handlers[316] = lambda event_id, dom: 4
     server.handlers[317] = lambda callback_id: None
     server.handlers[59] = lambda: "h"
@@ -996,8 +993,12 @@ async def test_malformed_lifecycle_event_is_dropped_and_fails_only_its_subscript
         for callback_id in (99, 4):  # someone else's, then ours: both truncated after two ints
             body = struct.pack(">ii", callback_id, 3)
             server.send_packet(proc=318, type=MessageType.MESSAGE, serial=0, status=0, payload=body)
-        with pytest.raises(rpc.ProtocolError, match="malformed lifecycle event for callback 4"):
+        pk = xdrlib3.Packer()
+        LIFECYCLE_MSG.pack(pk, rpc.LifecycleEvent(4, DOM, 5, 1))
+        server.send_packet(proc=318, type=MessageType.MESSAGE, serial=0, status=0, payload=pk.get_buffer())
+        with pytest.raises(rpc.MalformedEvent, match="malformed lifecycle event for callback 4"):
             await asyncio.wait_for(events.__anext__(), 5)
+        assert await asyncio.wait_for(events.__anext__(), 5) == rpc.LifecycleEvent(4, DOM, 5, 1)
         assert client.bad_events == 2
         assert await client.connect_get_hostname() == "h"
         assert client.is_connected
