@@ -9,6 +9,14 @@ guest agent's lifecycle too (event id 18) and hands each connect or disconnect t
 its next timer. A host that refuses that second registration still delivers lifecycle events (logged
 once per connection); the controller's timer finds the addresses, as it always can.
 
+A bad event costs that event only. One whose body did not decode (rpc raises MalformedEvent in its place
+and the stream goes on; only broken framing ends a connection) is counted (`malformed`,
+`agent-malformed`) and, on the lifecycle stream, answered with `EventsResumed` as a lost one is (what it
+said is unknown); a lost agent event is only a missed wake. One whose delivery raised (an odd event, a
+sink's bug) is counted (`rejected`, `agent-rejected`) and dropped. Each kind is logged once per
+connection, the rest at V(2), so a host that sends many floods no log. Neither stream ends, nor is
+anything re-registered, for one.
+
 Registrations belong to a connection, so when the link drops (or the host's session is re-dialled for
 any reason) the stream ends with ConnectionLost and the watcher registers again on the next session;
 events of the gap are unknown, so the sink then hears `EventsResumed` and the controller reconciles that
