@@ -1006,6 +1006,25 @@ async def test_a_malformed_lifecycle_event_costs_only_that_event(server: FakeSer
     await client.close()
 
 
+async def test_a_malformed_event_of_another_kind_is_not_raised_in_a_subscription(server: FakeServer) -> None:
+    """A malformed agent event naming a lifecycle subscription's callback id is not that subscription's
+    event (as a well-formed one would not be): it is counted, and the lifecycle iterator never raises for
+    it (a MalformedEvent there would make the watcher reconcile a whole host for nothing)."""
+    server.handlers[316] = lambda event_id, dom: 4
+    server.handlers[317] = lambda callback_id: None
+    client = await open_client(server)
+    async with client.lifecycle_events() as events:
+        server.send_packet(proc=348, type=MessageType.MESSAGE, serial=0, status=0,
+                           payload=struct.pack(">ii", 4, 3))  # agent lifecycle (348), cut short
+        pk = xdrlib3.Packer()
+        LIFECYCLE_MSG.pack(pk, rpc.LifecycleEvent(4, DOM, 5, 1))
+        server.send_packet(proc=318, type=MessageType.MESSAGE, serial=0, status=0, payload=pk.get_buffer())
+        assert await asyncio.wait_for(events.__anext__(), 5) == rpc.LifecycleEvent(4, DOM, 5, 1)
+        assert client.bad_events == 1
+    await next_call(server, 317)
+    await client.close()
+
+
 async def test_a_drain_failing_with_its_stream_leaves_no_unretrieved_exception(server: FakeServer) -> None:
     """A dropped connection fails the stream and the buffer drain at once: the upload raises the stream's
     error and the drain's BrokenPipeError is retrieved too (it logged "Task exception was never

@@ -34,6 +34,7 @@ from rpc.protocol import (
     EventMalformed,
     LifecycleReceived,
     StreamChanged,
+    SubscriptionFailed,
 )
 from rpc.trace import Direction, PacketTrace
 from rpc.types import Domain, LifecycleEvent, RemoteError, StorageVol
@@ -259,6 +260,25 @@ def test_a_malformed_event_costs_only_that_event() -> None:
     assert "malformed lifecycle event for callback 9" in str(ev.error)
     assert events[2] == LifecycleReceived(9, LifecycleEvent(9, DOM, 5, 0))
     assert p.bad_events == 1 and p.closed is None and p.subscriptions == frozenset({9})
+
+
+@pytest.mark.parametrize("reads", [1, 2])
+def test_a_desync_behind_a_short_event_still_ends_the_connection(reads: int) -> None:
+    """An event whose length word is 8 bytes short looks, on its own, like a well-framed event with a
+    truncated body (if it is all a read holds, it is reported as one); but its last 8 bytes are then read
+    as the next packet's start, which is no packet: that desync still closes the connection, and the
+    subscription hears ConnectionLost, not MalformedEvent."""
+    p = client()
+    _, data = p.send_call(REGISTER, (0, None), now=0, timeout=5)
+    p.receive_data(reply_to(data, 9), now=0)
+    whole = lifecycle(9, 2)
+    short = (len(whole) - 8).to_bytes(4, "big") + whole[4:]
+    cut = len(short) - 8 if reads == 2 else len(short)
+    events = p.receive_data(short[:cut], now=0) + p.receive_data(short[cut:], now=0)
+    expected = [SubscriptionFailed, ConnectionClosed]
+    assert [type(e) for e in events] == ([EventMalformed] if reads == 2 else []) + expected
+    assert isinstance(events[-2], SubscriptionFailed) and isinstance(events[-2].error, rpc.ConnectionLost)
+    assert p.closed is not None and "protocol error" in str(p.closed)
 
 
 def agent_lifecycle(callback_id: int, state: int, reason: int) -> bytes:
