@@ -91,7 +91,7 @@ class EventsLost(RpcError):
 class MalformedEvent(EventsLost):
     """One event arrived well framed but its body did not decode (truncated, trailing bytes, a value out
     of range): it was dropped, and the connection and the subscription stay (only a framing error, which
-    leaves nothing after it trustworthy, closes the connection: ProtocolError).
+    leaves nothing after it trustworthy, closes the connection: ConnectionLost, its cause a ProtocolError).
 
     Raised from the subscription's iterator once, in the dropped event's place among the others; the
     consumer may keep iterating. An EventsLost, since what the event said is unknown: the same resync
