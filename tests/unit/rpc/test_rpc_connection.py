@@ -1006,6 +1006,33 @@ async def test_a_malformed_lifecycle_event_costs_only_that_event(server: FakeSer
     await client.close()
 
 
+async def test_malformed_events_take_places_in_the_bounded_queue(server: FakeServer) -> None:
+    """A host that sends malformed events faster than they are read grows no queue: each takes a place
+    like an event, and past `max_queue` it is a dropped event, reported as EventsLost after the kept ones."""
+    server.handlers[316] = lambda event_id, dom: 4
+    server.handlers[317] = lambda callback_id: None
+    server.handlers[59] = lambda: "h"
+    client = await open_client(server)
+    bad = struct.pack(">ii", 4, 3)
+    async with client.lifecycle_events(max_queue=2) as events:
+        server.send_packet(proc=318, type=MessageType.MESSAGE, serial=0, status=0, payload=bad)
+        server.send_lifecycle(4, DOM, 5, 1)
+        for _ in range(3):
+            server.send_packet(proc=318, type=MessageType.MESSAGE, serial=0, status=0, payload=bad)
+        assert await client.connect_get_hostname() == "h"  # every event above has been read
+        with pytest.raises(rpc.MalformedEvent):
+            await asyncio.wait_for(events.__anext__(), 5)
+        assert (await asyncio.wait_for(events.__anext__(), 5)).detail == 1
+        with pytest.raises(rpc.EventsLost, match="3 lifecycle events dropped") as lost:
+            await asyncio.wait_for(events.__anext__(), 5)
+        assert type(lost.value) is rpc.EventsLost
+        assert events.dropped == 3 and client.bad_events == 4
+        server.send_lifecycle(4, DOM, 5, 2)
+        assert (await asyncio.wait_for(events.__anext__(), 5)).detail == 2
+    await next_call(server, 317)
+    await client.close()
+
+
 async def test_a_malformed_event_of_another_kind_is_not_raised_in_a_subscription(server: FakeServer) -> None:
     """A malformed agent event naming a lifecycle subscription's callback id is not that subscription's
     event (as a well-formed one would not be): it is counted, and the lifecycle iterator never raises for
