@@ -167,7 +167,9 @@ LIBVIRT_RPC_DURATION = Histogram(
     ["host", "method", "result"], registry=REGISTRY,
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 30))
 LIBVIRT_EVENTS = Counter(
-    "egress_kvm_libvirt_events_total", "Domain lifecycle events received, per host and event kind.",
+    "egress_kvm_libvirt_events_total",
+    "Domain lifecycle and guest agent events received, per host and event kind (malformed, rejected: "
+    "dropped).",
     ["host", "event"], registry=REGISTRY)
 LIBVIRT_EVENTS_SUBSCRIBED = Gauge(
     "egress_kvm_libvirt_events_subscribed",

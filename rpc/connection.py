@@ -34,6 +34,7 @@ from .protocol import (
     CallFailed,
     ClientProtocol,
     ConnectionClosed,
+    EventMalformed,
     LifecycleReceived,
     Stream,
     StreamChanged,
@@ -133,7 +134,8 @@ class Connection:
 
     @property
     def bad_events(self) -> int:
-        """Lifecycle events dropped because their body was malformed."""
+        """Events dropped because their body was malformed (each also raised by its subscription's
+        iterator as MalformedEvent, where one could be told)."""
         return self._core.bad_events
 
     @property
@@ -295,6 +297,10 @@ class Connection:
                 sub = self._subs.get(ev.callback_id)
                 if sub is not None and sub.event_id == DomainEventID.AGENT_LIFECYCLE:
                     sub._push(ev.event)
+            elif kind is EventMalformed:
+                sub = self._subs.get(ev.callback_id)
+                if sub is not None and sub.event_id == ev.event_id:
+                    sub._malformed(ev.error)
             elif kind is SubscriptionFailed:
                 sub = self._subs.get(ev.callback_id)
                 if sub is not None:

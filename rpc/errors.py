@@ -88,6 +88,17 @@ class EventsLost(RpcError):
     """
 
 
+class MalformedEvent(EventsLost):
+    """One event arrived well framed but its body did not decode (truncated, trailing bytes, a value out
+    of range): it was dropped, and the connection and the subscription stay (only a framing error, which
+    leaves nothing after it trustworthy, closes the connection: ConnectionLost, its cause a ProtocolError).
+
+    Raised from the subscription's iterator once, in the dropped event's place among the others; the
+    consumer may keep iterating. An EventsLost, since what the event said is unknown: the same resync
+    applies.
+    """
+
+
 def error_from_remote(err: RemoteError) -> LibvirtError:
     """The exception for one remote_error: NotFoundError for the not-found family, else LibvirtError."""
     cls = NotFoundError if err.code in NOT_FOUND_CODES else LibvirtError

@@ -5,7 +5,8 @@ lifecycle events (DOMAIN_EVENT_CALLBACK_LIFECYCLE messages) and the guest agent'
 (DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE, agentevent.py). The connection pushes each message into the
 queue of the subscription whose callback id it carries (the protocol decides which ids are live), and
 never waits: a consumer that falls behind loses the newest events and is told so (EventsLost), rather
-than stalling replies to calls on the same connection.
+than stalling replies to calls on the same connection. An event whose body does not decode costs that
+event only: the iterator raises MalformedEvent in its place and goes on with the next.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import ClassVar, Generic, Protocol, TypeVar
 
 from .agentevent import AgentLifecycleEvent
 from .constants import DomainEventID
-from .errors import EventsLost
+from .errors import EventsLost, MalformedEvent
 from .types import Domain, LifecycleEvent
 
 E = TypeVar("E", LifecycleEvent, AgentLifecycleEvent)
@@ -39,7 +40,9 @@ class Subscription(Generic[E]):
 
     Registration (CONNECT_DOMAIN_EVENT_CALLBACK_REGISTER_ANY) happens on entry, deregistration on exit.
     Events wait in this subscription's own bounded queue; if the consumer falls behind and it fills,
-    newer events are dropped and the iterator raises EventsLost once after the ones it kept.
+    newer events are dropped and the iterator raises EventsLost once after the ones it kept. A malformed
+    event (well framed, its body undecodable) is raised as MalformedEvent in its place, once; iterating
+    again goes on with the events after it.
     """
 
     event_id: ClassVar[DomainEventID]
@@ -50,7 +53,7 @@ class Subscription(Generic[E]):
         self.dom = dom
         self._timeout = timeout
         self._max = max_queue
-        self._queue: collections.deque[E] = collections.deque()
+        self._queue: collections.deque[E | MalformedEvent] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
         self.callback_id: int | None = None
@@ -88,7 +91,10 @@ class Subscription(Generic[E]):
     async def __anext__(self) -> E:
         while True:
             if self._queue:
-                return self._queue.popleft()
+                item = self._queue.popleft()
+                if isinstance(item, MalformedEvent):
+                    raise item
+                return item
             if self._unreported_drops:
                 n, self._unreported_drops = self._unreported_drops, 0
                 raise EventsLost(f"{n} {self.what}s dropped: the consumer fell {self._max} events behind")
@@ -108,7 +114,11 @@ class Subscription(Generic[E]):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    def _push(self, event: E) -> None:
+    def _malformed(self, exc: MalformedEvent) -> None:
+        """An event of ours that did not decode: reported in its place, bounded like the events."""
+        self._push(exc)
+
+    def _push(self, event: E | MalformedEvent) -> None:
         if len(self._queue) >= self._max:
             self.dropped += 1
             self._unreported_drops += 1

@@ -37,10 +37,18 @@ from .constants import (
     MESSAGE_MAX,
     MIN_PACKET,
     REMOTE_PROGRAM,
+    DomainEventID,
     MessageStatus,
     MessageType,
 )
-from .errors import ConnectionLost, DeadlineExceeded, DownloadOverrun, ProtocolError, error_from_remote
+from .errors import (
+    ConnectionLost,
+    DeadlineExceeded,
+    DownloadOverrun,
+    MalformedEvent,
+    ProtocolError,
+    error_from_remote,
+)
 from .framing import Header, PacketDecoder
 from .messages import (
     PING,
@@ -129,6 +137,17 @@ class AgentLifecycleReceived:
 
 
 @dataclass(slots=True)
+class EventMalformed:
+    """A well-framed event of kind `event_id` whose body did not decode, for the subscription whose
+    callback id its first int names: dropped, and only that event (the connection and the subscription
+    stay)."""
+
+    callback_id: int
+    event_id: DomainEventID
+    error: MalformedEvent
+
+
+@dataclass(slots=True)
 class SubscriptionFailed:
     callback_id: int
     error: BaseException
@@ -142,7 +161,7 @@ class ConnectionClosed:
     error: ConnectionLost
 
 
-Event = (CallDone | CallFailed | StreamChanged | LifecycleReceived | AgentLifecycleReceived
+Event = (CallDone | CallFailed | StreamChanged | LifecycleReceived | AgentLifecycleReceived | EventMalformed
          | SubscriptionFailed | ConnectionClosed)
 
 
@@ -244,7 +263,7 @@ class ClientProtocol:
         self.late_replies = 0
         self.pings_received = 0
         self.pongs_received = 0
-        #: Lifecycle events dropped because their body was malformed (framing intact, so not fatal).
+        #: Events (of either kind) dropped because their body was malformed (framing intact, so not fatal).
         self.bad_events = 0
         #: Packets refused without dropping the connection (FD passing, stream holes).
         self.unsupported_packets = 0
@@ -718,35 +737,34 @@ class ClientProtocol:
         self._send_and_forget(BY_NUMBER[PROC_DEREGISTER_ANY], (callback_id,))
 
     def _lifecycle_event(self, payload: bytes, events: list[Event]) -> None:
-        event: LifecycleEvent | None = self._decode_event(payload, LIFECYCLE_MSG, "lifecycle event", events)
+        event: LifecycleEvent | None = self._decode_event(payload, LIFECYCLE_MSG, DomainEventID.LIFECYCLE,
+                                                          "lifecycle event", events)
         if event is not None and event.callback_id in self._subs:
             events.append(LifecycleReceived(event.callback_id, event))
 
     def _agent_lifecycle_event(self, payload: bytes, events: list[Event]) -> None:
         msg = self._decode_event(payload, REMOTE_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE_MSG,
-                                 "agent lifecycle event", events)
+                                 DomainEventID.AGENT_LIFECYCLE, "agent lifecycle event", events)
         if msg is not None and msg.callback_id in self._subs:
             events.append(AgentLifecycleReceived(msg.callback_id, AgentLifecycleEvent.from_msg(msg)))
 
-    def _decode_event(self, payload: bytes, struct: Any, what: str, events: list[Event]) -> Any:
-        """One event body, or None. A malformed body is dropped and counted: the framing is intact, so
-        it is no reason to drop the connection; a subscription it can still be traced to is failed."""
+    def _decode_event(self, payload: bytes, struct: Any, event_id: DomainEventID, what: str,
+                      events: list[Event]) -> Any:
+        """One event body, or None. A malformed body is dropped and counted: the framing is intact (the
+        decoder is at the next packet's start), so it is no reason to drop the connection, nor to end a
+        subscription that the next event may reach well formed. The subscription it can still be traced
+        to hears of it (EventMalformed) in the event's place."""
         try:
             r = Reader(payload, what=what)
             event = struct.unpack(r)
             r.finish()
         except ProtocolError as e:
             self.bad_events += 1
-            # The callback id is the body's first int; the subscription stays registered so that its
-            # close still deregisters it.
+            # The callback id is the body's first int (when there is one).
             callback_id = int.from_bytes(payload[:4], "big", signed=True) if len(payload) >= 4 else None
             if callback_id is not None and callback_id in self._subs:
-                events.append(
-                    SubscriptionFailed(
-                        callback_id,
-                        ProtocolError(f"malformed {what} for callback {callback_id}: {e}"),
-                    )
-                )
+                error = MalformedEvent(f"malformed {what} for callback {callback_id}: {e}")
+                events.append(EventMalformed(callback_id, event_id, error))
             return None
         return event
 

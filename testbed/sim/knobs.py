@@ -25,6 +25,7 @@ class Knobs:
     default_proxy_port: int = 3128  # a guest whose user-data names no `Port N` serves its proxy here
     agent: bool = True  # guests report their address through the guest agent (else ARP only)
     arp_broken: bool = False  # libvirt's ARP source fails ("wrong nlmsg len", docs/lab.md quirk 2)
+    malformed_events: int = 0  # the next N event messages go out with their body cut short (a daemon's bug)
 
     def update(self, values: dict[str, Any]) -> None:
         fields = {f.name: f for f in dataclasses.fields(self)}

@@ -202,14 +202,23 @@ class WireConnection(asyncio.Protocol):
             p = xdrlib3.Packer()
             LIFECYCLE_MSG.pack(p, t.LifecycleEvent(callback_id=callback_id, dom=dom.handle(),
                                                    event=int(event), detail=detail))
-            self.send(encode_event(proc=PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE, payload=p.get_buffer()))
+            self._event(PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE, p.get_buffer())
 
     def agent_lifecycle(self, dom: Domain, state: AgentLifecycleState, reason: AgentLifecycleReason) -> None:
         for callback_id in self._callbacks_for(DomainEventID.AGENT_LIFECYCLE, dom):
             p = xdrlib3.Packer()
             AGENT_LIFECYCLE_MSG.pack(p, t.DomainEventCallbackAgentLifecycleMsg(
                 callback_id=callback_id, dom=dom.handle(), state=int(state), reason=int(reason)))
-            self.send(encode_event(proc=PROC_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE, payload=p.get_buffer()))
+            self._event(PROC_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE, p.get_buffer())
+
+    def _event(self, proc: int, body: bytes) -> None:
+        """One event message; while the `malformed_events` knob counts down, its body is cut after the
+        callback id and one more int: well framed, undecodable (what a client must survive)."""
+        knobs = self.host.knobs
+        if knobs.malformed_events:
+            knobs.malformed_events -= 1
+            body = body[:8]
+        self.send(encode_event(proc=proc, payload=body))
 
     def _callbacks_for(self, event_id: DomainEventID, dom: Domain) -> list[int]:
         return [cid for cid, (eid, only) in self.callbacks.items()

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from egress_kvm.providers.kvm.session import DialOptions, ExecNotAllowed, ExecResult
 from rpc import types as t
 from rpc.agentevent import AgentLifecycleEvent
-from rpc.errors import ConnectionLost, EventsLost, LibvirtError
+from rpc.errors import ConnectionLost, EventsLost, LibvirtError, MalformedEvent
 from rpc.observe import CallRecord, Observer
 from rpc.procedures import BY_NAME
 from testbed.sim.model import (  # noqa: F401  (re-exported: tests stage situations with these)
@@ -134,13 +134,22 @@ class FakeLifecycleEvents:
         self._lost += n
         self._wake.set()
 
+    def malformed(self) -> None:
+        """An event whose body did not decode arrives: MalformedEvent in its place among the queued ones,
+        once, as rpc's subscription reports it."""
+        self._queue.append(MalformedEvent(f"malformed event for callback {self.callback_id}: truncated"))
+        self._wake.set()
+
     def __aiter__(self) -> FakeLifecycleEvents:
         return self
 
     async def __anext__(self) -> Any:
         while True:
             if self._queue:
-                return self._queue.pop(0)
+                item = self._queue.pop(0)
+                if isinstance(item, MalformedEvent):
+                    raise item
+                return item
             if self._lost:
                 n, self._lost = self._lost, 0
                 raise EventsLost(f"{n} events dropped")

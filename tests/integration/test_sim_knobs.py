@@ -97,3 +97,55 @@ async def test_knobs_reach_the_provider_through_ssh(sim_lab: Any) -> None:
     state = sim.state()
     assert [d["name"] for d in state["domains"] if d["name"].startswith("proxy-sk")] == []
     assert [v["name"] for v in state["volumes"] if v["name"].startswith("proxy-sk")] == []
+
+
+async def test_a_malformed_event_costs_the_provider_s_watch_that_event_only(sim_lab: Any) -> None:
+    """A daemon's bug (the `malformed_events` knob cuts the next event message short), felt through real SSH
+    and the real rpc client: the watch drops that one event (counted), and the guest agent's next event
+    still reaches the sink on the same registration: no re-registration, no reconcile of the host. Before,
+    the agent stream ended there until the host's connection was re-dialled."""
+    from egress_kvm.metrics import LIBVIRT_EVENTS, LIBVIRT_EVENTS_SUBSCRIBED
+    from egress_kvm.providers.base import AgentEvent, AgentState, EventsResumed, InstanceChange, InstanceEvent
+
+    info = sim_lab
+    sim = SimControl(info.hosts[0].sim_control)
+    sim.set(boot_delay_s=0.5)
+    p = provider(info)
+    name = "proxy-sk-ev"
+    got: list[Any] = []
+
+    async def until(check: Any, what: str) -> None:
+        """The limit is a safety net, not an assertion about speed."""
+        for _ in range(300):
+            if check():
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    handle = None
+    try:
+        await create(p, request(p, name, info))
+        await ip_of(p, name)  # booted before the watch: its events are not ours to see
+        handle = p.watch_instances(got.append)
+        await until(lambda: LIBVIRT_EVENTS_SUBSCRIBED.labels("host0")._value.get() == 1, "the subscription")
+        (watcher,) = [w for w in handle.watchers if w.host.name == "host0"]  # type: ignore[attr-defined]
+        assert watcher.agent_refused is None
+        sim.crash(name)
+        await until(lambda: any(isinstance(e, InstanceEvent) and e.change is InstanceChange.STOPPED
+                                for e in got), "the crash's STOPPED")
+        malformed = LIBVIRT_EVENTS.labels("host0", "agent-malformed")._value.get()
+        sim.set(malformed_events=1)
+        await p.start(name, "host0")  # agent DISCONNECTED (cut short), STARTED, then the boot's CONNECTED
+        await until(lambda: any(isinstance(e, AgentEvent) for e in got), "the agent's CONNECTED")
+        assert [e.state for e in got if isinstance(e, AgentEvent)] == [AgentState.CONNECTED]
+        assert LIBVIRT_EVENTS.labels("host0", "agent-malformed")._value.get() == malformed + 1
+        assert sim.state()["knobs"]["malformed_events"] == 0
+        assert watcher.subscriptions == 1  # the same registration throughout
+        assert not [e for e in got if isinstance(e, EventsResumed)]
+    finally:
+        sim.set(malformed_events=0)  # the session's sim lab: a failure here must not cut others' events
+        if handle is not None:
+            await handle.close()
+        await p.delete(name, "host0")
+        await p.close()
+    assert [d["name"] for d in sim.state()["domains"] if d["name"] == name] == []

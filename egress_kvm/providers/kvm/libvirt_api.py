@@ -28,7 +28,8 @@ class VolumeChunks(Protocol):
 class LifecycleEvents(Protocol):
     """`async with lv.lifecycle_events() as events: async for ev in events: ...`: registration on entry
     (a LibvirtError when the daemon refuses it), deregistration on exit; the iterator raises
-    ConnectionLost when the connection goes and EventsLost when the consumer fell behind."""
+    ConnectionLost when the connection goes, EventsLost when the consumer fell behind, and MalformedEvent
+    (an EventsLost) in the place of one event whose body did not decode; after either it goes on."""
 
     async def __aenter__(self) -> LifecycleStream: ...
 

@@ -9,6 +9,14 @@ guest agent's lifecycle too (event id 18) and hands each connect or disconnect t
 its next timer. A host that refuses that second registration still delivers lifecycle events (logged
 once per connection); the controller's timer finds the addresses, as it always can.
 
+A bad event costs that event only. One whose body did not decode (rpc raises MalformedEvent in its place
+and the stream goes on; only broken framing ends a connection) is counted (`malformed`,
+`agent-malformed`) and, on the lifecycle stream, answered with `EventsResumed` as a lost one is (what it
+said is unknown); a lost agent event is only a missed wake. One whose delivery raised (an odd event, a
+sink's bug) is counted (`rejected`, `agent-rejected`) and dropped. Each kind is logged once per
+connection, the rest at V(2), so a host that sends many floods no log. Neither stream ends, nor is
+anything re-registered, for one.
+
 Registrations belong to a connection, so when the link drops (or the host's session is re-dialled for
 any reason) the stream ends with ConnectionLost and the watcher registers again on the next session;
 events of the gap are unknown, so the sink then hears `EventsResumed` and the controller reconciles that
@@ -26,6 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
+from collections.abc import Callable
+from typing import TypeVar
 
 from egress_kvm.backoff import Backoff
 from egress_kvm.log import Logger
@@ -35,12 +46,13 @@ from egress_kvm.providers.base import (
     AgentState,
     EventSink,
     EventsResumed,
+    HostEvent,
     InstanceEvent,
     TransientError,
 )
 from rpc.agentevent import AgentLifecycleEvent
 from rpc.constants import AgentLifecycleReason, AgentLifecycleState
-from rpc.errors import EventsLost, LibvirtError
+from rpc.errors import EventsLost, LibvirtError, MalformedEvent
 from rpc.types import LifecycleEvent
 
 from . import events, naming
@@ -54,6 +66,17 @@ RETRY_MAX = 30.0
 #: How often a watcher whose connection refused events looks whether the host has a new connection.
 REFUSED_RECHECK = 5.0
 
+_Ev = TypeVar("_Ev", LifecycleEvent, AgentLifecycleEvent)
+
+
+class BadEvent(enum.Enum):
+    """An event that cost only itself, by stream and why: its `egress_kvm_libvirt_events_total` label."""
+
+    MALFORMED = "malformed"  # its body did not decode (rpc's MalformedEvent)
+    REJECTED = "rejected"  # delivering it raised (an odd event, or the sink)
+    AGENT_MALFORMED = "agent-malformed"
+    AGENT_REJECTED = "agent-rejected"
+
 
 class HostWatcher:
     def __init__(self, host: Host, *, provider: str, sink: EventSink, log: Logger) -> None:
@@ -66,6 +89,7 @@ class HostWatcher:
         self.subscriptions = 0  # registrations made (one per connection): the tests read it
         self.refused: str | None = None  # why the current session delivers no events (None: it does)
         self.agent_refused: str | None = None  # why it delivers no agent events (None: it does)
+        self._told: set[BadEvent] = set()  # kinds of bad event logged on the current connection
 
     def start(self) -> None:
         if self._task is None:
@@ -115,13 +139,14 @@ class HostWatcher:
             stream = await stack.enter_async_context(session.libvirt.lifecycle_events())
             agents = await self._agent_events(stack, session)
             self.subscriptions += 1
+            self._told = set()
             self.refused = None
             self._backoff.reset()
             LIBVIRT_EVENTS_SUBSCRIBED.labels(self.host.name).set(1)
             self._log.v(1).info("lifecycle events subscribed", subscription=self.subscriptions,
                                 agentEvents=agents is not None)
             if self.subscriptions > 1:  # what happened between the two connections went unreported
-                self._sink(EventsResumed(provider=self.provider, zone=self.host.name))
+                self._send(EventsResumed(provider=self.provider, zone=self.host.name), BadEvent.REJECTED)
             if agents is not None:
                 task = asyncio.get_running_loop().create_task(
                     self._follow_agents(agents), name=f"agent events {self.provider}/{self.host.name}")
@@ -129,11 +154,15 @@ class HostWatcher:
             while True:
                 try:
                     async for ev in stream:
-                        self._deliver(ev)
+                        self._guarded(self._deliver, ev, BadEvent.REJECTED)
                     return  # the subscription was closed under us: register again
+                except MalformedEvent as exc:  # one event unread: as if lost, without ending the stream
+                    self._bad(BadEvent.MALFORMED,
+                              "malformed lifecycle event dropped; reconciling the host's Proxies", exc)
+                    self._send(EventsResumed(provider=self.provider, zone=self.host.name), BadEvent.REJECTED)
                 except EventsLost as exc:
                     self._log.info("lifecycle events lost; reconciling the host's Proxies", error=str(exc))
-                    self._sink(EventsResumed(provider=self.provider, zone=self.host.name))
+                    self._send(EventsResumed(provider=self.provider, zone=self.host.name), BadEvent.REJECTED)
 
     async def _agent_events(self, stack: contextlib.AsyncExitStack, session: Session
                             ) -> AgentLifecycleStream | None:
@@ -151,21 +180,52 @@ class HostWatcher:
 
     async def _follow_agents(self, stream: AgentLifecycleStream) -> None:
         """Agent events until the stream ends; the lifecycle stream beside it sees the same link errors,
-        and re-registers both."""
+        and re-registers both. A bad event (malformed, or one the sink raised on) costs that event only."""
         while True:
             try:
                 async for ev in stream:
-                    self._deliver_agent(ev)
+                    self._guarded(self._deliver_agent, ev, BadEvent.AGENT_REJECTED)
                 return
+            except MalformedEvent as exc:  # a wake missed, as a lost one: the timer looks anyway
+                self._bad(BadEvent.AGENT_MALFORMED,
+                          "malformed guest agent event dropped; its address is looked for on the timer", exc)
             except EventsLost as exc:  # only wakes were lost: each Proxy's IP timer looks anyway, so no
                 # EventsResumed (a reconcile of every Proxy of the host, for a hint)
                 self._log.info("guest agent events lost; their addresses are looked for on the timer",
                                error=str(exc))
             except LINK_ERRORS:
                 return
-            except Exception as exc:  # a bug here must not end the lifecycle watch beside it
+            except Exception as exc:  # a bug in the stream itself must not end the lifecycle watch beside it
                 self._log.error(exc, "guest agent events failed; the timer finds addresses")
                 return
+
+    def _guarded(self, deliver: Callable[[_Ev], None], ev: _Ev, kind: BadEvent) -> None:
+        """One event to the sink; if that raises (an odd event, a sink's bug), the event is dropped and the
+        stream goes on with the next."""
+        try:
+            deliver(ev)
+        except Exception as exc:
+            self._bad(kind, "event delivery failed; the event is dropped", exc)
+
+    def _send(self, event: HostEvent, kind: BadEvent) -> None:
+        try:
+            self._sink(event)
+        except Exception as exc:
+            self._bad(kind, "event delivery failed; the event is dropped", exc)
+
+    def _bad(self, kind: BadEvent, msg: str, exc: Exception) -> None:
+        """Count a bad event; log the first of each kind on a connection (a warning for what the host sent,
+        an error for what raised in our code), the rest at V(2) only: a host that sends many must not
+        flood the log, and the counter has them all."""
+        LIBVIRT_EVENTS.labels(self.host.name, kind.value).inc()
+        if kind in self._told:
+            self._log.v(2).info(msg, event=kind.value, error=str(exc) or type(exc).__name__)
+            return
+        self._told.add(kind)
+        if isinstance(exc, MalformedEvent):
+            self._log.warning(msg, event=kind.value, error=str(exc))
+        else:
+            self._log.error(exc, msg, event=kind.value)
 
     def _deliver_agent(self, ev: AgentLifecycleEvent) -> None:
         state = AGENT_STATES.get(ev.state)

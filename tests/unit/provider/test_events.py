@@ -280,3 +280,102 @@ async def test_a_host_that_refuses_agent_events_still_delivers_lifecycle_events(
     h.set_vm_ip(NAME, "10.0.0.5")
     h.domain_destroy_flags(h.domains[NAME].handle(), 0)
     assert await sink.wait(1) == [InstanceEvent(P, "host0", NAME, InstanceChange.STOPPED, "destroyed")]
+
+
+# -- a bad event costs that event only (issue 8: faults at fleet scale) ----------------------------------
+
+
+def count(host: str, kind: str) -> float:
+    return LIBVIRT_EVENTS.labels(host, kind)._value.get()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("logs", ["2"], indirect=True)  # V(2) shown: the repeats are there, below the default
+async def test_a_malformed_agent_event_costs_only_itself(running, logs: LogCapture) -> None:  # type: ignore[no-untyped-def]
+    """A malformed agent event (rpc's MalformedEvent) used to end the agent stream until the host's next
+    re-dial: every later wake was lost. Now it is counted and logged once per connection, and the next
+    event reaches the sink on the same registration, with no reconcile of the host."""
+    provider, hv = running
+    h = hv["host0"]
+    sink = Sink()
+    handle = provider.watch_instances(sink)
+    await until(lambda: len(h.agent_listeners) == 1, "subscribed")
+    before = count("host0", "agent-malformed")
+    sub = h.agent_listeners[0].__self__
+    sub.malformed()
+    sub.malformed()  # a host that sends many: the log says so once
+    h.set_vm_ip(NAME, "10.0.0.5")
+    assert await sink.wait(1) == [AgentEvent(P, "host0", NAME, AgentState.CONNECTED)]
+    assert count("host0", "agent-malformed") == before + 2
+    msg = "malformed guest agent event dropped; its address is looked for on the timer"
+    assert [r["level"] for r in logs.lines(msg)] == ["warn", "Level(-2)"]
+    assert logs.lines(msg)[0]["host"] == "host0" and "malformed event" in logs.lines(msg)[0]["error"]
+    assert h.calls.count("connect_domain_event_callback_register_any") == 2  # no re-registration
+    assert [cb.__self__ for cb in h.agent_listeners] == [sub]
+    await handle.close()
+    assert not any(isinstance(e, EventsResumed) for e in sink.got)
+
+
+async def test_a_malformed_lifecycle_event_reconciles_the_host_and_the_stream_goes_on(  # type: ignore[no-untyped-def]
+        running, logs: LogCapture) -> None:
+    """What a malformed lifecycle event said is unknown (as a lost one's): the host's Proxies are reconciled
+    once (EventsResumed), on the same registration; the next event arrives as usual."""
+    provider, hv = running
+    h = hv["host0"]
+    sink = Sink()
+    handle = provider.watch_instances(sink)
+    await until(lambda: len(h.listeners) == 1, "subscribed")
+    before = count("host0", "malformed")
+    h.listeners[0].__self__.malformed()
+    h.domain_destroy_flags(h.domains[NAME].handle(), 0)
+    assert await sink.wait(2) == [EventsResumed(P, "host0"),
+                                  InstanceEvent(P, "host0", NAME, InstanceChange.STOPPED, "destroyed")]
+    assert count("host0", "malformed") == before + 1
+    [line] = logs.lines("malformed lifecycle event dropped; reconciling the host's Proxies")
+    assert line["level"] == "warn"
+    assert h.calls.count("connect_domain_event_callback_register_any") == 2  # no re-registration
+    assert logs.lines("lifecycle events stream ended; re-registering on the next connection") == []
+    await handle.close()
+
+
+class FlakySink(Sink):
+    """A sink with a bug that bites once per listed kind of event."""
+
+    def __init__(self, *fail: type) -> None:
+        super().__init__()
+        self.fail = list(fail)
+
+    def __call__(self, ev: HostEvent) -> None:
+        if type(ev) in self.fail:
+            self.fail.remove(type(ev))
+            raise RuntimeError(f"sink bug on {type(ev).__name__}")
+        super().__call__(ev)
+
+
+async def test_a_sink_that_raises_once_loses_that_event_only(running, logs: LogCapture) -> None:  # type: ignore[no-untyped-def]
+    """An exception from the sink used to end the agent stream for the connection, and on the lifecycle
+    stream to tear the subscription down (a backoff, a re-registration, EventsResumed: a reconcile of every
+    Proxy of the host). Now that event is dropped, counted and logged, and the next one arrives."""
+    provider, hv = running
+    h = hv["host0"]
+    sink = FlakySink(AgentEvent, InstanceEvent)
+    handle = provider.watch_instances(sink)
+    await until(lambda: len(h.agent_listeners) == 1, "subscribed")
+    before = (count("host0", "rejected"), count("host0", "agent-rejected"))
+    h.set_vm_ip(NAME, "10.0.0.5")  # raises in the sink
+    h.agent_stopped(NAME)
+    dom = h.domains[NAME].handle()
+    h.domain_suspend(dom)  # raises in the sink
+    h.domain_destroy_flags(dom, 0)
+    got = await sink.wait(2)
+    assert sorted(map(repr, got)) == sorted(map(repr, [
+        AgentEvent(P, "host0", NAME, AgentState.DISCONNECTED),
+        InstanceEvent(P, "host0", NAME, InstanceChange.STOPPED, "destroyed")]))
+    assert (count("host0", "rejected"), count("host0", "agent-rejected")) == (before[0] + 1, before[1] + 1)
+    lines = logs.lines("event delivery failed; the event is dropped")
+    assert sorted((r["level"], r["event"]) for r in lines) == [("error", "agent-rejected"),
+                                                                ("error", "rejected")]
+    assert {r["error"] for r in lines} == {"sink bug on AgentEvent", "sink bug on InstanceEvent"}
+    assert h.calls.count("connect_domain_event_callback_register_any") == 2  # no re-registration
+    assert not any(isinstance(e, EventsResumed) for e in sink.got)
+    assert len(watcher_tasks()) == 4  # both streams of both hosts still followed
+    await handle.close()

@@ -7,11 +7,12 @@ import struct
 from collections.abc import AsyncIterator
 
 import pytest
+import xdrlib3
 from rpc_fake_server import NO_REPLY, FakeError, FakeServer, Received, open_client
 
 import rpc
 from rpc.constants import KEEPALIVE_PROC_PONG, KEEPALIVE_PROGRAM, STREAM_CHUNK, MessageStatus, MessageType
-from rpc.procedures import BY_NUMBER
+from rpc.procedures import BY_NUMBER, LIFECYCLE_MSG
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -364,10 +365,6 @@ async def test_event_in_the_same_read_as_the_registration_reply_is_not_lost(serv
     reply_bytes = encode_packet(
         prog=0x20008086, vers=1, proc=316, type=1, serial=rec.serial, status=0, payload=struct.pack(">i", 5)
     )
-    import xdrlib3
-
-    from rpc.procedures import LIFECYCLE_MSG
-
     p = xdrlib3.Packer()
     LIFECYCLE_MSG.pack(p, rpc.LifecycleEvent(5, DOM, 0, 0))
     event_bytes = encode_packet(
@@ -982,12 +979,12 @@ async def test_registration_cancelled_after_its_reply_arrived_is_deregistered(se
     await client.close()
 
 
-# -- a malformed event is dropped, the connection stays ----------------------------------------------
+# -- a malformed event is dropped, the connection and the subscription stay --------------------------
 
 
-async def test_malformed_lifecycle_event_is_dropped_and_fails_only_its_subscription(
-    server: FakeServer,
-) -> None:
+async def test_a_malformed_lifecycle_event_costs_only_that_event(server: FakeServer) -> None:
+    """A well-framed event whose body does not decode is raised (MalformedEvent) in its place, once; the
+    same iterator then yields the next event, and the connection goes on answering calls."""
     server.handlers[316] = lambda event_id, dom: 4
     server.handlers[317] = lambda callback_id: None
     server.handlers[59] = lambda: "h"
@@ -996,12 +993,62 @@ async def test_malformed_lifecycle_event_is_dropped_and_fails_only_its_subscript
         for callback_id in (99, 4):  # someone else's, then ours: both truncated after two ints
             body = struct.pack(">ii", callback_id, 3)
             server.send_packet(proc=318, type=MessageType.MESSAGE, serial=0, status=0, payload=body)
-        with pytest.raises(rpc.ProtocolError, match="malformed lifecycle event for callback 4"):
+        pk = xdrlib3.Packer()
+        LIFECYCLE_MSG.pack(pk, rpc.LifecycleEvent(4, DOM, 5, 1))
+        server.send_packet(proc=318, type=MessageType.MESSAGE, serial=0, status=0, payload=pk.get_buffer())
+        with pytest.raises(rpc.MalformedEvent, match="malformed lifecycle event for callback 4"):
             await asyncio.wait_for(events.__anext__(), 5)
+        assert await asyncio.wait_for(events.__anext__(), 5) == rpc.LifecycleEvent(4, DOM, 5, 1)
         assert client.bad_events == 2
         assert await client.connect_get_hostname() == "h"
         assert client.is_connected
     await next_call(server, 317)  # still deregistered on exit
+    await client.close()
+
+
+async def test_malformed_events_take_places_in_the_bounded_queue(server: FakeServer) -> None:
+    """A host that sends malformed events faster than they are read grows no queue: each takes a place
+    like an event, and past `max_queue` it is a dropped event, reported as EventsLost after the kept ones."""
+    server.handlers[316] = lambda event_id, dom: 4
+    server.handlers[317] = lambda callback_id: None
+    server.handlers[59] = lambda: "h"
+    client = await open_client(server)
+    bad = struct.pack(">ii", 4, 3)
+    async with client.lifecycle_events(max_queue=2) as events:
+        server.send_packet(proc=318, type=MessageType.MESSAGE, serial=0, status=0, payload=bad)
+        server.send_lifecycle(4, DOM, 5, 1)
+        for _ in range(3):
+            server.send_packet(proc=318, type=MessageType.MESSAGE, serial=0, status=0, payload=bad)
+        assert await client.connect_get_hostname() == "h"  # every event above has been read
+        with pytest.raises(rpc.MalformedEvent):
+            await asyncio.wait_for(events.__anext__(), 5)
+        assert (await asyncio.wait_for(events.__anext__(), 5)).detail == 1
+        with pytest.raises(rpc.EventsLost, match="3 lifecycle events dropped") as lost:
+            await asyncio.wait_for(events.__anext__(), 5)
+        assert type(lost.value) is rpc.EventsLost
+        assert events.dropped == 3 and client.bad_events == 4
+        server.send_lifecycle(4, DOM, 5, 2)
+        assert (await asyncio.wait_for(events.__anext__(), 5)).detail == 2
+    await next_call(server, 317)
+    await client.close()
+
+
+async def test_a_malformed_event_of_another_kind_is_not_raised_in_a_subscription(server: FakeServer) -> None:
+    """A malformed agent event naming a lifecycle subscription's callback id is not that subscription's
+    event (as a well-formed one would not be): it is counted, and the lifecycle iterator never raises for
+    it (a MalformedEvent there would make the watcher reconcile a whole host for nothing)."""
+    server.handlers[316] = lambda event_id, dom: 4
+    server.handlers[317] = lambda callback_id: None
+    client = await open_client(server)
+    async with client.lifecycle_events() as events:
+        server.send_packet(proc=348, type=MessageType.MESSAGE, serial=0, status=0,
+                           payload=struct.pack(">ii", 4, 3))  # agent lifecycle (348), cut short
+        pk = xdrlib3.Packer()
+        LIFECYCLE_MSG.pack(pk, rpc.LifecycleEvent(4, DOM, 5, 1))
+        server.send_packet(proc=318, type=MessageType.MESSAGE, serial=0, status=0, payload=pk.get_buffer())
+        assert await asyncio.wait_for(events.__anext__(), 5) == rpc.LifecycleEvent(4, DOM, 5, 1)
+        assert client.bad_events == 1
+    await next_call(server, 317)
     await client.close()
 
 

@@ -10,7 +10,7 @@ import pytest
 import xdrlib3
 
 import rpc
-from rpc.constants import KEEPALIVE_PROGRAM, REMOTE_PROGRAM, MessageStatus, MessageType
+from rpc.constants import KEEPALIVE_PROGRAM, REMOTE_PROGRAM, DomainEventID, MessageStatus, MessageType
 from rpc.framing import PacketDecoder, encode_packet
 from rpc.messages import (
     PING,
@@ -31,6 +31,7 @@ from rpc.protocol import (
     CallFailed,
     ClientProtocol,
     ConnectionClosed,
+    EventMalformed,
     LifecycleReceived,
     StreamChanged,
     SubscriptionFailed,
@@ -244,13 +245,40 @@ def test_events_go_only_to_registered_callbacks_from_the_reply_on() -> None:
     assert events[1] == LifecycleReceived(9, LifecycleEvent(9, DOM, 2, 0))
 
 
-def test_a_malformed_event_fails_its_subscription_and_keeps_the_connection() -> None:
+def test_a_malformed_event_costs_only_that_event() -> None:
+    """Well framed, its body truncated: reported to its subscription in its place, and the events around
+    it still arrive; neither the connection nor the subscription ends."""
     p = client()
     _, data = p.send_call(REGISTER, (0, None), now=0, timeout=5)
     p.receive_data(reply_to(data, 9), now=0)
-    (ev,) = p.receive_data(encode_event(proc=318, payload=(9).to_bytes(4, "big") + b"\0\0"), now=0)
-    assert isinstance(ev, SubscriptionFailed) and ev.callback_id == 9
-    assert p.bad_events == 1 and p.closed is None
+    bad = encode_event(proc=318, payload=(9).to_bytes(4, "big") + b"\0\0")
+    events = p.receive_data(lifecycle(9, 1) + bad + lifecycle(9, 5), now=0)
+    assert [type(e) for e in events] == [LifecycleReceived, EventMalformed, LifecycleReceived]
+    ev = events[1]
+    assert isinstance(ev, EventMalformed) and (ev.callback_id, ev.event_id) == (9, DomainEventID.LIFECYCLE)
+    assert isinstance(ev.error, rpc.MalformedEvent)
+    assert "malformed lifecycle event for callback 9" in str(ev.error)
+    assert events[2] == LifecycleReceived(9, LifecycleEvent(9, DOM, 5, 0))
+    assert p.bad_events == 1 and p.closed is None and p.subscriptions == frozenset({9})
+
+
+@pytest.mark.parametrize("reads", [1, 2])
+def test_a_desync_behind_a_short_event_still_ends_the_connection(reads: int) -> None:
+    """An event whose length word is 8 bytes short looks, on its own, like a well-framed event with a
+    truncated body (if it is all a read holds, it is reported as one); but its last 8 bytes are then read
+    as the next packet's start, which is no packet: that desync still closes the connection, and the
+    subscription hears ConnectionLost, not MalformedEvent."""
+    p = client()
+    _, data = p.send_call(REGISTER, (0, None), now=0, timeout=5)
+    p.receive_data(reply_to(data, 9), now=0)
+    whole = lifecycle(9, 2)
+    short = (len(whole) - 8).to_bytes(4, "big") + whole[4:]
+    cut = len(short) - 8 if reads == 2 else len(short)
+    events = p.receive_data(short[:cut], now=0) + p.receive_data(short[cut:], now=0)
+    expected = [SubscriptionFailed, ConnectionClosed]
+    assert [type(e) for e in events] == ([EventMalformed] if reads == 2 else []) + expected
+    assert isinstance(events[-2], SubscriptionFailed) and isinstance(events[-2].error, rpc.ConnectionLost)
+    assert p.closed is not None and "protocol error" in str(p.closed)
 
 
 def agent_lifecycle(callback_id: int, state: int, reason: int) -> bytes:
@@ -278,12 +306,27 @@ def test_agent_lifecycle_events_decode_typed_for_their_registration() -> None:
     assert type(got[2].state) is int and type(got[2].reason) is int  # a later libvirt's value: kept as is
 
 
-def test_a_malformed_agent_event_fails_its_subscription_and_keeps_the_connection() -> None:
+def test_a_malformed_agent_event_costs_only_that_event() -> None:
     p = client()
     _, data = p.send_call(REGISTER, (18, None), now=0, timeout=5)
     p.receive_data(reply_to(data, 4), now=0)
-    (ev,) = p.receive_data(encode_event(proc=348, payload=(4).to_bytes(4, "big") + b"\0\0"), now=0)
-    assert isinstance(ev, SubscriptionFailed) and "malformed agent lifecycle event" in str(ev.error)
+    trailing = agent_lifecycle(4, 1, 2)  # a well-formed body with 4 bytes too many (length fixed up)
+    trailing = (len(trailing) + 4).to_bytes(4, "big") + trailing[4:] + bytes(4)
+    truncated = encode_event(proc=348, payload=(4).to_bytes(4, "big") + b"\0\0")
+    nobodys = encode_event(proc=348, payload=(99).to_bytes(4, "big"))
+    events = p.receive_data(truncated + trailing + nobodys + agent_lifecycle(4, 1, 2), now=0)
+    assert [type(e) for e in events] == [EventMalformed, EventMalformed, AgentLifecycleReceived]
+    for e in events[:2]:
+        assert isinstance(e, EventMalformed) and e.event_id == DomainEventID.AGENT_LIFECYCLE
+        assert "malformed agent lifecycle event" in str(e.error)
+    assert p.bad_events == 3 and p.closed is None  # callback 99 is nobody's: counted, reported to no one
+
+
+def test_a_short_event_body_with_no_callback_id_is_counted_only() -> None:
+    p = client()
+    _, data = p.send_call(REGISTER, (18, None), now=0, timeout=5)
+    p.receive_data(reply_to(data, 4), now=0)
+    assert p.receive_data(encode_event(proc=348, payload=b"\0\0"), now=0) == []
     assert p.bad_events == 1 and p.closed is None
 
 

@@ -267,3 +267,23 @@ def test_static_address_from_network_config(doc: bytes | None, mac: str, expecte
     from testbed.sim.host import static_address
 
     assert static_address(doc, mac=mac) == expected
+
+
+async def test_a_malformed_event_over_the_wire_costs_that_event_only(sim: SimHost) -> None:
+    """The `malformed_events` knob cuts the next event's body short: the client's subscription raises
+    MalformedEvent in its place, then yields the next event; the connection answers calls throughout."""
+    state, reason = rpc.AgentLifecycleState, rpc.AgentLifecycleReason
+    async with await client(sim) as lv:
+        pool = await lv.storage_pool_lookup_by_name("default")
+        await lv.storage_vol_create_xml(pool, VOLUME_XML.format(name="g7.qcow2"), 0)
+        dom = await lv.domain_define_xml(AGENT_DOMAIN_XML.format(name="g7", mac="07"))
+        async with lv.agent_lifecycle_events() as agent:
+            await AsyncSimControl(sim_control(sim)).request("set", knobs={"malformed_events": 1})
+            await lv.domain_create_with_flags(dom, 0)  # DISCONNECTED (DOMAIN_STARTED): cut short
+            with pytest.raises(rpc.MalformedEvent, match="malformed agent lifecycle event"):
+                await asyncio.wait_for(anext(aiter(agent)), 5)
+            ev = await asyncio.wait_for(anext(aiter(agent)), 5)  # the boot's end: whole
+            assert (ev.dom.name, ev.state, ev.reason) == ("g7", state.CONNECTED, reason.CHANNEL)
+            assert lv.bad_events == 1 and sim.knobs.malformed_events == 0
+            assert lv.is_connected and (await lv.domain_lookup_by_name("g7")).name == "g7"
+        await lv.domain_destroy_flags(dom, 0)
