@@ -10,7 +10,7 @@ effort by contract, so nothing is lost by not waiting for them.
   objects go in parallel across shards, so one slow object delays only its own shard.
 - Shards (`SENDERS` = 8): at ~45 ms per write under load one sender writes ~22 Events/s; the 1,000-Proxy
   ramp produces ~3,000 Events in ~50 s (~60/s), so at least 3 are needed; 8 give ~3x headroom for
-  bursts while using few of the API client's 100 pooled connections (the 32 workers need theirs).
+  bursts while using few of the API client's 100 pooled connections (the reconcile workers need theirs).
 - Bounded (`CAPACITY` in all, split over the shards): when a shard is full the Event is dropped (as
   client-go does), counted in `egress_kvm_kube_events_dropped_total`, and logged at most every
   `DROP_LOG_INTERVAL`. `submit` never blocks and never raises. The backlog before drops start is the

@@ -164,8 +164,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="watch Proxies in this namespace only (default: all namespaces)")
     p.add_argument("--kubeconfig", default="", metavar="PATH",
                    help="kubeconfig file (default: KUBECONFIG, then the in-cluster service account)")
-    p.add_argument("--max-concurrent-reconciles", type=_positive_int, default=32, metavar="N",
-                   help="reconcile workers (default 32)")
+    p.add_argument("--max-concurrent-reconciles", type=_positive_int, default=64, metavar="N",
+                   help="reconcile workers (default 64)")
     p.add_argument("--cluster-id", default="", metavar="ID",
                    help="marks this cluster's VMs on shared hosts (default: the kube-system Namespace uid)")
     p.add_argument("--instance-name-key-file", default=namekey.DEFAULT_PATH, metavar="PATH",
@@ -201,7 +201,7 @@ class Options:
     providers_poll_interval: float = 10.0
     namespace: str = ""
     kubeconfig: str = ""
-    max_concurrent_reconciles: int = 32
+    max_concurrent_reconciles: int = 64
     cluster_id: str = ""
     instance_name_key_file: str = namekey.DEFAULT_PATH
     resync_period: float = 300.0

@@ -215,7 +215,7 @@ async def test_each_objects_events_keep_their_order_under_concurrency() -> None:
         names = [f"p{i}" for i in range(24)]
         reasons = ["Created", "Running", "Ready", "Restarted", "Ready2"]
 
-        async def reconcile(name: str) -> None:  # interleaved passes, as 32 workers make them
+        async def reconcile(name: str) -> None:  # interleaved passes, as the workers make them
             for reason in reasons:
                 await kube.record_event(proxy(name), type_="Normal", reason=reason, message=reason)
                 await asyncio.sleep(0)
