@@ -53,7 +53,7 @@ def read_namespace(source: str) -> Namespace | None:
                 return None
             try:
                 constants[target.id] = ast.literal_eval(node.value)
-            except ValueError:
+            except (ValueError, TypeError):  # TypeError: a literal that cannot be built ({[1]: 2})
                 return None
         elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):  # a docstring
             return None

@@ -35,6 +35,7 @@ def test_read_namespace(source: str, expected: Namespace) -> None:
     "if True:\n    from pkg.a import A\n",
     "def f():\n    pass\n",
     "A, B = 1, 2\n",
+    "X = {[1]: 2}\n",  # literal_eval raises TypeError, not ValueError: still "anything else", not a crash
 ])
 def test_read_namespace_refuses_anything_else(source: str) -> None:
     assert read_namespace(source) is None
