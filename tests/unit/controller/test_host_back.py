@@ -60,3 +60,26 @@ async def test_a_proxy_made_after_its_host_went_down_is_deleted_without_waiting_
     kube.delete(new)
     await eventually(lambda: new not in kube.objects, what="deleted while the host is still down")
     assert not h.reachable
+
+
+async def test_a_proxy_made_while_its_host_was_down_is_created_once_it_answers(
+        kube: FakeKube, kvm, proxy_server: MiniProxy, make_controller) -> None:
+    """Its first pass found the host down before its status recorded an instance there, so no instance ties
+    it to the host; the host's return wakes it all the same (KeyState.waits_on), not its 60 s backoff."""
+    provider, hv = kvm
+    h = hv["host0"]
+    c = make_controller({PROVIDER: provider}, transient_backoff=Backoff(60.0, 300.0))
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    await boot(kube, h)
+
+    hv.set_unreachable("host0")
+    await eventually(lambda: not provider.connected("host0"), what="the session dropped")
+    new = ("default", "px2")
+    kube.create_proxy("px2", kvm_spec(proxy_server))
+    await eventually(lambda: c.queue.failures(new) >= 1, what="px2's pass found the host down")
+    assert "instance" not in kube.status(new)
+
+    hv.set_unreachable("host0", False)
+    await eventually(lambda: "instance" in kube.status(new), what="px2 created once the host answers")
+    await eventually(lambda: kube.status(new)["instance"]["name"] in h.domains, what="its domain")
+    await eventually(lambda: c.reconciler.memory.peek(new).waits_on is None, what="no longer waiting on it")
