@@ -8,8 +8,9 @@ A reconcile is cut off after `reconcile_timeout` (retried on the transient backo
 no single host or call can hold a worker for longer. One still running `wedge_grace` after that (it
 ignored its cancellation: a blocking call, a swallowed CancelledError) means the workers are wedged:
 `healthy()` turns False and the kubelet restarts the process. A host that answers again after an outage
-re-queues its Proxies at once, those waiting for it to make their instance included (`_host_back`); a GC pass collects orphan domains (gc.py), then orphan
-volumes (volume_gc.py), then evicts unused URL base images.
+re-queues its Proxies at once, those waiting for it to make their instance included (`_host_back`); a GC
+pass collects orphan domains (gc.py), then orphan volumes (volume_gc.py), then evicts unused URL base
+images.
 
 Shutdown: `stop` closes the queue (no key is handed out again), gives the reconciles in flight up to
 `timeout` to finish, then cancels them. A cancelled reconcile is safe to abandon: status is written
