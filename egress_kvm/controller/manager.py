@@ -348,13 +348,18 @@ class Controller:
     def _host_back(self, provider: str, zone: str) -> None:
         """A host answers again: its Proxies are reconciled now (status, pending deletes), their backoff
         grown during the outage forgotten; so are those whose last pass found it down before their status
-        recorded an instance there (KeyState.waits_on)."""
+        recorded an instance there (KeyState.waits_on). The passes in flight run again once they end."""
         keys = sorted({*self._zone_keys(provider, zone, None),
                        *self.reconciler.memory.waiting_on(provider, zone)})
         self.log.info("host answers again; re-queueing its Proxies", provider=provider, zone=zone,
                       proxies=len(keys))
         for key in keys:
             self.queue.forget(key)
+            self.enqueue(key)
+        # A pass in flight may have found the host down and not yet recorded it (waits_on is set when the
+        # pass ends, after its status write): run each again once it ends, backoff kept (it may be
+        # another host's Proxy: at most one extra pass per worker), else such a Proxy waits it out.
+        for key in self.queue.processing() - set(keys):
             self.enqueue(key)
 
     def _zone_keys(self, provider: str, zone: str, name: str | None) -> list[Key]:

@@ -83,3 +83,36 @@ async def test_a_proxy_made_while_its_host_was_down_is_created_once_it_answers(
     await eventually(lambda: "instance" in kube.status(new), what="px2 created once the host answers")
     await eventually(lambda: kube.status(new)["instance"]["name"] in h.domains, what="its domain")
     await eventually(lambda: c.reconciler.memory.peek(new).waits_on is None, what="no longer waiting on it")
+
+
+async def test_a_pass_that_finds_the_host_down_as_it_comes_back_runs_again(
+        kube: FakeKube, kvm, proxy_server: MiniProxy, make_controller, monkeypatch) -> None:
+    """The host answers again while a pass that found it down is writing HostUnreachable, before the pass
+    records what it waits on (KeyState.waits_on): the wake runs that pass again once it ends, not after
+    its 60 s backoff."""
+    provider, hv = kvm
+    h = hv["host0"]
+    make_controller({PROVIDER: provider}, transient_backoff=Backoff(60.0, 300.0))
+    kube.create_proxy("px1", kvm_spec(proxy_server))
+    await boot(kube, h)
+    hv.set_unreachable("host0")
+    await eventually(lambda: not provider.connected("host0"), what="the session dropped")
+
+    new = ("default", "px2")
+    writing, release = asyncio.Event(), asyncio.Event()
+    write = kube.update_proxy_status
+
+    async def gated(obj, status):
+        if (obj["metadata"]["name"] == "px2" and "unreachable" in status.get("message", "")
+                and not release.is_set()):
+            writing.set()
+            await release.wait()
+        return await write(obj, status)
+
+    monkeypatch.setattr(kube, "update_proxy_status", gated)
+    kube.create_proxy("px2", kvm_spec(proxy_server))
+    await asyncio.wait_for(writing.wait(), 10)
+    hv.set_unreachable("host0", False)
+    await eventually(lambda: provider.connected("host0"), what="the host answers again")
+    release.set()
+    await eventually(lambda: "instance" in kube.status(new), what="px2 created once the host answers")
