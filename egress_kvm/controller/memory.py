@@ -35,6 +35,8 @@ class KeyState:
     # (provider, zone) of the host the last reconcile found unreachable, for a Proxy whose status may
     # record no instance there yet (its look found the host down before its create): the host's return
     # wakes it with the Proxies that do (manager._host_back), not its backoff grown during the outage.
+    # Any other end of a fresh pass clears it; a pass from the cache leaves it (cached.py), which costs
+    # at most one extra pass when that host next returns.
     waits_on: tuple[str, str] | None = None
     # The desired instance a fresh pass computed from inline user-data, without the user-data, and what it
     # was computed from: a routine pass from the informer's cache, which holds no inline user-data,

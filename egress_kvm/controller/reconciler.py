@@ -282,6 +282,7 @@ class Reconciler:
         state = self.memory[ctx.key]
         state.trouble = None
         state.importing = True
+        state.waits_on = None  # the host answered
         try:
             await self._hold(ctx, message=importing.message, reason="Provisioning")
         except ProxyGone:
@@ -303,7 +304,9 @@ class Reconciler:
         ctx.unwatch_all()
         if fail.event is not None:
             ctx.events.append(fail.event)
-        self.memory[ctx.key].failed = (ctx.generation, ctx.providers_hash)
+        state = self.memory[ctx.key]
+        state.failed = (ctx.generation, ctx.providers_hash)
+        state.waits_on = None  # waits on nothing: a Failed Proxy is retried only once its inputs change
         ctx.log.info("proxy failed", message=fail.message)
         status = compose(ctx.status, Verdict(FAILED, fail.message, fail.reason,
                                              instance=Ref.from_status(ctx.status.get("instance")),

@@ -116,3 +116,18 @@ async def test_a_pass_that_finds_the_host_down_as_it_comes_back_runs_again(
     await eventually(lambda: provider.connected("host0"), what="the host answers again")
     release.set()
     await eventually(lambda: "instance" in kube.status(new), what="px2 created once the host answers")
+
+
+async def test_a_proxy_that_waited_on_a_host_and_then_failed_waits_on_it_no_more(
+        kube: FakeKube, kvm, proxy_server: MiniProxy, make_controller) -> None:
+    """Any end but an unreachable host clears KeyState.waits_on: a Failed verdict too."""
+    provider, hv = kvm
+    c = make_controller({PROVIDER: provider}, transient_backoff=Backoff(0.2, 0.2))
+    hv.set_unreachable("host0")
+    kube.create_proxy("px2", kvm_spec(proxy_server))
+    new = ("default", "px2")
+    await eventually(lambda: c.reconciler.memory.peek(new).waits_on == (PROVIDER, "host0"), what="waiting")
+    kube.set_spec(new, kvm_spec(proxy_server, placement={"zone": "host0", "machineType": "nope",
+                                                        "image": "debian-12"}))
+    await eventually(lambda: kube.status(new).get("phase") == "Failed", what="Failed")
+    assert c.reconciler.memory.peek(new).waits_on is None
