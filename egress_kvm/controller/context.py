@@ -50,6 +50,8 @@ class Context:
     routine: bool = False  # queued only by the clock: a settled Proxy's probes may vouch for its VM
     probe_refresh: float = 0.0  # a newer lastProbeTime alone is written once the stored one is this old
     cached: bool = False  # `proxy` is the informer's copy, not a fresh read: acting raises FreshReadNeeded
+    target: Ref | None = None  # the desired instance, once this pass knows it (a Managed Proxy)
+    found_unreachable: bool = False  # the pass ended holding status because the host did not answer
     generation: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -8,8 +8,9 @@ A reconcile is cut off after `reconcile_timeout` (retried on the transient backo
 no single host or call can hold a worker for longer. One still running `wedge_grace` after that (it
 ignored its cancellation: a blocking call, a swallowed CancelledError) means the workers are wedged:
 `healthy()` turns False and the kubelet restarts the process. A host that answers again after an outage
-re-queues its Proxies at once (`_host_back`); a GC pass collects orphan domains (gc.py), then orphan
-volumes (volume_gc.py), then evicts unused URL base images.
+re-queues its Proxies at once, those waiting for it to make their instance included (`_host_back`); a GC
+pass collects orphan domains (gc.py), then orphan volumes (volume_gc.py), then evicts unused URL base
+images.
 
 Shutdown: `stop` closes the queue (no key is handed out again), gives the reconciles in flight up to
 `timeout` to finish, then cancels them. A cancelled reconcile is safe to abandon: status is written
@@ -346,12 +347,19 @@ class Controller:
 
     def _host_back(self, provider: str, zone: str) -> None:
         """A host answers again: its Proxies are reconciled now (status, pending deletes), their backoff
-        grown during the outage forgotten."""
-        keys = self._zone_keys(provider, zone, None)
+        grown during the outage forgotten; so are those whose last pass found it down before their status
+        recorded an instance there (KeyState.waits_on). The passes in flight run again once they end."""
+        keys = sorted({*self._zone_keys(provider, zone, None),
+                       *self.reconciler.memory.waiting_on(provider, zone)})
         self.log.info("host answers again; re-queueing its Proxies", provider=provider, zone=zone,
                       proxies=len(keys))
         for key in keys:
             self.queue.forget(key)
+            self.enqueue(key)
+        # A pass in flight may have found the host down and not yet recorded it (waits_on is set when the
+        # pass ends, after its status write): run each again once it ends, backoff kept (it may be
+        # another host's Proxy: at most one extra pass per worker), else such a Proxy waits it out.
+        for key in self.queue.processing() - set(keys):
             self.enqueue(key)
 
     def _zone_keys(self, provider: str, zone: str, name: str | None) -> list[Key]:

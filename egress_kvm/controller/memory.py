@@ -32,6 +32,12 @@ class KeyState:
     ip_waits: int = 0  # looks in a row at the instance running without an IP
     stranded_looks: int = 0  # looks in a row at the instance stranded (Instance.stranded; plan.py)
     importing: bool = False  # the last reconcile waited on a background image import (status shows it)
+    # (provider, zone) of the host the last reconcile found unreachable, for a Proxy whose status may
+    # record no instance there yet (its look found the host down before its create): the host's return
+    # wakes it with the Proxies that do (manager._host_back), not its backoff grown during the outage.
+    # Any other end of a fresh pass clears it; a pass from the cache leaves it (cached.py), which costs
+    # at most one extra pass when that host next returns.
+    waits_on: tuple[str, str] | None = None
     # The desired instance a fresh pass computed from inline user-data, without the user-data, and what it
     # was computed from: a routine pass from the informer's cache, which holds no inline user-data,
     # reuses it while the inputs are the same (reconciler.py).
@@ -67,6 +73,10 @@ class Memory:
     def forget(self, key: Key) -> None:
         self._states.pop(key, None)
         self._count(self._phases.pop(key, None), -1)
+
+    def waiting_on(self, provider: str, zone: str) -> list[Key]:
+        """The keys whose last reconcile found `provider`/`zone` unreachable (KeyState.waits_on)."""
+        return [key for key, state in self._states.items() if state.waits_on == (provider, zone)]
 
     def forget_failed(self) -> None:
         """A providers-file change may cure any Failed Proxy."""

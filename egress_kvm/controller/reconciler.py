@@ -125,10 +125,11 @@ class Reconciler:
                           self._trouble(ctx, outcome))
         if not isinstance(result, Result):  # planned: as if an act had raised it
             return await self._planned(ctx, result)
-        state = self.memory.get(key)
+        state = self.memory[key] if ctx.found_unreachable else self.memory.get(key)
         if state is not None:
             state.trouble = None  # it got through: a trouble seen again later is news
             state.importing = False
+            state.waits_on = self._host_of(ctx) if ctx.found_unreachable else None
         return result
 
     async def _cached_outcome(self, ctx: Context) -> Result:
@@ -197,6 +198,7 @@ class Reconciler:
                        if desired else None,
                        target_connected=desired is not None
                        and desired.provider.connected(desired.resolved.zone))
+        ctx.target = obs.desired
         for _ in range(MAX_ROUNDS):
             obs = replace(obs, status=ctx.status, probes=self._probes(ctx.key),
                           memory=replace(self.memory.peek(ctx.key)))
@@ -237,6 +239,7 @@ class Reconciler:
     async def _end(self, ctx: Context, end: End) -> Result | Planned:
         if isinstance(end, Unreachable):
             # The host did not answer: say so, keep everything as it is; never recreate on this.
+            ctx.found_unreachable = True
             await self._hold(ctx, message=end.message, reason="HostUnreachable", unreachable=end.error)
             return Result(retry=Retry.TRANSIENT)
         return end  # a Trouble or a Fail: as if an act had raised it (_outcome)
@@ -279,6 +282,7 @@ class Reconciler:
         state = self.memory[ctx.key]
         state.trouble = None
         state.importing = True
+        state.waits_on = None  # the host answered
         try:
             await self._hold(ctx, message=importing.message, reason="Provisioning")
         except ProxyGone:
@@ -300,7 +304,9 @@ class Reconciler:
         ctx.unwatch_all()
         if fail.event is not None:
             ctx.events.append(fail.event)
-        self.memory[ctx.key].failed = (ctx.generation, ctx.providers_hash)
+        state = self.memory[ctx.key]
+        state.failed = (ctx.generation, ctx.providers_hash)
+        state.waits_on = None  # waits on nothing: a Failed Proxy is retried only once its inputs change
         ctx.log.info("proxy failed", message=fail.message)
         status = compose(ctx.status, Verdict(FAILED, fail.message, fail.reason,
                                              instance=Ref.from_status(ctx.status.get("instance")),
@@ -317,6 +323,7 @@ class Reconciler:
         if trouble.event is not None and state.trouble != (trouble.reason, trouble.message):
             ctx.events.append(trouble.event)
         state.trouble = (trouble.reason, trouble.message)
+        state.waits_on = self._host_of(ctx) if trouble.unreachable else None
         try:
             await self._hold(ctx, message=trouble.message, reason=trouble.reason,
                              unreachable=trouble.message if trouble.unreachable else None)
@@ -324,6 +331,12 @@ class Reconciler:
             self.forget(ctx.key)
             return Result()
         return Result(retry=trouble.retry)
+
+    @staticmethod
+    def _host_of(ctx: Context) -> tuple[str, str] | None:
+        """The host a pass that found it unreachable waits on (KeyState.waits_on): its return wakes it."""
+        target = ctx.target
+        return (target.provider, target.zone) if target is not None and target.provider else None
 
 
 __all__ = ["Reconciler", "Result", "Retry", "Timings", "get_condition"]
