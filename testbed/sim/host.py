@@ -106,6 +106,8 @@ class SimHost:
             self.unfrozen.clear()
         else:
             self.unfrozen.set()
+        for conn in list(self.connections):  # the keepalive knobs, as libvirtd's config, for new ones only
+            conn.set_max_client_requests(k.max_client_requests)
 
     # -- the wire server --------------------------------------------------------------------------
 

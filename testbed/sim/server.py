@@ -2,8 +2,11 @@
 
 Packets are cut and classified by rpc/'s sans-IO core (PacketDecoder, classify_from_client) and every
 reply is built by its encoders (encode_reply, encode_error_reply, encode_event, the stream packets), so
-the simulator and the client speak from the same framing code. Each call runs as its own task (libvirtd's
-worker pool answers out of order too); the host's knobs add latency, freeze replies, fail or drop calls.
+the simulator and the client speak from the same framing code. A packet arrives `rpc_latency_s` late (the
+network's round trip), then is read as libvirtd reads it: at most `max_client_requests` calls in service
+per connection, the rest left unread in arrival order (slots.py); the daemon's own keepalive runs as
+libvirtd's (keepalive.py). Each call read runs as its own task (libvirtd's worker pool answers out of
+order too); the host's knobs freeze replies, fail or drop calls and give a domain start service time.
 The procedures themselves are `Hypervisor` methods (model.py); only connection-level ones (handshake,
 event registration, streams) live here.
 """
@@ -35,11 +38,14 @@ from rpc.constants import (
     error_code_name,
 )
 from rpc.errors import LibvirtError, ProtocolError
-from rpc.framing import PacketDecoder, encode_packet
+from rpc.framing import Packet, PacketDecoder, encode_packet
 from rpc.messages import (
+    PING,
     PONG,
     Call,
+    FromClient,
     Ping,
+    Pong,
     StreamAborted,
     StreamData,
     StreamFinished,
@@ -69,7 +75,9 @@ from rpc.protocol_constants import (
 )
 from rpc.xdr import INT, UINT, Reader, Struct
 
+from .keepalive import Keepalive, Step
 from .model import Domain, Lifecycle, Upload
+from .slots import Hold, Slots
 
 if TYPE_CHECKING:
     from .host import SimHost
@@ -81,6 +89,8 @@ EVENT_PROCS = {DomainEventID.LIFECYCLE: PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE,
                DomainEventID.AGENT_LIFECYCLE: PROC_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE}
 #: CONNECT_(UN)REGISTER_CLOSE_CALLBACK: void in, void out; not in the client's procedure table.
 CLOSE_CALLBACK_PROCS = frozenset({360, 361})
+#: A domain start: the call `start_service_s` keeps in service.
+START_PROCS = frozenset({"DOMAIN_CREATE", "DOMAIN_CREATE_WITH_FLAGS"})
 
 
 QEMU_PROC_DOMAIN_AGENT_COMMAND = 3
@@ -141,6 +151,13 @@ class WireConnection(asyncio.Protocol):
         # callback id -> (event id, domain filter)
         self.callbacks: dict[int, tuple[DomainEventID, t.Domain | None]] = {}
         self.opened = False
+        knobs = host.knobs
+        self.slots: Slots[Packet] = Slots(knobs.max_client_requests)
+        self.keepalive = Keepalive(knobs.keepalive_interval_s, knobs.keepalive_count,
+                                   last_heard=asyncio.get_running_loop().time())
+        self._keepalive_timer: asyncio.TimerHandle | None = None
+        self._in_transit = 0  # packets still on the network (rpc_latency_s): they arrive in order
+        self._last_arrival = 0.0
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
 
@@ -153,6 +170,8 @@ class WireConnection(asyncio.Protocol):
         self.host.connections.discard(self)
         for task in self.tasks:
             task.cancel()
+        if self._keepalive_timer is not None:
+            self._keepalive_timer.cancel()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -160,27 +179,91 @@ class WireConnection(asyncio.Protocol):
         except ProtocolError:
             self.close()
             return
+        latency = self.host.knobs.rpc_latency_s
         for packet in packets:
-            if packet.header.prog == QEMU_PROGRAM:
-                self._spawn(self._qemu_call(packet.header.proc, packet.header.serial, packet.payload))
+            if not latency and not self._in_transit:
+                self._arrive(packet)
                 continue
-            try:
-                msg = classify_from_client(packet)
-            except ProtocolError:
-                self.close()
-                return
-            if isinstance(msg, Ping):
-                self.send(PONG)
-            elif isinstance(msg, Call):
-                self._spawn(self._call(msg))
-            elif isinstance(msg, StreamData):
-                self._upload_data(msg)
-            elif isinstance(msg, StreamFinished):
-                self._stream_finished(msg.serial, msg.proc)
-            elif isinstance(msg, StreamAborted):
-                self.uploads.pop(msg.serial, None)
-                self.downloads.discard(msg.serial)
-                self.send(encode_stream_finish(proc=msg.proc, serial=msg.serial))
+            # on the network for `latency` s, and never overtaking the packet sent before it
+            loop = asyncio.get_running_loop()
+            self._last_arrival = max(loop.time() + latency, self._last_arrival)
+            self._in_transit += 1
+            loop.call_at(self._last_arrival, self._land, packet)
+
+    # -- reading: the request limit and the daemon's keepalive ----------------------------------------
+
+    def _land(self, packet: Packet) -> None:
+        self._in_transit -= 1
+        if self.transport is not None and not self.transport.is_closing():
+            self._arrive(packet)
+
+    def _arrive(self, packet: Packet) -> None:
+        hold = Hold.UNTIL_ANSWERED if (packet.header.prog == QEMU_PROGRAM or
+                                       packet.header.type == MessageType.CALL) else Hold.NONE
+        self._serve(self.slots.arrive(packet, hold))
+
+    def _answered(self) -> None:
+        """A call's reply went out: its slot is free, and what waited unread is read now."""
+        if self.transport is not None and not self.transport.is_closing():
+            self._serve(self.slots.answered())
+
+    def set_max_client_requests(self, limit: int) -> None:
+        self._serve(self.slots.set_limit(limit))
+
+    def _serve(self, packets: list[Packet]) -> None:
+        for packet in packets:
+            self.keepalive.heard(asyncio.get_running_loop().time())
+            self._read(packet)
+        if self.transport is not None and not self.transport.is_closing():
+            # what is left unread stays in the socket, as in libvirtd's (the client's writes block when
+            # it fills, so an upload behind busy slots waits there, not in the simulator's memory)
+            if self.slots.reading:
+                self.transport.resume_reading()
+            else:
+                self.transport.pause_reading()
+
+    def _read(self, packet: Packet) -> None:
+        if packet.header.prog == QEMU_PROGRAM:
+            self._spawn_call(self._qemu_call(packet.header.proc, packet.header.serial, packet.payload))
+            return
+        try:
+            msg: FromClient = classify_from_client(packet)
+        except ProtocolError:
+            self.close()
+            return
+        if isinstance(msg, Ping):
+            self.send(PONG)
+        elif isinstance(msg, Pong):
+            pass  # a sign of life, as any packet read
+        elif isinstance(msg, Call):
+            self._spawn_call(self._call(msg))
+        elif isinstance(msg, StreamData):
+            self._upload_data(msg)
+        elif isinstance(msg, StreamFinished):
+            self._stream_finished(msg.serial, msg.proc)
+        elif isinstance(msg, StreamAborted):
+            self.uploads.pop(msg.serial, None)
+            self.downloads.discard(msg.serial)
+            self.send(encode_stream_finish(proc=msg.proc, serial=msg.serial))
+
+    def _start_keepalive(self) -> None:
+        self.keepalive.start(asyncio.get_running_loop().time())
+        self._arm_keepalive()
+
+    def _arm_keepalive(self) -> None:
+        wake = self.keepalive.next_wakeup()
+        if wake is not None and self.transport is not None and not self.transport.is_closing():
+            self._keepalive_timer = asyncio.get_running_loop().call_at(wake, self._keepalive_due)
+
+    def _keepalive_due(self) -> None:
+        self._keepalive_timer = None
+        step = self.keepalive.tick(asyncio.get_running_loop().time())
+        if step is Step.CLOSE:
+            self.close()
+            return
+        if step is Step.PING:
+            self.send(PING)
+        self._arm_keepalive()
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -192,10 +275,16 @@ class WireConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn_call(self, coro: Any) -> None:
+        """A call read: served in its own task, whose end (its reply sent, in the same loop turn) frees
+        its slot."""
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._call_done)
+
+    def _call_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self._answered()
 
     def lifecycle(self, dom: Domain, event: Lifecycle, detail: int) -> None:
         for callback_id in self._callbacks_for(DomainEventID.LIFECYCLE, dom):
@@ -229,10 +318,10 @@ class WireConnection(asyncio.Protocol):
     async def _call(self, call: Call) -> None:
         knobs = self.host.knobs
         self.host.calls += 1
-        if knobs.rpc_latency_s:
-            await asyncio.sleep(knobs.rpc_latency_s)
         await self.host.unfrozen.wait()
         proc = BY_NUMBER.get(call.proc) or EXTRA_PROCEDURES.get(call.proc)
+        if proc is not None and proc.name in START_PROCS and knobs.start_service_s:
+            await asyncio.sleep(knobs.start_service_s)
         try:
             if call.proc in CLOSE_CALLBACK_PROCS:  # virsh registers one; nothing to keep server-side
                 self.send(encode_reply(proc=call.proc, serial=call.serial, payload=b""))
@@ -288,6 +377,8 @@ class WireConnection(asyncio.Protocol):
         if name == "AUTH_LIST":
             return (int(AuthType.NONE),)
         if name == "CONNECT_SUPPORTS_FEATURE":
+            if args[0] == FEATURE_PROGRAM_KEEPALIVE:  # asking is what turns the daemon's keepalive on
+                self._start_keepalive()
             return int(args[0] in SUPPORTED_FEATURES)
         if name == "CONNECT_OPEN":
             self.opened = True
