@@ -91,6 +91,10 @@ EVENT_PROCS = {DomainEventID.LIFECYCLE: PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE,
 CLOSE_CALLBACK_PROCS = frozenset({360, 361})
 #: A domain start: the call `start_service_s` keeps in service.
 START_PROCS = frozenset({"DOMAIN_CREATE", "DOMAIN_CREATE_WITH_FLAGS"})
+#: Calls libvirtd answers only once the domain's QEMU has answered on its monitor (of those simulated):
+#: they hang while it is stopped (SimHost.stop_qemu). libvirtd's 30 s wait for a domain's job, held by
+#: such a call, is not simulated.
+MONITOR_PROCS = frozenset({"DOMAIN_SUSPEND", "DOMAIN_RESUME"})
 
 
 QEMU_PROC_DOMAIN_AGENT_COMMAND = 3
@@ -334,6 +338,8 @@ class WireConnection(asyncio.Protocol):
             if proc.number not in (66, 70, 60, 1) and knobs.fail_rate and random.random() < knobs.fail_rate:
                 raise transient_error()
             args = proc.decode_args(call.payload)
+            if proc.name in MONITOR_PROCS:
+                await self.host.monitor(args[0].name)
             if proc.stream is not None:
                 self._open_stream(proc, call, args)
                 return

@@ -19,7 +19,14 @@ from typing import Any
 import pytest
 
 import rpc
-from rpc.constants import FEATURE_PROGRAM_KEEPALIVE, REMOTE_PROGRAM, REMOTE_PROTOCOL_VERSION, MessageStatus
+from rpc.constants import (
+    FEATURE_PROGRAM_KEEPALIVE,
+    REMOTE_PROGRAM,
+    REMOTE_PROTOCOL_VERSION,
+    DomainState,
+    ErrorCode,
+    MessageStatus,
+)
 from rpc.constants import MessageType as T
 from rpc.errors import ConnectionLost
 from rpc.framing import PacketDecoder, encode_packet
@@ -195,3 +202,27 @@ async def test_a_client_that_never_asks_about_keepalive_is_never_pinged(sim: Sim
     raw.send(PONG)  # an unsolicited PONG is read and dropped, as libvirtd does
     assert await raw.wait(4, 1.0) == ["reply 1", "ping", "eof"]  # count 1: one PING, then closed
     raw.close()
+
+
+async def test_a_stopped_qemu_holds_the_calls_that_need_its_monitor(sim: SimHost) -> None:
+    """As SIGSTOP on a real domain's QEMU: a suspend waits (in its slot) until the QEMU continues; a call
+    that needs no monitor (the state) is answered meanwhile."""
+    async with await rpc.connect_unix(sim.socket_path) as lv:
+        pool = await lv.storage_pool_lookup_by_name("default")
+        await lv.storage_vol_create_xml(pool, VOLUME_XML.format(name="q1.qcow2"), 0)
+        dom = await lv.domain_create_with_flags(await lv.domain_define_xml(DOMAIN_XML.format(name="q1")), 0)
+        await sim.control({"op": "stop", "domain": "q1"})
+        suspend = asyncio.ensure_future(lv.domain_suspend(dom))
+        await asyncio.sleep(0.3)
+        assert not suspend.done()
+        assert (await lv.domain_get_state(dom, 0)).state == DomainState.RUNNING
+        await sim.control({"op": "cont", "domain": "q1"})
+        await asyncio.wait_for(suspend, 1.0)
+        assert (await lv.domain_get_state(dom, 0)).state == DomainState.PAUSED
+        await sim.control({"op": "stop", "domain": "q1"})
+        resume = asyncio.ensure_future(lv.domain_resume(dom))
+        await asyncio.sleep(0.1)
+        sim.crash_guest("q1")  # QEMU gone: the waiting call is answered (the domain is not running now)
+        with pytest.raises(rpc.LibvirtError) as err:
+            await asyncio.wait_for(resume, 1.0)
+        assert err.value.code == ErrorCode.OPERATION_INVALID
