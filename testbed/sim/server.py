@@ -256,7 +256,9 @@ class WireConnection(asyncio.Protocol):
 
     def _arm_keepalive(self) -> None:
         wake = self.keepalive.next_wakeup()
-        if wake is not None and self.transport is not None and not self.transport.is_closing():
+        if wake is None or self._keepalive_timer is not None:  # off, or armed already (asked twice)
+            return
+        if self.transport is not None and not self.transport.is_closing():
             self._keepalive_timer = asyncio.get_running_loop().call_at(wake, self._keepalive_due)
 
     def _keepalive_due(self) -> None:
