@@ -61,7 +61,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rtt-ms", type=float, default=0.0,
                    help="network round trip to each host, ms (holds none of its max_client_requests slots)")
     p.add_argument("--start-service-ms", type=float, default=0.0,
-                   help="a domain start's time in the daemon, ms (holds a slot: 300-1000 on a real KVM host)")
+                   help="a domain start's time in the daemon, ms (it holds one of the host's request slots)")
     p.add_argument("--max-client-requests", type=int, default=5,
                    help="calls each host serves per connection at once (libvirtd.conf; its default is 5)")
     p.add_argument("--probe-interval", type=int, default=10, help="healthCheck.intervalSeconds")
