@@ -6,7 +6,8 @@ been written (testbed/sim/slots.py names the places in libvirt's source). The sl
 diskless guests: a real start takes its QEMU's launch (0.2 s each on a quiet machine here), a simulated
 one `start_service_s` (set here to 0.3 s); the cheap call is CONNECT_GET_LIB_VERSION. With one
 start fewer than the limit in flight, the cheap call is read at once and answered before any start; with
-the limit in flight it is read only once a start's reply is out, so it comes after one.
+the limit in flight it is read only once a start's reply is out, so it comes after one. A stream-opening
+call's request ends with its reply: open uploads, as many as the limit, hold none.
 
 While all of a connection's slots are held nothing of it is read, keepalive PONGs included, so the
 daemon's own keepalive (keepalive_interval x (keepalive_count + 1) s, 30 s by default) closes it though
@@ -211,3 +212,32 @@ async def test_the_daemons_keepalive_closes_a_connection_whose_slots_stay_held(l
         for name in stopped:
             qemu.cont(name)
         await remove(lv, names)
+
+
+async def test_an_open_upload_stream_holds_no_slot(lab_host: Any, hypervisor: str, lv: rpc.Client) -> None:
+    """A stream-opening call's request ends with its reply (the stream lives on without one), so as many
+    open uploads as the limit, none sending yet, leave a cheap call to be read at once."""
+    limit = Daemon.of(lab_host, hypervisor).max_client_requests
+    pool = await lv.storage_pool_lookup_by_name(lab_host.hosts[0].pool)
+    names = [f"slots-up-{uuid.uuid4().hex[:8]}-{i}.img" for i in range(limit)]
+    xml = "<volume><name>{}</name><capacity>4096</capacity><target><format type='raw'/></target></volume>"
+    vols = [await lv.storage_vol_create_xml(pool, xml.format(n), 0) for n in names]
+    opened = asyncio.Semaphore(0)
+    go = asyncio.Event()
+
+    async def data() -> AsyncIterator[bytes]:
+        opened.release()  # pulled only once the stream-opening call was answered
+        await go.wait()
+        yield b"x" * 4096
+
+    try:
+        uploads = [asyncio.create_task(lv.storage_vol_upload(v, 0, 4096, 0, data())) for v in vols]
+        for _ in vols:
+            await asyncio.wait_for(opened.acquire(), 30)
+        assert await asyncio.wait_for(lv.connect_get_lib_version(), 10) > 0
+        go.set()
+        assert await asyncio.gather(*uploads) == [4096] * limit
+    finally:
+        go.set()
+        for vol in vols:
+            await lv.storage_vol_delete(vol, 0)
