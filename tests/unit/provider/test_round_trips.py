@@ -555,7 +555,6 @@ async def test_start_sends_its_reads_after_the_lookup_in_one_round(monkeypatch: 
         await provider.close()
 
 
-
 # -- create of a domain that exists already: the same round as start's ------------------------------
 
 def unreadable(*methods: str) -> Stage:
@@ -615,6 +614,13 @@ REUSE_CASES = {
                                    RUNNING, [READS], before=1),
     "another Proxy's": ReuseCase(nothing, (NotOwned, r"belongs to another Proxy.*refusing to reuse it"),
                                  RUNNING, [READS], before=1, uid="uid-2"),
+    # Nothing is acted on before the ownership check: another's domain is neither started nor resumed.
+    "another Proxy's, shut off: left shut off": ReuseCase(
+        shut_off, (NotOwned, r"belongs to another Proxy"), SHUTOFF, [READS_AND_MEMORY], before=1,
+        uid="uid-2"),
+    "not ours, paused: left paused": ReuseCase(
+        staged(disown, lambda h: h.pause(NAME)), (PermanentError, r"not made by this operator"), PAUSED,
+        [READS], before=1),
     # Ownership is judged before the state's error, as when the state was read after it.
     "not ours, shut off, state and memory unreadable": ReuseCase(
         staged(disown, shut_off, unreadable("domain_get_state", "node_get_free_memory")),
