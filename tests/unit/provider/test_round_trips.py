@@ -31,6 +31,7 @@ from egress_kvm.providers.kvm.hosts import reusable
 from egress_kvm.providers.kvm.together import Settled, first_failure, settled, together
 from rpc.constants import DomainState, ErrorCode
 from rpc.errors import LibvirtError
+from rpc.handles import Domain
 from testbed.sim.model import DOMAIN_SHUTOFF_CRASHED
 
 NAME = "proxy-abc"
@@ -421,32 +422,30 @@ def undefined_meanwhile(h: FakeHypervisor) -> None:
                                   f"(name '{NAME}')")
 
 
+def after_the_lookup(h: FakeHypervisor, then: Callable[[Domain], object]) -> None:
+    """Someone else does `then` to the domain the lookup found, after the lookup answered and before the
+    start's next round reads it."""
+    lookup = h.domain_lookup_by_name
+
+    @functools.wraps(lookup)
+    def and_then(name: str) -> Domain:
+        found = lookup(name)
+        then(found)
+        return found
+
+    h.domain_lookup_by_name = and_then  # type: ignore[method-assign]
+
+
 def started_after_the_lookup(h: FakeHypervisor) -> None:
     """Shut off at the lookup (its id -1: the free memory is read on speculation), running by the state
     read (started by someone else in between)."""
     h.shut_off(NAME)
-    lookup = h.domain_lookup_by_name
-
-    @functools.wraps(lookup)
-    def then_started(name: str) -> Any:
-        found = lookup(name)
-        h.domain_create_with_flags(found)
-        return found
-
-    h.domain_lookup_by_name = then_started  # type: ignore[method-assign]
+    after_the_lookup(h, h.domain_create_with_flags)
 
 
 def stopped_after_the_lookup(h: FakeHypervisor) -> None:
     """Running at the lookup (an id: no memory read on speculation), shut off by the state read."""
-    lookup = h.domain_lookup_by_name
-
-    @functools.wraps(lookup)
-    def then_stopped(name: str) -> Any:
-        found = lookup(name)
-        h.shut_off(name)
-        return found
-
-    h.domain_lookup_by_name = then_stopped  # type: ignore[method-assign]
+    after_the_lookup(h, lambda found: h.shut_off(found.name))
 
 
 def nothing(h: FakeHypervisor) -> None:
