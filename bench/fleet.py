@@ -11,8 +11,9 @@ What it prints (docs/performance.md, "Fleet", says how to read it):
   time minus the boot delay minus 2 probe intervals (p50/p99);
 - libvirt RPCs during the ramp per Proxy created (the operator's egress_kvm_libvirt_rpc_duration_seconds
   counts by method, and the simulators' own count of calls), and per reconcile at steady state;
-- at steady state (a window after all are Ready, extrapolated to an hour): RPCs and API writes (counted
-  at the emulator, the operator's requests only) per Proxy;
+- at steady state (a window from one GC interval, one RTT per Proxy and 5 s after all are Ready,
+  extrapolated to an hour): RPCs and API writes (counted at the emulator, the operator's requests only)
+  per Proxy;
 - the operator's peak RSS (VmHWM) and CPU seconds (from /proc);
 - after deleting every Proxy: the time until every host is empty.
 --chaos: kill 2 hosts for 60 s, SIGKILL the operator twice, fail 5% of RPCs, fill one host's pool, delete
@@ -125,6 +126,16 @@ class Sampler:
             await asyncio.sleep(1.0)
 
 
+def steady_start(*, gc_seconds: float, proxies: int, rtt_ms: float) -> float:
+    """Seconds from all Ready to the steady window's start. The orphan GC reads the metadata of each
+    domain it has not listed before (then caches it), one read after another: a one-off per domain, not
+    steady state. The first pass that lists every domain starts within one GC interval of the last
+    create (itself a boot and two probes before all Ready) and reads at most every domain, one round
+    trip each: at 50 ms RTT 1,000 reads take 50 s, which a fixed margin would cut into. 5 s for the
+    rest (the listings, the calls' own time)."""
+    return gc_seconds + proxies * rtt_ms / 1000 + 5.0
+
+
 def row(label: str, value: str, goal: str = "") -> str:
     return f"  {label:<58} {value:>16}   {goal}"
 
@@ -218,8 +229,9 @@ async def bench(args: argparse.Namespace, stack: FleetStack) -> list[str]:
                     row("operator CPU during the ramp", f"{ramp.proc.cpu_seconds:.1f} s"),
                     row("the machine's CPU during the ramp: busy / stolen by the hypervisor",
                         "{:.0%} / {:.0%}".format(*ramp.machine.shares()))]
-            # steady state: every Proxy Ready, nothing changing; counts over the window, per Proxy per hour
-            await asyncio.sleep(5.0)
+            # steady state: every Proxy Ready, nothing changing; counts over the window, per Proxy per hour.
+            await asyncio.sleep(steady_start(gc_seconds=stack.config.gc_seconds, proxies=n,
+                                             rtt_ms=args.rtt_ms))
             s0 = await take()
             await asyncio.sleep(args.steady_window)
             steady = (await take()).minus(s0)

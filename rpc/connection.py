@@ -302,10 +302,8 @@ class Connection:
                 if sub is not None and sub.event_id == ev.event_id:
                     sub._malformed(ev.error)
             elif kind is SubscriptionFailed:
-                sub = self._subs.get(ev.callback_id)
+                sub = self._subs.pop(ev.callback_id, None)
                 if sub is not None:
-                    if isinstance(ev.error, ConnectionLost):
-                        self._subs.pop(ev.callback_id, None)
                     sub._fail(ev.error)
             elif kind is ConnectionClosed:
                 self._closed_down()

@@ -149,8 +149,11 @@ class EventMalformed:
 
 @dataclass(slots=True)
 class SubscriptionFailed:
+    """The connection closed with this subscription open (`close`, the only emitter): it has ended, and
+    its consumer is told why. Always followed by the ConnectionClosed."""
+
     callback_id: int
-    error: BaseException
+    error: ConnectionLost
 
 
 @dataclass(slots=True)

@@ -92,6 +92,18 @@ def _client(configuration: Configuration, source: ClientSource,
     return client, source
 
 
+def own_pool(client: ApiClient) -> ApiClient:
+    """A client for the same server, credentials and proxy with a connection pool of its own.
+
+    kubernetes-asyncio's pool holds `connection_pool_maxsize` (100) connections and queues requests past
+    that; hundreds of reconcile workers fill it while a fleet comes up. The Lease renewals get their own
+    pool, so they never wait behind the workers' requests for longer than the renew deadline."""
+    other = ApiClient(client.configuration)
+    other.rest_client.proxy = client.rest_client.proxy
+    other.rest_client.pool_manager._trust_env = False  # as _client: the proxy is resolved already
+    return other
+
+
 async def _load_kubeconfig(paths: str, configuration: Configuration, *, what: str) -> None:
     for path in paths.split(os.pathsep):
         if path and not _existing(path):

@@ -17,6 +17,9 @@ from ..policy import namekey
 
 DEFAULT_PROVIDERS_CONFIG = "/etc/proxy-operator/providers.yaml"
 DEFAULT_NAMESPACE = "egress-proxies-operator-system"
+# Reconcile workers: each waits out its pass's round trips, so more passes in flight, not CPU, is what
+# a fleet's creates lack (docs/performance.md, "Round 10").
+DEFAULT_WORKERS = 256
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -164,8 +167,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="watch Proxies in this namespace only (default: all namespaces)")
     p.add_argument("--kubeconfig", default="", metavar="PATH",
                    help="kubeconfig file (default: KUBECONFIG, then the in-cluster service account)")
-    p.add_argument("--max-concurrent-reconciles", type=_positive_int, default=64, metavar="N",
-                   help="reconcile workers (default 64)")
+    p.add_argument("--max-concurrent-reconciles", type=_positive_int, default=DEFAULT_WORKERS, metavar="N",
+                   help=f"reconcile workers (default {DEFAULT_WORKERS})")
     p.add_argument("--cluster-id", default="", metavar="ID",
                    help="marks this cluster's VMs on shared hosts (default: the kube-system Namespace uid)")
     p.add_argument("--instance-name-key-file", default=namekey.DEFAULT_PATH, metavar="PATH",
@@ -201,7 +204,7 @@ class Options:
     providers_poll_interval: float = 10.0
     namespace: str = ""
     kubeconfig: str = ""
-    max_concurrent_reconciles: int = 64
+    max_concurrent_reconciles: int = DEFAULT_WORKERS
     cluster_id: str = ""
     instance_name_key_file: str = namekey.DEFAULT_PATH
     resync_period: float = 300.0

@@ -33,7 +33,7 @@ from ..backoff import Backoff
 from ..config import ConfigError
 from ..controller.naming import set_name_key
 from ..kube.api import KubeApiClient, namespace_uid
-from ..kube.client import KubeConfigError, new_api_client, pod_namespace
+from ..kube.client import KubeConfigError, new_api_client, own_pool, pod_namespace
 from ..kube.informer import ProxyInformer
 from ..kube.interfaces import Obj
 from ..kube.leader import LeaderElector, lease_namespace
@@ -202,8 +202,10 @@ class Operator:
         stop_wait = asyncio.create_task(self._stop.wait(), name="stop-signal")
         try:
             if opts.leader_elect:
+                lease_client = own_pool(api_client)
+                stack.push_async_callback(lease_client.close)
                 self.elector = LeaderElector(
-                    api_client, name=opts.leader_election_id,
+                    lease_client, name=opts.leader_election_id,
                     namespace=lease_namespace(opts.leader_election_namespace, pod_namespace=pod_namespace()))
                 acquire = asyncio.create_task(self.elector.acquire(), name="leader-acquire")
                 await asyncio.wait({stop_wait, acquire}, return_when=asyncio.FIRST_COMPLETED)

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from egress_kvm.operator.flags import parse_duration
 from testbed import lab as labmod
 from testbed.process import Process
 from testbed.sim.control import AsyncSimControl
@@ -58,6 +59,11 @@ class StackConfig:
     workers: int | None = None  # --max-concurrent-reconciles; None: the operator's default
     log_level: str = "info"
     index: int = field(default_factory=lambda: int(os.environ.get("EGRESS_LAB_INDEX", "0")))
+
+    @property
+    def gc_seconds(self) -> float:
+        """--gc-interval in seconds, read as the operator reads it."""
+        return parse_duration(self.gc_interval)
 
     def knobs(self) -> dict[str, Any]:
         return {**HOST_KNOBS, "boot_delay_s": self.boot_delay_s, "rpc_latency_s": self.rtt_ms / 1000,

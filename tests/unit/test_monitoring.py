@@ -90,10 +90,12 @@ def test_every_metric_and_label_queried_exists(source: str) -> None:
             used.add(name)
         allowed = set().union(*(exported[n] for n, _ in selectors)) | TARGET_LABELS
         assert grouping <= allowed, f"{expr}: grouping by {sorted(grouping - allowed)}"
-    if source == "dashboard":  # the series users of controller-runtime operators look for are shown
+    if source == "dashboard":  # the series users of controller-runtime operators look for, and the
+        # operator's own that say it falls behind, are shown
         assert {"workqueue_queue_duration_seconds_bucket", "workqueue_work_duration_seconds_bucket",
                 "controller_runtime_reconcile_total", "controller_runtime_active_workers",
-                "process_resident_memory_bytes", "egress_kvm_proxy_condition"} <= used
+                "process_resident_memory_bytes", "egress_kvm_proxy_condition",
+                "egress_kvm_kube_events_queued", "egress_kvm_kube_events_dropped_total"} <= used
 
 
 def test_the_checker_catches_a_wrong_name_and_label() -> None:
@@ -104,13 +106,15 @@ def test_the_checker_catches_a_wrong_name_and_label() -> None:
     assert labels - exported[name] - TARGET_LABELS == {"kind"}
 
 
-def test_alerts_cover_not_ready_host_unreachable_and_image_import() -> None:
+def test_alerts_cover_not_ready_host_unreachable_image_import_and_an_events_backlog() -> None:
     rule = yaml.safe_load((MONITORING / "prometheus_rule.yaml").read_text())
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
     assert 'egress_kvm_proxy_condition{type="Ready"}) == 0' in alerts["EgressProxyNotReady"]["expr"]
     assert alerts["EgressProxyNotReady"]["for"] == "15m"
     assert 'type="HostReachable"' in alerts["EgressProxyHostUnreachable"]["expr"]
     assert 'egress_kvm_image_imports_total{result="error"}' in alerts["EgressKvmImageImportFailing"]["expr"]
+    assert alerts["EgressKvmEventsBacklog"]["expr"] == "egress_kvm_kube_events_queued > 100"
+    assert alerts["EgressKvmEventsBacklog"]["for"] == "5m"
 
 
 KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")

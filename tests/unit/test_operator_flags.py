@@ -15,7 +15,7 @@ def test_defaults() -> None:
     assert o.metrics_bind_address == BindAddress(None, 8080)
     assert o.health_probe_bind_address == BindAddress(None, 8081)
     assert o.providers_config == "/etc/proxy-operator/providers.yaml"
-    assert o.max_concurrent_reconciles == 64
+    assert o.max_concurrent_reconciles == 256
     assert o.leader_elect is False
     assert o.namespace == ""
 

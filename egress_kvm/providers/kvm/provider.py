@@ -221,9 +221,9 @@ class KvmProvider:
                 # Both lookups at once: a new VM (the usual case) needs the pool next.
                 dom, pool = await together(self._lookup_domain(host, name), self._find_pool(host))
             if dom is not None:
-                meta = await self._metadata(host, dom)
-                self._check_ours(host, name, meta, action="reuse", owner_uid=request.owner_uid)
-                st = await self._ensure_running(host, dom, name, machine_type=resolved.machine_type)
+                meta, st = await self._ours_running(host, dom, name, action="reuse",
+                                                    owner_uid=request.owner_uid,
+                                                    machine_type=resolved.machine_type)
                 return replace(await self._instance(host, dom, name, meta, state=st), existed=True)
             if pool is None:
                 raise TransientError(f"host {host.name!r} has no storage pool {host.config.pool!r}")
@@ -262,19 +262,7 @@ class KvmProvider:
             dom = await self._lookup_domain(host, name)
             if dom is None:
                 raise TransientError(f"VM {name!r} does not exist on host {zone!r}")
-            # One round after the lookup (together.py): the metadata, the state and, when the lookup says
-            # the domain is inactive (id -1: shut off or crashed, so it is to be started), the host's free
-            # memory. The state and the memory are read on speculation: their errors surface where the
-            # sequential start raised them (after the ownership check, the memory's after the state's).
-            free: Settled[int] | None = None
-            if dom.id == -1:
-                meta, state, free = await together(self._metadata(host, dom), settled(self._state(host, dom)),
-                                                   settled(self._free_memory(host)))
-            else:
-                meta, state = await together(self._metadata(host, dom), settled(self._state(host, dom)))
-            self._check_ours(host, name, meta, action="start")
-            await self._ensure_running(host, dom, name, machine_type=meta.machine_type if meta else "",
-                                       state=state, free=free)
+            await self._ours_running(host, dom, name, action="start")
 
     async def readdress(self, name: str, zone: str) -> None:
         """Undefine and destroy the VM, define it again from its own inactive XML without its UUID, start it.
@@ -708,12 +696,35 @@ class KvmProvider:
             raise NotOwned(f"domain {name!r} on host {host.name!r} belongs to another Proxy (owner uid "
                            f"{meta.owner_uid}, not {owner_uid}); refusing to {action} it")
 
+    async def _ours_running(self, host: Host, dom: Domain, name: str, *, action: str,
+                            owner_uid: str | None = None, machine_type: str | None = None,
+                            ) -> tuple[Meta | None, DomainGetStateRet]:
+        """Check the looked-up domain is ours, then start or resume it unless it runs (start, and a create
+        finding its domain there); its metadata and its state as it is now.
+
+        One round after the lookup (together.py): the metadata, the state and, when the lookup says the
+        domain is inactive (id -1: shut off or crashed, so it is to be started), the host's free memory.
+        The state and the memory are read on speculation: their errors surface where the sequential code
+        raised them (after the ownership check, the memory's after the state's). `machine_type`: the one
+        whose memory is checked before a start (a create's request); None: the metadata's."""
+        free: Settled[int] | None = None
+        if dom.id == -1:
+            meta, state, free = await together(self._metadata(host, dom), settled(self._state(host, dom)),
+                                               settled(self._free_memory(host)))
+        else:
+            meta, state = await together(self._metadata(host, dom), settled(self._state(host, dom)))
+        self._check_ours(host, name, meta, action=action, owner_uid=owner_uid)
+        if machine_type is None:
+            machine_type = meta.machine_type if meta else ""
+        st = await self._ensure_running(host, dom, name, machine_type=machine_type, state=state, free=free)
+        return meta, st
+
     async def _ensure_running(self, host: Host, dom: Domain, name: str, *, machine_type: str,
                               state: Settled[DomainGetStateRet] | None = None,
                               free: Settled[int] | None = None) -> DomainGetStateRet:
         """Start the domain unless it runs, resume it if paused; returns its state as it is now.
 
-        `state` and `free` (the host's free memory): read already, sent with other reads (start); an
+        `state` and `free` (the host's free memory): read already, sent with other reads (_ours_running); an
         error of theirs is raised here, where reading them would have raised it."""
         st = await state.value() if state is not None else await self._state(host, dom)
         if st.state == DomainState.PAUSED:

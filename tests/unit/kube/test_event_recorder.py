@@ -80,6 +80,16 @@ async def events_server() -> AsyncIterator[tuple[EventsServer, ApiClient]]:
         await runner.cleanup()
 
 
+@contextlib.asynccontextmanager
+async def one_sender_holding_p() -> AsyncIterator[tuple[EventsServer, KubeApiClient, float]]:
+    """A client with one Event sender, against a server that holds the writes of Proxy "p" until
+    `release`: (the server, the client, the backlog gauge before any Event)."""
+    async with events_server() as (server, client):
+        kube = KubeApiClient(client, event_senders=1)
+        server.held.add("p")
+        yield server, kube, queued()
+
+
 def proxy(name: str) -> dict[str, Any]:
     return {"apiVersion": "egressproxies.io/v1alpha1", "kind": "Proxy",
             "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}", "resourceVersion": "1"}}
@@ -174,10 +184,7 @@ async def test_record_event_returns_while_the_server_holds_the_write() -> None:
 async def test_the_backlog_gauge_counts_events_until_their_write_ends() -> None:
     """Up with each accepted Event, down as each write ends (answered or failed), so an operator sees a
     backlog build (here: a server holding one object's writes) before the queue fills and drops."""
-    async with events_server() as (server, client):
-        kube = KubeApiClient(client, event_senders=1)
-        server.held.add("p")
-        backlog = queued()
+    async with one_sender_holding_p() as (server, kube, backlog):
         for reason in ("A", "B", "C"):
             await kube.record_event(proxy("p"), type_="Normal", reason=reason, message="m")
             assert queued() == backlog + ord(reason) - ord("A") + 1
@@ -281,10 +288,7 @@ async def test_close_drains_what_is_queued_and_leaves_no_task() -> None:
 
 
 async def test_close_gives_up_on_a_held_server_after_its_bound_and_cancels() -> None:
-    async with events_server() as (server, client):
-        kube = KubeApiClient(client, event_senders=1)
-        server.held.add("p")
-        backlog = queued()
+    async with one_sender_holding_p() as (server, kube, backlog):
         for reason in ("A", "B", "C"):
             await kube.record_event(proxy("p"), type_="Normal", reason=reason, message="m")
         await server.until(lambda: server.arrived == ["p"])

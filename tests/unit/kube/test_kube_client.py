@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from pathlib import Path
 
 import pytest
 import yaml
 
-from egress_kvm.kube.client import KubeConfigError, new_api_client, pod_namespace
+from egress_kvm.kube.client import KubeConfigError, new_api_client, own_pool, pod_namespace
 from egress_kvm.kube.rest import request_json
 from testbed.emulator import Emulator, kubeconfig
 
@@ -119,3 +120,33 @@ async def test_the_client_resolves_the_proxy_once_and_does_not_read_the_environm
                                      environ={"HTTPS_PROXY": "http://corp:3128"})
     async with client:
         assert client.rest_client.proxy == "http://kc:1"  # the kubeconfig's proxy-url wins, as in client-go
+
+
+async def test_own_pool_gets_through_while_the_first_clients_pool_is_full(tmp_path: Path) -> None:
+    """The Lease renewals' client (operator/process.py): the workers' requests fill the main client's
+    pool (kubernetes-asyncio queues past `connection_pool_maxsize`), the other pool still answers at once,
+    with the same credentials and resolved proxy."""
+    async with Emulator.running(port=0) as emu:
+        kc = emu.write_kubeconfig(tmp_path / "kc")
+        client, _ = await new_api_client(kubeconfig=str(kc), environ={})
+        async with client:
+            session = client.rest_client.pool_manager
+            held = [await session.get(f"{emu.url}/api/v1/namespaces?watch=true") for _ in range(100)]
+            try:
+                with pytest.raises(TimeoutError):  # the main pool is full: a request waits for a connection
+                    await asyncio.wait_for(request_json(client, "GET", "/api/v1/namespaces/kube-system"), 0.5)
+                lease = own_pool(client)
+                async with lease:
+                    assert lease.configuration is client.configuration  # same server and credentials
+                    assert lease.rest_client.pool_manager is not session
+                    assert lease.rest_client.pool_manager.trust_env is False
+                    ns = await asyncio.wait_for(
+                        request_json(lease, "GET", "/api/v1/namespaces/kube-system"), 5.0)
+                    assert ns["metadata"]["name"] == "kube-system"
+            finally:
+                for resp in held:
+                    resp.close()
+    remote = kubeconfig.write(tmp_path / "remote", "https://api.example:6443")
+    client, _ = await new_api_client(kubeconfig=str(remote), environ={"HTTPS_PROXY": "http://corp:3128"})
+    async with client, own_pool(client) as lease:
+        assert lease.rest_client.proxy == "http://corp:3128"  # resolved once, carried over

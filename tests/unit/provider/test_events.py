@@ -6,9 +6,11 @@ connection (a second registration) and reach the sink as AgentEvents."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 
 import pytest
 from fakes import fake_kvm_provider
+from fakes.libvirt import FakeHypervisor, FakeHypervisors
 from provider_helpers import LogCapture, request
 
 from egress_kvm.metrics import LIBVIRT_EVENTS, LIBVIRT_EVENTS_SUBSCRIBED
@@ -21,6 +23,7 @@ from egress_kvm.providers.base import (
     InstanceEvent,
 )
 from egress_kvm.providers.kvm import events, watch
+from egress_kvm.providers.kvm.provider import KvmProvider
 from rpc.constants import DomainEventType as E
 
 NAME = "proxy-abc"
@@ -289,16 +292,25 @@ def count(host: str, kind: str) -> float:
     return LIBVIRT_EVENTS.labels(host, kind)._value.get()  # type: ignore[no-any-return]
 
 
+async def watch_host0(running: tuple[KvmProvider, FakeHypervisors], sink: Sink,
+                      registered: Callable[[FakeHypervisor], Sequence[object]],
+                      ) -> tuple[FakeHypervisor, watch.Watchers]:
+    """Watch the instances with `sink`, once host0 holds one registration of the kind `registered` reads
+    (its lifecycle `listeners` or its `agent_listeners`): (host0, the watch's handle)."""
+    provider, hv = running
+    h = hv["host0"]
+    handle = provider.watch_instances(sink)
+    await until(lambda: len(registered(h)) == 1, "subscribed")
+    return h, handle
+
+
 @pytest.mark.parametrize("logs", ["2"], indirect=True)  # V(2) shown: the repeats are there, below the default
 async def test_a_malformed_agent_event_costs_only_itself(running, logs: LogCapture) -> None:  # type: ignore[no-untyped-def]
     """A malformed agent event (rpc's MalformedEvent) used to end the agent stream until the host's next
     re-dial: every later wake was lost. Now it is counted and logged once per connection, and the next
     event reaches the sink on the same registration, with no reconcile of the host."""
-    provider, hv = running
-    h = hv["host0"]
     sink = Sink()
-    handle = provider.watch_instances(sink)
-    await until(lambda: len(h.agent_listeners) == 1, "subscribed")
+    h, handle = await watch_host0(running, sink, lambda host: host.agent_listeners)
     before = count("host0", "agent-malformed")
     sub = h.agent_listeners[0].__self__
     sub.malformed()
@@ -319,11 +331,8 @@ async def test_a_malformed_lifecycle_event_reconciles_the_host_and_the_stream_go
         running, logs: LogCapture) -> None:
     """What a malformed lifecycle event said is unknown (as a lost one's): the host's Proxies are reconciled
     once (EventsResumed), on the same registration; the next event arrives as usual."""
-    provider, hv = running
-    h = hv["host0"]
     sink = Sink()
-    handle = provider.watch_instances(sink)
-    await until(lambda: len(h.listeners) == 1, "subscribed")
+    h, handle = await watch_host0(running, sink, lambda host: host.listeners)
     before = count("host0", "malformed")
     h.listeners[0].__self__.malformed()
     h.domain_destroy_flags(h.domains[NAME].handle(), 0)
@@ -355,11 +364,8 @@ async def test_a_sink_that_raises_once_loses_that_event_only(running, logs: LogC
     """An exception from the sink used to end the agent stream for the connection, and on the lifecycle
     stream to tear the subscription down (a backoff, a re-registration, EventsResumed: a reconcile of every
     Proxy of the host). Now that event is dropped, counted and logged, and the next one arrives."""
-    provider, hv = running
-    h = hv["host0"]
     sink = FlakySink(AgentEvent, InstanceEvent)
-    handle = provider.watch_instances(sink)
-    await until(lambda: len(h.agent_listeners) == 1, "subscribed")
+    h, handle = await watch_host0(running, sink, lambda host: host.agent_listeners)
     before = (count("host0", "rejected"), count("host0", "agent-rejected"))
     h.set_vm_ip(NAME, "10.0.0.5")  # raises in the sink
     h.agent_stopped(NAME)

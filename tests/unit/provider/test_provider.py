@@ -556,7 +556,7 @@ async def test_page_cache_is_not_a_memory_shortage() -> None:
 
 
 async def test_many_creates_at_once_on_a_page_cache_host_share_one_meminfo_read() -> None:
-    """The reconcile workers (64 by default) may create on one host at once; each create short of MemFree
+    """The reconcile workers (hundreds) may create on one host at once; each create short of MemFree
     reads MemAvailable over SSH exec. sshd allows 10 session channels per connection (MaxSessions): an exec
     per create would have the 11th refused and its create fail with a false QuotaError (which, during a
     replacement, deletes the serving instance first: planner quota_fallback). The read is host-wide state:

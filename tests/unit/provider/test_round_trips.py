@@ -19,6 +19,7 @@ from provider_helpers import request
 
 from egress_kvm.providers.base import (
     InProgress,
+    Instance,
     NotOwned,
     PermanentError,
     PowerState,
@@ -30,6 +31,7 @@ from egress_kvm.providers.kvm.hosts import reusable
 from egress_kvm.providers.kvm.together import Settled, first_failure, settled, together
 from rpc.constants import DomainState, ErrorCode
 from rpc.errors import LibvirtError
+from rpc.handles import Domain
 from testbed.sim.model import DOMAIN_SHUTOFF_CRASHED
 
 NAME = "proxy-abc"
@@ -420,32 +422,30 @@ def undefined_meanwhile(h: FakeHypervisor) -> None:
                                   f"(name '{NAME}')")
 
 
+def after_the_lookup(h: FakeHypervisor, then: Callable[[Domain], object]) -> None:
+    """Someone else does `then` to the domain the lookup found, after the lookup answered and before the
+    start's next round reads it."""
+    lookup = h.domain_lookup_by_name
+
+    @functools.wraps(lookup)
+    def and_then(name: str) -> Domain:
+        found = lookup(name)
+        then(found)
+        return found
+
+    h.domain_lookup_by_name = and_then  # type: ignore[method-assign]
+
+
 def started_after_the_lookup(h: FakeHypervisor) -> None:
     """Shut off at the lookup (its id -1: the free memory is read on speculation), running by the state
     read (started by someone else in between)."""
     h.shut_off(NAME)
-    lookup = h.domain_lookup_by_name
-
-    @functools.wraps(lookup)
-    def then_started(name: str) -> Any:
-        found = lookup(name)
-        h.domain_create_with_flags(found)
-        return found
-
-    h.domain_lookup_by_name = then_started  # type: ignore[method-assign]
+    after_the_lookup(h, h.domain_create_with_flags)
 
 
 def stopped_after_the_lookup(h: FakeHypervisor) -> None:
     """Running at the lookup (an id: no memory read on speculation), shut off by the state read."""
-    lookup = h.domain_lookup_by_name
-
-    @functools.wraps(lookup)
-    def then_stopped(name: str) -> Any:
-        found = lookup(name)
-        h.shut_off(name)
-        return found
-
-    h.domain_lookup_by_name = then_stopped  # type: ignore[method-assign]
+    after_the_lookup(h, lambda found: h.shut_off(found.name))
 
 
 def nothing(h: FakeHypervisor) -> None:
@@ -553,3 +553,143 @@ async def test_start_sends_its_reads_after_the_lookup_in_one_round(monkeypatch: 
     finally:
         await provider.close()
 
+
+# -- create of a domain that exists already: the same round as start's ------------------------------
+
+def unreadable(*methods: str) -> Stage:
+    """Each method fails on every call, not once: a create with the pool's handle kept reads the free
+    memory on speculation with its lookup, and again before a start."""
+    def stage(h: FakeHypervisor) -> None:
+        for method in methods:
+            real = getattr(h, method)
+
+            @functools.wraps(real)
+            def refuse(*_args: Any, method: str = method) -> Any:
+                raise boom(method)
+
+            setattr(h, method, refuse)
+    return stage
+
+
+ADDRESSES = ["domain_interface_addresses"]
+#: The rounds up to the domain lookup's answer: a fresh provider's {domain lookup, pool lookup}; with the
+#: pool's handle kept, a later create's room reads go with the lookup, and the cache's second round.
+BEFORE_THE_DOMAIN = {
+    "fresh": [["domain_lookup_by_name", "storage_pool_lookup_by_name"]],
+    "handle kept": [["domain_lookup_by_name", "node_get_free_memory", "storage_pool_refresh",
+                     "storage_vol_lookup_by_name", "storage_vol_lookup_by_name"],
+                    ["storage_pool_get_info", "storage_vol_get_info", "storage_vol_get_path"]],
+}
+
+
+@dataclass(frozen=True)
+class ReuseCase:
+    """A create of NAME finding the domain staged by `stage`: what it raises (or None: the Instance,
+    running, `existed`), the state the domain is left in, the calls in each round after the lookup's.
+    `before`: how many rounds the sequential reuse made after it (metadata, state, then the free memory
+    and the start, or the resume, then the address sources, each after the one before)."""
+
+    stage: Stage
+    error: tuple[type[Exception], str] | None
+    state: DomainState
+    rounds: list[list[str]]
+    before: int
+    uid: str = "uid-1"
+
+
+STARTED = [READS_AND_MEMORY, ["domain_create_with_flags"], ADDRESSES]
+REUSE_CASES = {
+    "running: kept": ReuseCase(nothing, None, RUNNING, [READS, ADDRESSES], before=3),
+    "shut off: started": ReuseCase(shut_off, None, RUNNING, STARTED, before=5),
+    "crashed: started": ReuseCase(crashed, None, RUNNING, STARTED, before=5),
+    "paused: resumed": ReuseCase(lambda h: h.pause(NAME), None, RUNNING,
+                                 [READS, ["domain_resume"], ADDRESSES], before=4),
+    "paused by a migration: left": ReuseCase(
+        lambda h: h.pause(NAME, PAUSED_MIGRATION), (TransientError, r"paused during a migration"), PAUSED,
+        [READS], before=2),
+    "not ours": ReuseCase(disown, (PermanentError, r"not made by this operator.*refusing to reuse it"),
+                          RUNNING, [READS], before=1),
+    "another cluster's": ReuseCase(other_cluster, (NotOwned, r"belongs to cluster 'cluster-b'.*reuse it"),
+                                   RUNNING, [READS], before=1),
+    "another Proxy's": ReuseCase(nothing, (NotOwned, r"belongs to another Proxy.*refusing to reuse it"),
+                                 RUNNING, [READS], before=1, uid="uid-2"),
+    # Nothing is acted on before the ownership check: another's domain is neither started nor resumed.
+    "another Proxy's, shut off: left shut off": ReuseCase(
+        shut_off, (NotOwned, r"belongs to another Proxy"), SHUTOFF, [READS_AND_MEMORY], before=1,
+        uid="uid-2"),
+    "not ours, paused: left paused": ReuseCase(
+        staged(disown, lambda h: h.pause(NAME)), (PermanentError, r"not made by this operator"), PAUSED,
+        [READS], before=1),
+    # Ownership is judged before the state's error, as when the state was read after it.
+    "not ours, shut off, state and memory unreadable": ReuseCase(
+        staged(disown, shut_off, unreadable("domain_get_state", "node_get_free_memory")),
+        (PermanentError, r"not made by this operator"), SHUTOFF, [READS_AND_MEMORY], before=1),
+    "metadata and state unreadable: the metadata's error": ReuseCase(
+        unreadable("domain_get_metadata", "domain_get_state"),
+        (TransientError, r"create 'proxy-abc' failed: internal error: domain_get_metadata boom"), RUNNING,
+        [READS], before=1),
+    "state unreadable": ReuseCase(
+        unreadable("domain_get_state"), (TransientError, r"internal error: domain_get_state boom"), RUNNING,
+        [READS], before=2),
+    "shut off, state and memory unreadable: the state's error": ReuseCase(
+        staged(shut_off, unreadable("domain_get_state", "node_get_free_memory")),
+        (TransientError, r"internal error: domain_get_state boom"), SHUTOFF, [READS_AND_MEMORY], before=2),
+    "shut off, memory unreadable": ReuseCase(
+        staged(shut_off, unreadable("node_get_free_memory")),
+        (TransientError, r"internal error: node_get_free_memory boom"), SHUTOFF, [READS_AND_MEMORY],
+        before=3),
+    "shut off, no memory": ReuseCase(
+        staged(shut_off, no_memory), (QuotaError, r"host 'host0'.*memory"), SHUTOFF, [READS_AND_MEMORY],
+        before=3),
+    # The memory checked is the request's machine type's (start, with no request, goes by the metadata's).
+    "shut off, the metadata's machine type no longer configured, no memory": ReuseCase(
+        staged(shut_off, other_machine_type, no_memory), (QuotaError, r"host 'host0'.*memory"), SHUTOFF,
+        [READS_AND_MEMORY], before=3),
+    # A speculative read the sequential reuse would not have made: its error is never the answer.
+    "started after the lookup, memory unreadable: kept": ReuseCase(
+        staged(started_after_the_lookup, unreadable("node_get_free_memory")), None, RUNNING,
+        [READS_AND_MEMORY, ADDRESSES], before=3),
+    "stopped after the lookup: started": ReuseCase(
+        stopped_after_the_lookup, None, RUNNING,
+        [READS, ["node_get_free_memory"], ["domain_create_with_flags"], ADDRESSES], before=5),
+    "shut off, start refused": ReuseCase(
+        staged(shut_off, unreadable("domain_create_with_flags")),
+        (TransientError, r"internal error: domain_create_with_flags boom"), SHUTOFF,
+        [READS_AND_MEMORY, ["domain_create_with_flags"]], before=4),
+    "undefined before its metadata was read": ReuseCase(
+        undefined_meanwhile, (TransientError, r"Domain not found.*\(libvirt NO_DOMAIN\)"), RUNNING,
+        [READS], before=1),
+}
+
+
+@pytest.mark.parametrize("handle", BEFORE_THE_DOMAIN.keys())
+@pytest.mark.parametrize("case", REUSE_CASES.values(), ids=REUSE_CASES.keys())
+async def test_a_create_of_an_existing_domain_sends_its_reads_after_the_lookup_in_one_round(
+        monkeypatch: pytest.MonkeyPatch, case: ReuseCase, handle: str) -> None:
+    """A create finding its domain there already (a status write lost) reads it as start does: the
+    metadata and the state together, and for an inactive domain the free memory with them. The outcome of
+    every case is the sequential reuse's: the same error, first in the same order (metadata, ownership,
+    state, memory, start), the domain left in the same state; no case makes more rounds than it did."""
+    provider, hv = fake_kvm_provider()
+    h = hv["host0"]
+    try:
+        await provider.create(request())
+        if handle == "fresh":
+            provider._pools.clear()  # as after a restart: the pool looked up with the domain
+        case.stage(h)
+        h.calls.clear()
+        outcome: list[Settled[Instance]] = []
+
+        async def create() -> None:
+            outcome.append(await settled(provider.create(request(uid=case.uid))))
+
+        count, rounds = await waves(monkeypatch, create())
+        result = outcome[0].result
+        got = ((result.existed, result.power_state) if isinstance(result, Instance)
+               else (type(result), case.error is not None and bool(re.search(case.error[1], str(result)))))
+        assert got == ((True, PowerState.RUNNING) if case.error is None else (case.error[0], True)), result
+        assert h.domains[NAME].state == case.state
+        assert rounds == BEFORE_THE_DOMAIN[handle] + case.rounds
+        assert count <= len(BEFORE_THE_DOMAIN[handle]) + case.before
+    finally:
+        await provider.close()
