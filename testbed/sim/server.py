@@ -1,14 +1,14 @@
 """libvirtd's side of the wire for a simulated host: one `WireConnection` per client on the unix socket.
 
-Packets are cut and classified by rpc/'s sans-IO core (PacketDecoder, classify_from_client) and every
-reply is built by its encoders (encode_reply, encode_error_reply, encode_event, the stream packets), so
-the simulator and the client speak from the same framing code. A packet arrives `rpc_latency_s` late (the
-network's round trip), then is read as libvirtd reads it: at most `max_client_requests` calls in service
-per connection, the rest left unread in arrival order (slots.py); the daemon's own keepalive runs as
-libvirtd's (keepalive.py). Each call read runs as its own task (libvirtd's worker pool answers out of
-order too); the host's knobs freeze replies, fail or drop calls and give a domain start service time.
-The procedures themselves are `Hypervisor` methods (model.py); only connection-level ones (handshake,
-event registration, streams) live here.
+Packets are cut and classified by rpc/'s sans-IO core (PacketDecoder, classify_from_client) and every reply is
+built by its encoders (encode_reply, encode_error_reply, encode_event, the stream packets), so the simulator
+and the client speak from the same framing code. A packet arrives `rpc_latency_s` late (the network's round
+trip, in the order sent: transit.py), then is read as libvirtd reads it: at most `max_client_requests` calls
+in service per connection, the rest left unread in arrival order (slots.py); the daemon's own keepalive runs
+as libvirtd's (keepalive.py). Each call read runs as its own task (libvirtd's worker pool answers out of order
+too); the host's knobs freeze replies, fail or drop calls and give a domain start service time. The procedures
+themselves are `Hypervisor` methods (model.py); only connection-level ones (handshake, event registration,
+streams) live here.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ from rpc.xdr import INT, UINT, Reader, Struct
 from .keepalive import Keepalive, Step
 from .model import Domain, Lifecycle, Upload
 from .slots import Hold, Slots
+from .transit import Transit
 
 if TYPE_CHECKING:
     from .host import SimHost
@@ -160,8 +161,8 @@ class WireConnection(asyncio.Protocol):
         self.keepalive = Keepalive(knobs.keepalive_interval_s, knobs.keepalive_count,
                                    last_heard=asyncio.get_running_loop().time())
         self._keepalive_timer: asyncio.TimerHandle | None = None
-        self._in_transit = 0  # packets still on the network (rpc_latency_s): they arrive in order
-        self._last_arrival = 0.0
+        self.transit: Transit[Packet] = Transit()  # packets still on the network (rpc_latency_s)
+        self._transit_timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
 
@@ -174,8 +175,9 @@ class WireConnection(asyncio.Protocol):
         self.host.connections.discard(self)
         for task in self.tasks:
             task.cancel()
-        if self._keepalive_timer is not None:
-            self._keepalive_timer.cancel()
+        for timer in (self._keepalive_timer, self._transit_timer):
+            if timer is not None:
+                timer.cancel()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -183,23 +185,27 @@ class WireConnection(asyncio.Protocol):
         except ProtocolError:
             self.close()
             return
-        latency = self.host.knobs.rpc_latency_s
+        latency, now = self.host.knobs.rpc_latency_s, asyncio.get_running_loop().time()
         for packet in packets:
-            if not latency and not self._in_transit:
-                self._arrive(packet)
-                continue
-            # on the network for `latency` s, and never overtaking the packet sent before it
-            loop = asyncio.get_running_loop()
-            self._last_arrival = max(loop.time() + latency, self._last_arrival)
-            self._in_transit += 1
-            loop.call_at(self._last_arrival, self._land, packet)
+            for arrived in self.transit.send(packet, now=now, latency=latency):
+                self._arrive(arrived)
+        self._arm_transit()
 
     # -- reading: the request limit and the daemon's keepalive ----------------------------------------
 
-    def _land(self, packet: Packet) -> None:
-        self._in_transit -= 1
-        if self.transport is not None and not self.transport.is_closing():
+    def _arm_transit(self) -> None:
+        due = self.transit.next_arrival()
+        if due is not None and self._transit_timer is None:
+            self._transit_timer = asyncio.get_running_loop().call_at(due, self._land, due)
+
+    def _land(self, due: float) -> None:
+        self._transit_timer = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        # the loop may run a timer a clock tick early: what it was armed for has arrived all the same
+        for packet in self.transit.arrived(max(asyncio.get_running_loop().time(), due)):
             self._arrive(packet)
+        self._arm_transit()
 
     def _arrive(self, packet: Packet) -> None:
         hold = Hold.UNTIL_ANSWERED if (packet.header.prog == QEMU_PROGRAM or

@@ -226,3 +226,20 @@ async def test_a_stopped_qemu_holds_the_calls_that_need_its_monitor(sim: SimHost
         with pytest.raises(rpc.LibvirtError) as err:
             await asyncio.wait_for(resume, 1.0)
         assert err.value.code == ErrorCode.OPERATION_INVALID
+
+
+async def test_packets_on_the_way_keep_their_order_when_the_latency_is_lowered(sim: SimHost) -> None:
+    """A stream socket never reorders: calls sent after `rpc_latency_s` was lowered arrive after the one
+    still on the way, each in the order sent (a reply per call says in which order they were read)."""
+    knobs(sim, rpc_latency_s=0.3)
+    raw = await Raw.open(sim)
+    raw.call(1)
+    for _ in range(100):  # until the daemon has call 1 on the way
+        await asyncio.sleep(0.01)
+        if any(conn.transit.on_the_way for conn in sim.connections):
+            break
+    knobs(sim, rpc_latency_s=0.0)
+    for serial in range(2, 41):
+        raw.call(serial)
+    assert await raw.wait(40, 2.0) == [f"reply {serial}" for serial in range(1, 41)]
+    raw.close()
