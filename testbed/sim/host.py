@@ -108,7 +108,9 @@ class SimHost:
             self.unfrozen.clear()
         else:
             self.unfrozen.set()
-        for conn in list(self.connections):  # the keepalive knobs, as libvirtd's config, for new ones only
+        # the limit reaches open connections too (a test's convenience); the keepalive knobs, as libvirtd's
+        # config, only connections opened after them
+        for conn in list(self.connections):
             conn.set_max_client_requests(k.max_client_requests)
 
     # -- the wire server --------------------------------------------------------------------------
