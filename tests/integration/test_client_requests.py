@@ -116,11 +116,12 @@ def start_service(lab_host: Any, hypervisor: str) -> Iterator[None]:
         yield
         return
     sim = SimControl(lab_host.hosts[0].sim_control)
+    before = sim.state()["knobs"]["start_service_s"]
     sim.set(start_service_s=START_SERVICE_S)
     try:
         yield
     finally:
-        sim.set(start_service_s=0.0)
+        sim.set(start_service_s=before)
 
 
 async def sent(client: rpc.Client, n: int) -> None:
