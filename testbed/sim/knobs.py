@@ -23,7 +23,7 @@ class Knobs:
     keepalive_count: int = 5  # unanswered PINGs before it closes the connection (libvirtd.conf)
     fail_rate: float = 0.0  # share of calls answered with a transient OPERATION_TIMEOUT error
     drop_rate: float = 0.0  # share of calls that make the daemon drop the connection instead of answering
-    frozen: bool = False  # calls get no reply until unfrozen (keepalive still answers, as libvirtd's loop)
+    frozen: bool = False  # calls get no reply until unfrozen, each holding its slot (docs/lab.md)
     pool_capacity_bytes: int = 100 * GIB
     memory_bytes: int = 16 * GIB
     default_proxy_port: int = 3128  # a guest whose user-data names no `Port N` serves its proxy here
