@@ -143,7 +143,7 @@ async def test_rpc_latency_is_network_time_and_holds_no_slot(sim: SimHost) -> No
         versions = await asyncio.gather(*(lv.connect_get_lib_version() for _ in range(4)))
         took = time.monotonic() - start
         assert len(set(versions)) == 1
-        assert 0.3 <= took < 0.6, took
+        assert 0.3 <= took < 0.9, took  # four round trips would be 1.2 s; the margin is a loaded machine's
         knobs(sim, rpc_latency_s=0.0)
 
 
@@ -165,7 +165,7 @@ async def test_a_domain_start_holds_its_slot_for_start_service_s(sim: SimHost) -
             await asyncio.gather(*tasks)
             return took
 
-        assert await cheap_call_after(doms[:1]) < 0.3  # one start in service: a slot is free
+        assert await cheap_call_after(doms[:1]) < 0.45  # one start in service: a slot is free (not 0.5 s)
         for dom in doms[:1]:
             await lv.domain_destroy_flags(dom, 0)
         assert await cheap_call_after(doms) >= 0.5  # both slots starting domains: it waits for one
