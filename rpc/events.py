@@ -17,7 +17,7 @@ from typing import ClassVar, Generic, Protocol, TypeVar
 
 from .agentevent import AgentLifecycleEvent
 from .constants import DomainEventID
-from .errors import EventsLost, MalformedEvent
+from .errors import ConnectionLost, EventsLost, MalformedEvent
 from .types import Domain, LifecycleEvent
 
 E = TypeVar("E", LifecycleEvent, AgentLifecycleEvent)
@@ -42,7 +42,8 @@ class Subscription(Generic[E]):
     Events wait in this subscription's own bounded queue; if the consumer falls behind and it fills,
     newer events are dropped and the iterator raises EventsLost once after the ones it kept. A malformed
     event (well framed, its body undecodable) is raised as MalformedEvent in its place, once; iterating
-    again goes on with the events after it.
+    again goes on with the events after it. Once the connection closes, the events queued before come
+    out, then ConnectionLost.
     """
 
     event_id: ClassVar[DomainEventID]
@@ -55,7 +56,7 @@ class Subscription(Generic[E]):
         self._max = max_queue
         self._queue: collections.deque[E | MalformedEvent] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
-        self._error: BaseException | None = None
+        self._error: ConnectionLost | None = None
         self.callback_id: int | None = None
         self.dropped = 0
         self._unreported_drops = 0
@@ -101,7 +102,7 @@ class Subscription(Generic[E]):
             if self._closed:
                 raise StopAsyncIteration
             if self._error is not None:
-                raise type(self._error)(str(self._error))
+                raise ConnectionLost(str(self._error))
             if not self._active:
                 raise RuntimeError("use the subscription inside `async with` (it registers on entry)")
             self._waiter = asyncio.get_running_loop().create_future()
@@ -126,7 +127,8 @@ class Subscription(Generic[E]):
             self._queue.append(event)
         self._wake()
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: ConnectionLost) -> None:
+        """The connection closed with this subscription open: iterating raises ConnectionLost from now on."""
         if self._error is None:
             self._error = exc
         self._wake()

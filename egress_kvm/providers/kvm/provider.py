@@ -279,8 +279,7 @@ class KvmProvider:
             dom = await self._lookup_domain(host, name)
             if dom is None:
                 raise TransientError(f"VM {name!r} does not exist on host {zone!r}")
-            meta = await self._metadata(host, dom)
-            self._check_ours(host, name, meta, action="readdress")
+            meta = self._check_ours(host, name, await self._metadata(host, dom), action="readdress")
             xml = await host.call("domain_get_xml_desc",
                                   lambda lv: lv.domain_get_xml_desc(dom, DOMAIN_XML_INACTIVE))
             fresh = without_uuid(xml)
@@ -305,7 +304,7 @@ class KvmProvider:
             # From here until the define, the host has the volumes but no domain: a crash in between
             # leaves what a vanished VM leaves, which the controller creates again (a fresh overlay).
             new = await host.call("domain_define_xml", lambda lv: lv.domain_define_xml(fresh))
-            await self._ensure_running(host, new, name, machine_type=meta.machine_type if meta else "")
+            await self._ensure_running(host, new, name, machine_type=meta.machine_type)
             log.info("KVM instance defined afresh and started (readdress)")
 
     async def delete(self, name: str, zone: str, *, owner_uid: str | None = None) -> None:
@@ -682,10 +681,11 @@ class KvmProvider:
             return None
 
     def _check_ours(self, host: Host, name: str, meta: Meta | None, *, action: str,
-                    owner_uid: str | None = None) -> None:
-        """The domain's metadata names this cluster (and, given `owner_uid`, that Proxy) as its owner.
-        A domain of no operator's is a PermanentError (it is in the way); one of another cluster or
-        another Proxy is NotOwned (status pointing at it is wrong or forged: leave it alone)."""
+                    owner_uid: str | None = None) -> Meta:
+        """The domain's metadata names this cluster (and, given `owner_uid`, that Proxy) as its owner:
+        returned, never None. A domain of no operator's is a PermanentError (it is in the way); one of
+        another cluster or another Proxy is NotOwned (status pointing at it is wrong or forged: leave it
+        alone)."""
         if meta is None or not meta.managed:
             raise PermanentError(f"a domain named {name!r} exists on host {host.name!r} but was not made by "
                                  f"this operator (no {metadata.NAMESPACE} metadata); refusing to {action} it")
@@ -695,10 +695,11 @@ class KvmProvider:
         if owner_uid and meta.owner_uid and meta.owner_uid != owner_uid:
             raise NotOwned(f"domain {name!r} on host {host.name!r} belongs to another Proxy (owner uid "
                            f"{meta.owner_uid}, not {owner_uid}); refusing to {action} it")
+        return meta
 
     async def _ours_running(self, host: Host, dom: Domain, name: str, *, action: str,
                             owner_uid: str | None = None, machine_type: str | None = None,
-                            ) -> tuple[Meta | None, DomainGetStateRet]:
+                            ) -> tuple[Meta, DomainGetStateRet]:
         """Check the looked-up domain is ours, then start or resume it unless it runs (start, and a create
         finding its domain there); its metadata and its state as it is now.
 
@@ -713,11 +714,11 @@ class KvmProvider:
                                                settled(self._free_memory(host)))
         else:
             meta, state = await together(self._metadata(host, dom), settled(self._state(host, dom)))
-        self._check_ours(host, name, meta, action=action, owner_uid=owner_uid)
+        ours = self._check_ours(host, name, meta, action=action, owner_uid=owner_uid)
         if machine_type is None:
-            machine_type = meta.machine_type if meta else ""
+            machine_type = ours.machine_type
         st = await self._ensure_running(host, dom, name, machine_type=machine_type, state=state, free=free)
-        return meta, st
+        return ours, st
 
     async def _ensure_running(self, host: Host, dom: Domain, name: str, *, machine_type: str,
                               state: Settled[DomainGetStateRet] | None = None,

@@ -408,6 +408,27 @@ async def test_subscription_raises_connection_lost_when_the_link_drops(server: F
     await client.close()
 
 
+async def test_events_queued_before_the_link_drops_come_out_before_connection_lost(
+        server: FakeServer) -> None:
+    """A closed connection ends its subscriptions (SubscriptionFailed, always a ConnectionLost), but what
+    arrived before is still the consumer's: a watcher learns of a VM stopped just before the drop."""
+    server.handlers[316] = lambda event_id, dom: 4
+    server.handlers[59] = lambda: "read"
+    client = await open_client(server)
+    async with client.lifecycle_events() as events:
+        server.send_lifecycle(4, DOM, rpc.DomainEventType.STOPPED, 1)
+        server.send_lifecycle(4, DOM, rpc.DomainEventType.STARTED, 2)
+        assert await client.connect_get_hostname() == "read"  # the reply comes after both events
+        server.close()
+        with pytest.raises(rpc.ConnectionLost):  # the drop is seen before anything is read from the queue
+            await asyncio.wait_for(client.connect_get_hostname(), 5)
+        got = [(await asyncio.wait_for(events.__anext__(), 5)).detail for _ in range(2)]
+        assert got == [1, 2]
+        with pytest.raises(rpc.ConnectionLost):
+            await asyncio.wait_for(events.__anext__(), 5)
+    await client.close()
+
+
 async def test_iterating_without_async_with_is_an_error(server: FakeServer) -> None:
     client = await open_client(server)
     with pytest.raises(RuntimeError, match="async with"):
