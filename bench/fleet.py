@@ -3,8 +3,8 @@ hypervisors behind real sshd; N Proxies applied at once, measured until Ready, a
 deleted. With --chaos, faults are injected while they are created and the invariants are checked.
 
     EGRESS_LAB_INDEX=6 nice -n 10 .venv/bin/python bench/fleet.py [--proxies 1000] [--hosts 10]
-        [--boot-delay 5] [--rtt-ms 0] [--probe-interval 10] [--steady-window 120] [--chaos] [--keep-lab]
-        [--log-level info]
+        [--boot-delay 5] [--rtt-ms 0] [--start-service-ms 0] [--max-client-requests 5]
+        [--probe-interval 10] [--steady-window 120] [--chaos] [--keep-lab] [--log-level info]
 
 What it prints (docs/performance.md, "Fleet", says how to read it):
 - time from the first create to all Ready; per-Proxy time to Ready, and the operator's overhead: Ready
@@ -59,7 +59,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--proxies", type=int, default=1000)
     p.add_argument("--hosts", type=int, default=10)
     p.add_argument("--boot-delay", type=float, default=5.0, help="simulated guest boot, seconds")
-    p.add_argument("--rtt-ms", type=float, default=0.0, help="added before every libvirt reply, ms")
+    p.add_argument("--rtt-ms", type=float, default=0.0,
+                   help="network round trip to each host, ms (holds none of its max_client_requests slots)")
+    p.add_argument("--start-service-ms", type=float, default=0.0,
+                   help="a domain start's time in the daemon, ms (it holds one of the host's request slots)")
+    p.add_argument("--max-client-requests", type=int, default=5,
+                   help="calls each host serves per connection at once (libvirtd.conf; its default is 5)")
     p.add_argument("--probe-interval", type=int, default=10, help="healthCheck.intervalSeconds")
     p.add_argument("--resync-period", default="60s", help="the operator's --resync-period")
     p.add_argument("--steady-window", type=float, default=120.0, help="seconds measured at steady state")
@@ -192,7 +197,8 @@ async def bench(args: argparse.Namespace, stack: FleetStack) -> list[str]:
             overhead = [x - args.boot_delay - 2 * args.probe_interval for x in per]
             n = len(names)
             out += [f"ramp: {n} Proxies over {len(hosts)} hosts, boot delay {args.boot_delay:g} s, "
-                    f"RTT {args.rtt_ms:g} ms, probe interval {args.probe_interval} s",
+                    f"RTT {args.rtt_ms:g} ms, start service {args.start_service_ms:g} ms, "
+                    f"max_client_requests {args.max_client_requests}, probe interval {args.probe_interval} s",
                     row("created (POSTs done)", f"{t_applied:.1f} s"),
                     row("all Ready after the first create" + ("" if all_ready else " (TIMED OUT)"),
                         f"{t_ready:.1f} s" if all_ready else
@@ -304,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     config = StackConfig(hosts=args.hosts, boot_delay_s=args.boot_delay, rtt_ms=args.rtt_ms,
+                         start_service_ms=args.start_service_ms, max_client_requests=args.max_client_requests,
                          resync_period=args.resync_period, workers=args.workers, log_level=args.log_level)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load0 = load()

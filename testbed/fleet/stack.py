@@ -51,6 +51,8 @@ class StackConfig:
     hosts: int = 10
     boot_delay_s: float = 5.0
     rtt_ms: float = 0.0
+    start_service_ms: float = 0.0  # a domain start's daemon-side time (the simulator's start_service_s)
+    max_client_requests: int = 5  # each host's calls in service per connection (libvirtd's default)
     resync_period: str = "60s"
     gc_interval: str = "30s"
     gc_grace_period: str = "60s"
@@ -65,7 +67,9 @@ class StackConfig:
 
     def knobs(self) -> dict[str, Any]:
         return {**HOST_KNOBS, "boot_delay_s": self.boot_delay_s, "rpc_latency_s": self.rtt_ms / 1000,
-                "fail_rate": 0.0, "drop_rate": 0.0, "frozen": False}
+                "start_service_s": self.start_service_ms / 1000,
+                "max_client_requests": self.max_client_requests, "fail_rate": 0.0, "drop_rate": 0.0,
+                "frozen": False}
 
 
 class FleetStack:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import grp
 import pwd
+import re
 import shlex
 import shutil
 import socket
@@ -68,6 +69,16 @@ auth_unix_ro = "none"
 auth_unix_rw = "none"
 log_outputs = "3:file:/var/log/libvirt/libvirtd.log"
 """
+
+
+def conf_int(text: str, name: str) -> int | None:
+    """An integer setting of a libvirt daemon's .conf text (`name = 12`); None when it is only commented
+    or absent (the daemon's built-in default applies). Set twice is refused: which one wins is the
+    parser's business, and nothing here writes a setting twice."""
+    found = re.findall(rf"^[ \t]*{re.escape(name)}[ \t]*=[ \t]*(-?\d+)[ \t]*(?:#.*)?$", text, re.MULTILINE)
+    if len(found) > 1:
+        raise ValueError(f"{name} is set {len(found)} times")
+    return int(found[0]) if found else None
 
 
 def ensure_virt_user() -> pwd.struct_passwd:

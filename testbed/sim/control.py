@@ -62,6 +62,13 @@ class SimControl:
     def pause(self, domain: str) -> None:
         self.request("pause", domain=domain)
 
+    def stop(self, domain: str) -> None:
+        """The domain's QEMU stops (as SIGSTOP does to a real one): calls that need its monitor hang."""
+        self.request("stop", domain=domain)
+
+    def cont(self, domain: str) -> None:
+        self.request("cont", domain=domain)
+
     def fill_pool(self) -> None:
         self.request("fill_pool")
 

@@ -8,8 +8,9 @@ names (`Port N`, as the lab's tinyproxy config does) or the default. A stop, cra
 freezes that proxy. The addresses are made local in the host's network namespace by the lab (an AnyIP
 route), so the operator reaches them over the same veth and route it uses for a real lab VM.
 
-Control: JSON lines on a unix socket (control.py is the client): knobs, guest crash/pause, host
-kill/revive, and the state a benchmark counts (domains, volumes, calls, error replies by code).
+Control: JSON lines on a unix socket (control.py is the client): knobs, guest crash/pause, a guest's
+QEMU stopped and continued, host kill/revive, and the state a benchmark counts (domains, volumes, calls,
+error replies by code).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class SimHost:
         self.neighbours = Neighbours()
         self._background: set[asyncio.Task[None]] = set()
         self._callback_id = 0
+        self.qemu_stopped: dict[str, asyncio.Event] = {}  # domain -> set when its QEMU continues
         hyp.listeners.append(self._lifecycle)
         hyp.agent_listeners.append(self._agent_lifecycle)
         self.apply_knobs()
@@ -106,6 +108,10 @@ class SimHost:
             self.unfrozen.clear()
         else:
             self.unfrozen.set()
+        # the limit reaches open connections too (a test's convenience); the keepalive knobs, as libvirtd's
+        # config, only connections opened after them
+        for conn in list(self.connections):
+            conn.set_max_client_requests(k.max_client_requests)
 
     # -- the wire server --------------------------------------------------------------------------
 
@@ -146,6 +152,8 @@ class SimHost:
     def _lifecycle(self, dom: Domain, event: Lifecycle, detail: int) -> None:
         for conn in list(self.connections):
             conn.lifecycle(dom, event, detail)
+        if event in (Lifecycle.STOPPED, Lifecycle.UNDEFINED) and dom.id == -1:
+            self.cont_qemu(dom.name)  # its QEMU is gone: what waited on its monitor is answered now
         guest = self.guests.get(dom.name)
         if event == Lifecycle.STARTED:
             if guest is not None:
@@ -296,6 +304,21 @@ class SimHost:
         raise lv_error(ErrorCode.INTERNAL_ERROR, f"internal error: unable to execute QEMU agent command "
                                                  f"'{execute}': not simulated")
 
+    def stop_qemu(self, name: str) -> None:
+        """The domain's QEMU is stopped (SIGSTOP): it answers nothing on its monitor until continued."""
+        self.qemu_stopped.setdefault(name, asyncio.Event())
+
+    def cont_qemu(self, name: str) -> None:
+        event = self.qemu_stopped.pop(name, None)
+        if event is not None:
+            event.set()
+
+    async def monitor(self, name: str) -> None:
+        """Returns once the domain's QEMU would answer on its monitor (at once unless it is stopped)."""
+        event = self.qemu_stopped.get(name)
+        if event is not None:
+            await event.wait()
+
     def crash_guest(self, name: str) -> None:
         """QEMU died: the domain is shut off (reason CRASHED) and its proxy stops."""
         self.hyp.shut_off(name, reason=DOMAIN_SHUTOFF_CRASHED)
@@ -329,11 +352,12 @@ class SimHost:
             self.knobs.update(dict(request.get("knobs") or {}))
             self.apply_knobs()
             return self.knobs.to_dict()
-        if op in ("crash", "pause"):
+        if op in ("crash", "pause", "stop", "cont"):
             name = str(request.get("domain"))
             if name not in self.hyp.domains or self.hyp.domains[name].id == -1:
                 raise ValueError(f"domain {name!r}: not running on {self.hyp.name}")
-            (self.crash_guest if op == "crash" else self.pause_guest)(name)
+            {"crash": self.crash_guest, "pause": self.pause_guest, "stop": self.stop_qemu,
+             "cont": self.cont_qemu}[op](name)
             return {}
         if op == "fill_pool":
             self.hyp.outside_usage += self.hyp.pool_available()
@@ -346,7 +370,8 @@ class SimHost:
         if op == "revive":
             await self.revive()
             return {}
-        raise ValueError(f"op {op!r}: unknown (state, set, crash, pause, fill_pool, free_pool, kill, revive)")
+        raise ValueError(f"op {op!r}: unknown (state, set, crash, pause, stop, cont, fill_pool, free_pool, "
+                         "kill, revive)")
 
     async def _control_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

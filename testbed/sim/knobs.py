@@ -16,10 +16,14 @@ GIB = 1024**3
 @dataclass
 class Knobs:
     boot_delay_s: float = 1.0  # from a domain start until its guest has an address and serves its proxy
-    rpc_latency_s: float = 0.0  # added before every reply (the daemon's own time, not the network's)
+    rpc_latency_s: float = 0.0  # network round trip: packets from a client arrive this late (holds no slot)
+    start_service_s: float = 0.0  # the daemon's own time for a domain start (holds the call's slot)
+    max_client_requests: int = 5  # calls in service per connection; the rest wait unread (libvirtd.conf)
+    keepalive_interval_s: float = 5.0  # the daemon PINGs a client it heard nothing from (0: never)
+    keepalive_count: int = 5  # unanswered PINGs before it closes the connection (libvirtd.conf)
     fail_rate: float = 0.0  # share of calls answered with a transient OPERATION_TIMEOUT error
     drop_rate: float = 0.0  # share of calls that make the daemon drop the connection instead of answering
-    frozen: bool = False  # calls get no reply until unfrozen (keepalive still answers, as libvirtd's loop)
+    frozen: bool = False  # calls get no reply until unfrozen, each holding its slot (docs/lab.md)
     pool_capacity_bytes: int = 100 * GIB
     memory_bytes: int = 16 * GIB
     default_proxy_port: int = 3128  # a guest whose user-data names no `Port N` serves its proxy here
@@ -40,6 +44,9 @@ class Knobs:
                 raise ValueError(f"knob {name!r}: {value!r} is not a {sign}{kind.__name__}")
             if name.endswith("_rate") and value > 1:
                 raise ValueError(f"knob {name!r}: {value!r} is not a share in 0..1")
+            if name == "max_client_requests" and value < 1:
+                raise ValueError(f"knob {name!r}: {value!r} is not at least 1 (libvirtd has no value for "
+                                 "unlimited; a large number serves as one)")
         for name, value in values.items():
             setattr(self, name, float(value) if type(getattr(self, name)) is float else value)
 

@@ -1,11 +1,14 @@
 """libvirtd's side of the wire for a simulated host: one `WireConnection` per client on the unix socket.
 
-Packets are cut and classified by rpc/'s sans-IO core (PacketDecoder, classify_from_client) and every
-reply is built by its encoders (encode_reply, encode_error_reply, encode_event, the stream packets), so
-the simulator and the client speak from the same framing code. Each call runs as its own task (libvirtd's
-worker pool answers out of order too); the host's knobs add latency, freeze replies, fail or drop calls.
-The procedures themselves are `Hypervisor` methods (model.py); only connection-level ones (handshake,
-event registration, streams) live here.
+Packets are cut and classified by rpc/'s sans-IO core (PacketDecoder, classify_from_client) and every reply is
+built by its encoders (encode_reply, encode_error_reply, encode_event, the stream packets), so the simulator
+and the client speak from the same framing code. A packet arrives `rpc_latency_s` late (the network's round
+trip, in the order sent: transit.py), then is read as libvirtd reads it: at most `max_client_requests` calls
+in service per connection, the rest left unread in arrival order (slots.py); the daemon's own keepalive runs
+as libvirtd's (keepalive.py). Each call read runs as its own task (libvirtd's worker pool answers out of order
+too); the host's knobs freeze replies, fail or drop calls and give a domain start service time. The procedures
+themselves are `Hypervisor` methods (model.py); only connection-level ones (handshake, event registration,
+streams) live here.
 """
 
 from __future__ import annotations
@@ -35,11 +38,14 @@ from rpc.constants import (
     error_code_name,
 )
 from rpc.errors import LibvirtError, ProtocolError
-from rpc.framing import PacketDecoder, encode_packet
+from rpc.framing import Packet, PacketDecoder, encode_packet
 from rpc.messages import (
+    PING,
     PONG,
     Call,
+    FromClient,
     Ping,
+    Pong,
     StreamAborted,
     StreamData,
     StreamFinished,
@@ -69,7 +75,10 @@ from rpc.protocol_constants import (
 )
 from rpc.xdr import INT, UINT, Reader, Struct
 
+from .keepalive import Keepalive, Step
 from .model import Domain, Lifecycle, Upload
+from .slots import Hold, Slots
+from .transit import Transit
 
 if TYPE_CHECKING:
     from .host import SimHost
@@ -81,6 +90,12 @@ EVENT_PROCS = {DomainEventID.LIFECYCLE: PROC_DOMAIN_EVENT_CALLBACK_LIFECYCLE,
                DomainEventID.AGENT_LIFECYCLE: PROC_DOMAIN_EVENT_CALLBACK_AGENT_LIFECYCLE}
 #: CONNECT_(UN)REGISTER_CLOSE_CALLBACK: void in, void out; not in the client's procedure table.
 CLOSE_CALLBACK_PROCS = frozenset({360, 361})
+#: A domain start: the call `start_service_s` keeps in service.
+START_PROCS = frozenset({"DOMAIN_CREATE", "DOMAIN_CREATE_WITH_FLAGS"})
+#: Calls libvirtd answers only once the domain's QEMU has answered on its monitor (of those simulated):
+#: they hang while it is stopped (SimHost.stop_qemu). libvirtd's 30 s wait for a domain's job, held by
+#: such a call, is not simulated.
+MONITOR_PROCS = frozenset({"DOMAIN_SUSPEND", "DOMAIN_RESUME"})
 
 
 QEMU_PROC_DOMAIN_AGENT_COMMAND = 3
@@ -141,6 +156,13 @@ class WireConnection(asyncio.Protocol):
         # callback id -> (event id, domain filter)
         self.callbacks: dict[int, tuple[DomainEventID, t.Domain | None]] = {}
         self.opened = False
+        knobs = host.knobs
+        self.slots: Slots[Packet] = Slots(knobs.max_client_requests)
+        self.keepalive = Keepalive(knobs.keepalive_interval_s, knobs.keepalive_count,
+                                   last_heard=asyncio.get_running_loop().time())
+        self._keepalive_timer: asyncio.TimerHandle | None = None
+        self.transit: Transit[Packet] = Transit()  # packets still on the network (rpc_latency_s)
+        self._transit_timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
 
@@ -153,6 +175,9 @@ class WireConnection(asyncio.Protocol):
         self.host.connections.discard(self)
         for task in self.tasks:
             task.cancel()
+        for timer in (self._keepalive_timer, self._transit_timer):
+            if timer is not None:
+                timer.cancel()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -160,27 +185,97 @@ class WireConnection(asyncio.Protocol):
         except ProtocolError:
             self.close()
             return
+        latency, now = self.host.knobs.rpc_latency_s, asyncio.get_running_loop().time()
         for packet in packets:
-            if packet.header.prog == QEMU_PROGRAM:
-                self._spawn(self._qemu_call(packet.header.proc, packet.header.serial, packet.payload))
-                continue
-            try:
-                msg = classify_from_client(packet)
-            except ProtocolError:
-                self.close()
-                return
-            if isinstance(msg, Ping):
-                self.send(PONG)
-            elif isinstance(msg, Call):
-                self._spawn(self._call(msg))
-            elif isinstance(msg, StreamData):
-                self._upload_data(msg)
-            elif isinstance(msg, StreamFinished):
-                self._stream_finished(msg.serial, msg.proc)
-            elif isinstance(msg, StreamAborted):
-                self.uploads.pop(msg.serial, None)
-                self.downloads.discard(msg.serial)
-                self.send(encode_stream_finish(proc=msg.proc, serial=msg.serial))
+            for arrived in self.transit.send(packet, now=now, latency=latency):
+                self._arrive(arrived)
+        self._arm_transit()
+
+    # -- reading: the request limit and the daemon's keepalive ----------------------------------------
+
+    def _arm_transit(self) -> None:
+        due = self.transit.next_arrival()
+        if due is not None and self._transit_timer is None:
+            self._transit_timer = asyncio.get_running_loop().call_at(due, self._land, due)
+
+    def _land(self, due: float) -> None:
+        self._transit_timer = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        # the loop may run a timer a clock tick early: what it was armed for has arrived all the same
+        for packet in self.transit.arrived(max(asyncio.get_running_loop().time(), due)):
+            self._arrive(packet)
+        self._arm_transit()
+
+    def _arrive(self, packet: Packet) -> None:
+        hold = Hold.UNTIL_ANSWERED if (packet.header.prog == QEMU_PROGRAM or
+                                       packet.header.type == MessageType.CALL) else Hold.NONE
+        self._serve(self.slots.arrive(packet, hold))
+
+    def _answered(self) -> None:
+        """A call's reply went out: its slot is free, and what waited unread is read now."""
+        if self.transport is not None and not self.transport.is_closing():
+            self._serve(self.slots.answered())
+
+    def set_max_client_requests(self, limit: int) -> None:
+        self._serve(self.slots.set_limit(limit))
+
+    def _serve(self, packets: list[Packet]) -> None:
+        for packet in packets:
+            self.keepalive.heard(asyncio.get_running_loop().time())
+            self._read(packet)
+        if self.transport is not None and not self.transport.is_closing():
+            # what is left unread stays in the socket, as in libvirtd's (the client's writes block when
+            # it fills, so an upload behind busy slots waits there, not in the simulator's memory)
+            if self.slots.reading:
+                self.transport.resume_reading()
+            else:
+                self.transport.pause_reading()
+
+    def _read(self, packet: Packet) -> None:
+        if packet.header.prog == QEMU_PROGRAM:
+            self._spawn_call(self._qemu_call(packet.header.proc, packet.header.serial, packet.payload))
+            return
+        try:
+            msg: FromClient = classify_from_client(packet)
+        except ProtocolError:
+            self.close()
+            return
+        if isinstance(msg, Ping):
+            self.send(PONG)
+        elif isinstance(msg, Pong):
+            pass  # a sign of life, as any packet read
+        elif isinstance(msg, Call):
+            self._spawn_call(self._call(msg))
+        elif isinstance(msg, StreamData):
+            self._upload_data(msg)
+        elif isinstance(msg, StreamFinished):
+            self._stream_finished(msg.serial, msg.proc)
+        elif isinstance(msg, StreamAborted):
+            self.uploads.pop(msg.serial, None)
+            self.downloads.discard(msg.serial)
+            self.send(encode_stream_finish(proc=msg.proc, serial=msg.serial))
+
+    def _start_keepalive(self) -> None:
+        self.keepalive.start(asyncio.get_running_loop().time())
+        self._arm_keepalive()
+
+    def _arm_keepalive(self) -> None:
+        wake = self.keepalive.next_wakeup()
+        if wake is None or self._keepalive_timer is not None:  # off, or armed already (asked twice)
+            return
+        if self.transport is not None and not self.transport.is_closing():
+            self._keepalive_timer = asyncio.get_running_loop().call_at(wake, self._keepalive_due)
+
+    def _keepalive_due(self) -> None:
+        self._keepalive_timer = None
+        step = self.keepalive.tick(asyncio.get_running_loop().time())
+        if step is Step.CLOSE:
+            self.close()
+            return
+        if step is Step.PING:
+            self.send(PING)
+        self._arm_keepalive()
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -192,10 +287,16 @@ class WireConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn_call(self, coro: Any) -> None:
+        """A call read: served in its own task, whose end (its reply sent, in the same loop turn) frees
+        its slot."""
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._call_done)
+
+    def _call_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self._answered()
 
     def lifecycle(self, dom: Domain, event: Lifecycle, detail: int) -> None:
         for callback_id in self._callbacks_for(DomainEventID.LIFECYCLE, dom):
@@ -229,10 +330,10 @@ class WireConnection(asyncio.Protocol):
     async def _call(self, call: Call) -> None:
         knobs = self.host.knobs
         self.host.calls += 1
-        if knobs.rpc_latency_s:
-            await asyncio.sleep(knobs.rpc_latency_s)
         await self.host.unfrozen.wait()
         proc = BY_NUMBER.get(call.proc) or EXTRA_PROCEDURES.get(call.proc)
+        if proc is not None and proc.name in START_PROCS and knobs.start_service_s:
+            await asyncio.sleep(knobs.start_service_s)
         try:
             if call.proc in CLOSE_CALLBACK_PROCS:  # virsh registers one; nothing to keep server-side
                 self.send(encode_reply(proc=call.proc, serial=call.serial, payload=b""))
@@ -245,6 +346,8 @@ class WireConnection(asyncio.Protocol):
             if proc.number not in (66, 70, 60, 1) and knobs.fail_rate and random.random() < knobs.fail_rate:
                 raise transient_error()
             args = proc.decode_args(call.payload)
+            if proc.name in MONITOR_PROCS:
+                await self.host.monitor(args[0].name)
             if proc.stream is not None:
                 self._open_stream(proc, call, args)
                 return
@@ -288,6 +391,8 @@ class WireConnection(asyncio.Protocol):
         if name == "AUTH_LIST":
             return (int(AuthType.NONE),)
         if name == "CONNECT_SUPPORTS_FEATURE":
+            if args[0] == FEATURE_PROGRAM_KEEPALIVE:  # asking is what turns the daemon's keepalive on
+                self._start_keepalive()
             return int(args[0] in SUPPORTED_FEATURES)
         if name == "CONNECT_OPEN":
             self.opened = True

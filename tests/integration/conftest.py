@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 #: Modules whose lab tests run against both hypervisors.
-BOTH = ("test_kvm_provider", "test_kvm_preflight", "test_kvm_orphan_volumes")
+BOTH = ("test_kvm_provider", "test_kvm_preflight", "test_kvm_orphan_volumes", "test_client_requests")
 
 #: test name -> why the simulated host cannot pass it as written.
 SIMULATOR_CANNOT: dict[str, str] = {

@@ -39,6 +39,19 @@ def test_the_steady_window_is_whole_resync_periods(window: str, resync: str, ok:
         assert f"--steady-window {window}: must be a whole number of resync periods" in err
 
 
+def test_the_host_knobs_reach_the_simulator_as_its_own_knobs() -> None:
+    """--rtt-ms, --start-service-ms and --max-client-requests become knobs the simulator takes."""
+    from testbed.sim.knobs import Knobs
+
+    args = load().parse(["--rtt-ms", "50", "--start-service-ms", "500", "--max-client-requests", "20"])
+    config = StackConfig(rtt_ms=args.rtt_ms, start_service_ms=args.start_service_ms,
+                         max_client_requests=args.max_client_requests, index=9)
+    knobs = Knobs()
+    knobs.update(config.knobs())
+    assert (knobs.rpc_latency_s, knobs.start_service_s, knobs.max_client_requests) == (0.05, 0.5, 20)
+    assert load().parse([]).max_client_requests == Knobs().max_client_requests == 5
+
+
 @pytest.mark.parametrize(("gc_interval", "proxies", "rtt_ms", "start"), [
     ("30s", 1000, 0.0, 35.0),  # the bench's defaults
     ("30s", 1000, 50.0, 85.0),  # GC's first reads of 1,000 domains, one 50 ms round trip each: 50 s

@@ -4,10 +4,12 @@ manifests with the agreed spec, user-data that configures tinyproxy on spec.port
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from egress_kvm.config.loading import parse_providers
 from testbed.lab import manifests
+from testbed.lab.host import conf_int
 from testbed.lab.info import LabInfo
 from testbed.lab.layout import LabLayout
 
@@ -125,3 +127,20 @@ def test_lab_json_records_a_lab_without_dhcp_and_omits_the_default(tmp_path):
     assert LabInfo.load(tmp_path).dhcp is False
     info.dhcp = True
     assert "dhcp" not in info.to_dict()
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("#max_client_requests = 5\n", None),  # the distro's file: commented, the built-in default applies
+    ("max_client_requests = 20\n", 20),
+    ("  max_client_requests=7   # tuned\n", 7),
+    ("admin_max_client_requests = 9\n", None),  # another setting whose name ends the same
+    ("keepalive_interval = -1\n", -1),
+])
+def test_a_daemon_conf_setting_is_read_only_where_set(text: str, want: int | None) -> None:
+    name = "keepalive_interval" if "keepalive" in text else "max_client_requests"
+    assert conf_int(text, name) == want
+
+
+def test_a_daemon_conf_setting_set_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="set 2 times"):
+        conf_int("max_client_requests = 5\nmax_client_requests = 6\n", "max_client_requests")

@@ -19,6 +19,7 @@ def test_good_values_land_and_ints_become_seconds() -> None:
     ({"fail_rate": 1.5}, "knob 'fail_rate': 1.5 is not a share in 0..1"),
     ({"frozen": 1}, "knob 'frozen': 1 is not a bool"),
     ({"memory_bytes": 1.5}, "knob 'memory_bytes': 1.5 is not a non-negative int"),
+    ({"max_client_requests": 0}, "knob 'max_client_requests': 0 is not at least 1"),
 ])
 def test_bad_values_are_refused_naming_the_knob_and_nothing_changes(values: dict[str, object],
                                                                     message: str) -> None:
