@@ -7,8 +7,9 @@ without `ip`), an SSH user outside the
 homelab box). A missing pool needs no knob: name a pool the host does not have.
 
 Below those, faults for a host that is running VMs (the fault campaign): its SSH sessions dropped, its
-libvirtd SIGKILLed and restarted, its link taken down, its pool on a small tmpfs; and a host's bridge
-without DHCP (its dnsmasq stopped), for the static-address tests on the shared lab.
+libvirtd SIGKILLed and restarted, its link taken down, its pool on a small tmpfs, the image server slowed
+and then held; and a host's bridge without DHCP (its dnsmasq stopped), for the static-address tests on
+the shared lab.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import pwd
 import shutil
 import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from testbed.lab.info import LabInfo
 from testbed.lab.layout import SSH_USER, LabLayout
 from testbed.lab.lifecycle import _host_layout
 from testbed.lab.procs import read_pid, run, stop, wait_for
+from testbed.lab.web import IMAGE_SERVER
 
 
 @dataclass(frozen=True)
@@ -187,3 +190,59 @@ def without_dhcp(info: LabInfo, host_name: str) -> Iterator[dict[str, str]]:
         run(host_mod.host_argv(host, ["sh", "-c", host_mod.dnsmasq_command(host)]), timeout=30)
         wait_for(lambda: read_pid(host.pidfile("dnsmasq")) not in (None, pid), timeout=10,
                  what=f"{host_name}'s dnsmasq to start again")
+
+
+class ImageServer:
+    """The lab's image server (host0), running a share of the time (`image_server_slowed`); `hold`
+    stops it for good until the context ends."""
+
+    def __init__(self, pid: int, *, running_share: float, period: float) -> None:
+        self.pid = pid
+        self._running_share = running_share
+        self._period = period
+        self._held = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._toggle, name="image-server-throttle", daemon=True)
+
+    def _toggle(self) -> None:
+        with contextlib.suppress(ProcessLookupError):  # the server gone: nothing left to slow
+            while not self._done.is_set() and not self._held.is_set():
+                os.kill(self.pid, signal.SIGCONT)
+                self._done.wait(self._period * self._running_share)
+                if self._held.is_set():
+                    break
+                os.kill(self.pid, signal.SIGSTOP)
+                self._done.wait(self._period * (1 - self._running_share))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def hold(self) -> None:
+        """Stopped from now on: a download in progress can get no further until the context ends."""
+        self._held.set()
+        self._thread.join()
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def close(self) -> None:
+        """Running again, for good."""
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        os.kill(self.pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def image_server_slowed(info: LabInfo, *, running_share: float = 0.05,
+                        period: float = 0.1) -> Iterator[ImageServer]:
+    """The image server SIGSTOPped except `running_share` of every `period` (an import of the test image
+    that takes under a second here takes ~20x as long), so a test can act mid-download whatever the
+    machine's speed; running again on exit. Only a real lab serves the image."""
+    pid = read_pid(_host_layout(info, "host0").pidfile(IMAGE_SERVER))
+    if pid is None:
+        raise AssertionError("host0 serves no image (a lab brought up without --image, or simulated)")
+    server = ImageServer(pid, running_share=running_share, period=period)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()

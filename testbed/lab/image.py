@@ -18,7 +18,7 @@ from typing import Any
 from egress_kvm.log import get_logger
 from testbed.lab.layout import IMAGE_PORT, LabLayout, cache_root
 from testbed.lab.procs import LabError, run
-from testbed.lab.web import serve
+from testbed.lab.web import IMAGE_SERVER, serve
 
 log = get_logger("lab")
 RECIPE = Path(__file__).with_name("build-image.sh")
@@ -78,6 +78,6 @@ def serve_image(lab: LabLayout) -> dict[str, Any]:
             os.link(cached, served)  # same filesystem: no copy of a few hundred MB
         except OSError:
             shutil.copyfile(cached, served)
-    serve(host0, name="http-image", directory=directory, port=IMAGE_PORT)
+    serve(host0, name=IMAGE_SERVER, directory=directory, port=IMAGE_PORT)
     return {"url": f"http://{host0.gateway}:{IMAGE_PORT}/{served.name}", "sha256": digest,
             "size": served.stat().st_size, "format": "qcow2"}

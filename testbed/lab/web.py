@@ -17,6 +17,7 @@ from testbed.lab.layout import TARGET_PORT, HostLayout
 from testbed.lab.procs import alive, read_pid, run, wait_for
 
 TARGET_FILE = "hello.txt"
+IMAGE_SERVER = "http-image"  # the name of host0's image server (its pidfile), testbed/lab/image.py
 
 
 def target_body(*, index: int, host: str) -> str:

@@ -5,6 +5,8 @@ faults injected where they hurt. Scenarios run in order on one stack and build o
    named as this operator names them (cluster-tagged, no domain) that no Proxy owns are counted (1 + 2 on
    host0), and 0 once removed. Every later "0 leaks" relies on this counter.
 1. Operator SIGKILLed mid-download (host0's first base-image fetch), then restarted: the Proxy converges.
+   In this and 2 the image server is slowed, then held once the upload has begun
+   (faults.image_server_slowed): an import takes under a second unslowed here.
 2. Libvirtd restarted mid-upload (host1's base image, into a pool on a 1.5 GiB tmpfs): the import resumes
    and the Proxy stops at QuotaExceeded (no room for its overlay) with nothing half-made left behind.
 3. The full pool then freed (the tmpfs grown: libvirt's cached figure is stale until a refresh): the
@@ -163,13 +165,24 @@ def test_0_the_leak_counter_finds_a_planted_orphan(step):
     assert not_converged(step) == []
 
 
+def mid_upload(st: Stack, server: faults.ImageServer, host: str) -> None:
+    """Wait (the image server slowed) until the base volume exists, its upload under way, then hold the
+    server: the import is mid-upload and stays there, whatever the machine's speed (an import here takes
+    under a second unslowed)."""
+    base = lab_base(st.lab)[0]
+    wait_until(lambda: base in volumes(st.lab, host) or None, timeout=120, what=f"{host}: {base} created",
+               interval=0.1)
+    server.hold()
+
+
 def test_1_operator_sigkilled_mid_download_then_restarted(step):
-    apply(step, "camp-a", "host0")
-    wait_log(step, "fetching base image into host pool", host="host0")
-    time.sleep(1)
-    sigkill_operator(step)
     marker = lab_base(step.lab)[1]
-    assert marker not in volumes(step.lab, "host0")  # it was mid-import
+    with faults.image_server_slowed(step.lab) as server:
+        apply(step, "camp-a", "host0")
+        wait_log(step, "fetching base image into host pool", host="host0")
+        mid_upload(step, server, "host0")
+        sigkill_operator(step)
+        assert marker not in volumes(step.lab, "host0")  # it was mid-import
     step.start_operator()
     converge(step, "operator SIGKILLed mid-download")
     assert marker in volumes(step.lab, "host0")
@@ -178,12 +191,13 @@ def test_1_operator_sigkilled_mid_download_then_restarted(step):
 def test_2_libvirtd_restarted_mid_upload_into_a_pool_too_small(step):
     set_pool_size(step.lab, "host1", POOL_MIB)
     step.pool_mounted = True
-    apply(step, "camp-b", "host1")
-    wait_log(step, "fetching base image into host pool", host="host1")
-    time.sleep(1)
     base, marker = lab_base(step.lab)
-    assert marker not in volumes(step.lab, "host1")  # mid-import
-    faults.restart_libvirtd(step.lab, "host1")
+    with faults.image_server_slowed(step.lab) as server:
+        apply(step, "camp-b", "host1")
+        wait_log(step, "fetching base image into host pool", host="host1")
+        mid_upload(step, server, "host1")
+        assert marker not in volumes(step.lab, "host1")  # mid-import
+        faults.restart_libvirtd(step.lab, "host1")
 
     def quota() -> str | None:
         msg = step.status("camp-b").get("message") or ""
