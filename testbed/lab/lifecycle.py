@@ -117,7 +117,7 @@ def problems(state_dir: Path | str) -> list[str]:
         found += host_mod.host_problems(h)
     if info.image is not None:
         host0 = lab.host(0)
-        if not _alive_in(host0, "http-image"):
+        if not _alive_in(host0, web.IMAGE_SERVER):
             found.append("host0: image server not running")
     return found
 
