@@ -29,7 +29,7 @@ from testbed.lab import host as host_mod
 from testbed.lab.info import LabInfo
 from testbed.lab.layout import SSH_USER, LabLayout
 from testbed.lab.lifecycle import _host_layout
-from testbed.lab.procs import read_pid, run, stop, wait_for
+from testbed.lab.procs import read_pid, run, state, stop, wait_for
 from testbed.lab.web import IMAGE_SERVER
 
 
@@ -200,35 +200,45 @@ class ImageServer:
         self.pid = pid
         self._running_share = running_share
         self._period = period
-        self._held = threading.Event()
-        self._done = threading.Event()
+        self._quit = threading.Event()  # hold or close: the toggling ends at once, whichever half it is in
         self._thread = threading.Thread(target=self._toggle, name="image-server-throttle", daemon=True)
 
     def _toggle(self) -> None:
         with contextlib.suppress(ProcessLookupError):  # the server gone: nothing left to slow
-            while not self._done.is_set() and not self._held.is_set():
+            while True:
                 os.kill(self.pid, signal.SIGCONT)
-                self._done.wait(self._period * self._running_share)
-                if self._held.is_set():
-                    break
+                if self._quit.wait(self._period * self._running_share):
+                    return
                 os.kill(self.pid, signal.SIGSTOP)
-                self._done.wait(self._period * (1 - self._running_share))
+                if self._quit.wait(self._period * (1 - self._running_share)):
+                    return
 
     def start(self) -> None:
         self._thread.start()
 
     def hold(self) -> None:
-        """Stopped from now on: a download in progress can get no further until the context ends."""
-        self._held.set()
+        """Stopped from now on: a download in progress can get no further until the context ends. Returns
+        once the kernel shows it stopped (a SIGSTOP takes effect when the process next runs, not at once)."""
+        self._quit.set()
         self._thread.join()
         os.kill(self.pid, signal.SIGSTOP)
+        wait_for(self._stopped, timeout=10, what=f"image server {self.pid}: every thread stopped")
+
+    def _stopped(self) -> bool:
+        try:
+            threads = os.listdir(f"/proc/{self.pid}/task")
+        except FileNotFoundError:
+            return True  # gone: it sends nothing either
+        return all(state(int(t)) in ("T", None) for t in threads)
 
     def close(self) -> None:
-        """Running again, for good."""
-        self._done.set()
+        """Running again, for good (a server that died meanwhile needs nothing: the with block's own error,
+        if any, is the one raised)."""
+        self._quit.set()
         if self._thread.is_alive():
             self._thread.join()
-        os.kill(self.pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGCONT)
 
 
 @contextlib.contextmanager

@@ -36,6 +36,7 @@ from testbed.lab.layout import (
     default_state_dir,
 )
 from testbed.lab.procs import LabError, alive, in_netns, netns_inode, read_pid, run
+from testbed.lab.procs import state as process_state
 
 log = get_logger("lab")
 
@@ -117,8 +118,12 @@ def problems(state_dir: Path | str) -> list[str]:
         found += host_mod.host_problems(h)
     if info.image is not None:
         host0 = lab.host(0)
-        if not _alive_in(host0, "http-image"):
+        if not _alive_in(host0, web.IMAGE_SERVER):
             found.append("host0: image server not running")
+        elif process_state(read_pid(host0.pidfile(web.IMAGE_SERVER)) or 0) == "T":
+            # a test that slowed it (faults.image_server_slowed) died before running it again: every
+            # import would hang on it
+            found.append("host0: image server stopped (SIGSTOP)")
     return found
 
 

@@ -166,8 +166,9 @@ def test_0_the_leak_counter_finds_a_planted_orphan(step):
 
 
 def mid_upload(st: Stack, server: faults.ImageServer, host: str) -> None:
-    """Wait (the image server slowed) until the base volume exists, its upload under way, then hold the
-    server: the import is mid-upload and stays there, whatever the machine's speed (an import here takes
+    """Wait (the image server slowed) until the base volume exists (images.py creates it once the image's
+    first bytes have arrived, just before its upload), then hold the server: the import is mid-download,
+    its upload begun or about to, and stays there whatever the machine's speed (an import here takes
     under a second unslowed)."""
     base = lab_base(st.lab)[0]
     wait_until(lambda: base in volumes(st.lab, host) or None, timeout=120, what=f"{host}: {base} created",
